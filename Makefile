@@ -1,0 +1,31 @@
+# `make demo` and `make test` work on a fresh machine: both first build .venv.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+DEMO_DIR ?= /tmp/beam-tfrecords-demo
+
+.PHONY: setup demo test bench proto clean
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m beam_pipeline.demo --workdir $(DEMO_DIR)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_images.py
+
+# Regenerate the checked-in protobuf code (needs Debian's protobuf-compiler, protoc 3.21).
+proto:
+	protoc -I. --python_out=. schemas/proto/*.proto
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,194 @@
+"""The command line: ``convert``, ``verify`` and ``inspect``.
+
+``python -m beam_pipeline convert --input PATH --output DIR [flags] [Beam flags]``:
+our flags are parsed here; every other flag is handed to Beam untouched, after
+checking that Beam knows it (a misspelt flag fails fast instead of being
+silently dropped). Exit status: 0 when the dataset is complete and within the
+error budget, 1 when the run failed, 2 for bad flags or inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+from beam_pipeline.inspect import contact_sheet, describe_record, sample_records
+from beam_pipeline.pipeline import ConvertError, convert
+from beam_pipeline.verify import verify_dataset
+from schemas.config import ConvertConfig
+from schemas.images import VALIDATE_MODES
+from schemas.layouts import LAYOUTS
+from schemas.manifest import MANIFEST_NAME, parse_manifest
+from schemas.tfrecord import COMPRESSIONS
+from transforms import files
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _convert_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Convert images to verified, size-banded TFRecord shards. "
+        "Any Beam flag (--runner, --direct_num_workers, --project, ...) is passed to Beam.",
+        allow_abbrev=False,
+    )
+    p.add_argument("--input", required=True,
+                   help="folder, glob or CSV manifest (local path or gs://)")
+    p.add_argument("--output", required=True, help="folder for shards and manifest.json")
+    p.add_argument("--layout", default="auto", choices=LAYOUTS,
+                   help="input layout (default: auto-detect)")
+    p.add_argument("--labels", default=None,
+                   help="file of class names, one per line; line index = label")
+    p.add_argument("--compression", default="none", choices=COMPRESSIONS,
+                   help="gzip writes .tfrecord.gz (default: none)")
+    p.add_argument("--validate", default="structure", choices=VALIDATE_MODES,
+                   help="structure: fast checks without decoding (default); decode: full decode")
+    p.add_argument("--shard_min_mb", type=float, default=100.0, help="shard size floor, MB (default 100)")
+    p.add_argument("--shard_max_mb", type=float, default=200.0, help="shard size cap, MB (default 200)")
+    p.add_argument("--max_bad_fraction", type=float, default=0.01,
+                   help="fail the run when more than this fraction of inputs is bad (default 0.01)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a dataset already in --output (its old shards are removed)")
+    p.add_argument("--read_threads", type=int, default=4,
+                   help="threads reading and checking images inside each shard writer (default 4)")
+    p.add_argument("--report_json", default=None,
+                   help="also write the run report to this local file")
+    return p
+
+
+def _unknown_beam_flags(beam_args: Sequence[str]) -> list[str]:
+    """Flags that neither we nor any Beam options class know, with suggestions."""
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)  # pylint: disable=protected-access
+    _, unknown = parser.parse_known_args(list(beam_args))
+    known = [a for action in parser._actions for a in action.option_strings]  # pylint: disable=protected-access
+    messages = []
+    for arg in unknown:
+        if not arg.startswith("--"):
+            continue
+        name = arg.split("=", 1)[0]
+        hint = difflib.get_close_matches(name, known, n=1)
+        messages.append(f"{name}" + (f" (did you mean {hint[0]}?)" if hint else ""))
+    return messages
+
+
+def _print_summary(report: dict) -> None:
+    budget = report["error_budget"]
+    print(f"status: {report['status']}")
+    print(f"output: {report['output']}")
+    print(f"manifest: {report['manifest'] or 'not written'}")
+    print(f"records: {report['records']} in {report['shards']} shards, {report['bytes'] / 1e6:.1f} MB")
+    print(f"bad inputs: {budget['bad']} of {budget['inputs']} "
+          f"({budget['bad_fraction']:.2%}; budget {budget['max_bad_fraction']:.2%})")
+    for reason, count in report["bad_records"].items():
+        print(f"  {reason}: {count}")
+    for path in report["dead_letter_files"]:
+        print(f"dead letter: {files.join(report['output'], path)}")
+    for failure in report["verification_failures"]:
+        print(f"VERIFICATION FAILED: {failure['path']}: {failure['error']}")
+    for path in report["shards_outside_band"]:
+        print(f"warning: shard outside the size band: {path}")
+    if budget["exceeded"]:
+        print("ERROR BUDGET EXCEEDED: the dataset is written and verified, but too many inputs "
+              "were bad; see the dead letter files")
+
+
+def _run_convert(argv: Sequence[str], prog: str) -> int:
+    args, beam_args = _convert_parser(prog).parse_known_args(argv)
+    unknown = _unknown_beam_flags(beam_args)
+    if unknown:
+        print(f"{prog}: error: unknown flags: {', '.join(unknown)}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        config = ConvertConfig(
+            input=args.input, output=args.output, layout=args.layout, labels=args.labels,
+            compression=args.compression, validate=args.validate,
+            shard_min_mb=args.shard_min_mb, shard_max_mb=args.shard_max_mb,
+            max_bad_fraction=args.max_bad_fraction, overwrite=args.overwrite,
+            read_threads=args.read_threads,
+        )
+        result = convert(config, beam_args)
+    except (ConvertError, ValueError) as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    _print_summary(result.report)
+    if args.report_json:
+        with open(args.report_json, "w", encoding="utf-8") as f:
+            json.dump(result.report, f, indent=2)
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _run_verify(argv: Sequence[str], prog: str) -> int:
+    p = argparse.ArgumentParser(prog=prog, description="Re-check a dataset against its manifest "
+                                "(or CRC-scan TFRecord files without one).")
+    p.add_argument("location", help="dataset folder, or a glob/file of TFRecords")
+    args = p.parse_args(argv)
+    try:
+        report = verify_dataset(args.location)
+    except ValueError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    print("\n".join(report.lines()))
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _run_inspect(argv: Sequence[str], prog: str) -> int:
+    p = argparse.ArgumentParser(prog=prog, description="Summarise a dataset, show records, "
+                                "and draw a contact sheet of its images.")
+    p.add_argument("location", help="dataset folder (with manifest.json)")
+    p.add_argument("--records", type=int, default=1, help="records to print per split (default 1)")
+    p.add_argument("--contact_sheet", default=None, help="write a PNG contact sheet here")
+    p.add_argument("--per_split", type=int, default=16, help="images per split on the sheet")
+    args = p.parse_args(argv)
+    manifest_path = files.join(args.location, MANIFEST_NAME)
+    if not files.exists(manifest_path):
+        print(f"{prog}: error: {manifest_path} does not exist (run verify for a CRC scan)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    manifest = parse_manifest(files.read_text(manifest_path), manifest_path)
+    print(f"dataset: {args.location} (created {manifest['created']})")
+    for split, info in manifest["splits"].items():
+        print(f"  {split}: {info['records']} records in {info['num_shards']} shards, "
+              f"{info['bytes'] / 1e6:.1f} MB")
+    print(f"  classes: {len(manifest['labels']['vocabulary'])}; "
+          f"bad inputs: {manifest['bad_records']['total']}")
+    samples = sample_records(args.location, max(args.records, args.per_split))
+    shown: dict[str, int] = {}
+    for split, features in samples:
+        if shown.get(split, 0) < args.records:
+            print(f"  first record of {split}:" if not shown.get(split) else f"  record of {split}:")
+            print(describe_record(features))
+            shown[split] = shown.get(split, 0) + 1
+    if args.contact_sheet:
+        drawn = contact_sheet(samples, args.contact_sheet)
+        print(f"contact sheet: {args.contact_sheet} ({drawn} images)")
+    return EXIT_OK
+
+
+_COMMANDS = {"convert": _run_convert, "verify": _run_verify, "inspect": _run_inspect}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m beam_pipeline`` and the ``beam-tfrecords`` script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = "beam-tfrecords"
+    if not argv or argv[0] not in _COMMANDS:
+        print(f"usage: {prog} {{{','.join(_COMMANDS)}}} ...  (--help after a command for its flags)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("apache_beam", "google", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return _COMMANDS[argv[0]](argv[1:], f"{prog} {argv[0]}")
+    except SystemExit as exit_:  # argparse: --help, or a bad flag.
+        return int(exit_.code or 0)

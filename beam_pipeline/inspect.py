@@ -1,0 +1,87 @@
+"""``inspect``: look at a dataset: its summary, some records, a contact sheet.
+
+The contact sheet is drawn from the records themselves (decoded from
+``image/encoded``, captioned with ``image/class/text``), so it shows what a
+reader of the shards will get.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import itertools
+
+from PIL import Image, ImageDraw, UnidentifiedImageError
+
+from schemas.features import example_to_dict
+from schemas.manifest import MANIFEST_NAME, manifest_shards, parse_manifest
+from schemas.tfrecord import iter_records
+from transforms import files
+
+__all__ = ["contact_sheet", "describe_record", "sample_records"]
+
+_THUMB = 112
+_CAPTION = 14
+
+
+def _open_records(path: str):
+    stream = files.open_read(path)
+    if path.endswith(".gz"):
+        return stream, gzip.GzipFile(fileobj=stream, mode="rb")
+    return stream, stream
+
+
+def sample_records(location: str, per_split: int = 8) -> list[tuple[str, dict]]:
+    """The first ``per_split`` records of each split, parsed: ``[(split, features)]``."""
+    manifest = parse_manifest(files.read_text(files.join(location, MANIFEST_NAME)))
+    out = []
+    for split, entries in itertools.groupby(manifest_shards(manifest), key=lambda e: e.split):
+        taken = 0
+        for entry in entries:
+            raw, stream = _open_records(files.join(location, entry.path))
+            with raw:
+                for record in itertools.islice(iter_records(stream), per_split - taken):
+                    out.append((split, example_to_dict(record)))
+                    taken += 1
+            if taken >= per_split:
+                break
+    return out
+
+
+def describe_record(features: dict) -> str:
+    """One line per feature, with long byte strings cut short."""
+    lines = []
+    for name in sorted(features):
+        values = features[name]
+        shown = [
+            (f"<{len(v)} bytes>" if len(v) > 64 else v.decode("utf-8", "replace"))
+            if isinstance(v, bytes) else v
+            for v in values
+        ]
+        lines.append(f"    {name}: {shown[0] if len(shown) == 1 else shown}")
+    return "\n".join(lines)
+
+
+def contact_sheet(records: list[tuple[str, dict]], out_path: str, columns: int = 8) -> int:
+    """Draws the records' images in a grid, captioned ``split: class``; returns how many."""
+    rows = max(1, -(-len(records) // columns))
+    sheet = Image.new("RGB", (columns * _THUMB, rows * (_THUMB + _CAPTION)), "white")
+    draw = ImageDraw.Draw(sheet)
+    drawn = 0
+    for i, (split, features) in enumerate(records):
+        x, y = (i % columns) * _THUMB, (i // columns) * (_THUMB + _CAPTION)
+        try:
+            with Image.open(io.BytesIO(features["image/encoded"][0])) as image:
+                thumb = image.convert("RGB")
+                thumb.thumbnail((_THUMB - 4, _THUMB - 4))
+        except (UnidentifiedImageError, OSError, KeyError, IndexError):
+            draw.text((x + 4, y + 40), "unreadable", fill="red")
+            continue
+        sheet.paste(thumb, (x + (_THUMB - thumb.width) // 2, y + (_THUMB - thumb.height) // 2))
+        label = features.get("image/class/text", [b""])[0].decode("utf-8", "replace")
+        draw.text((x + 3, y + _THUMB), f"{split}: {label}"[:18], fill="black")
+        drawn += 1
+    out = io.BytesIO()
+    sheet.save(out, "PNG")
+    files.write_bytes(out_path, out.getvalue())
+    return drawn

@@ -1,0 +1,153 @@
+"""The library API: build the conversion pipeline, or run it and get its result.
+
+``build_pipeline`` returns an un-run pipeline (for tests, or to run elsewhere);
+``convert`` checks the options and the output folder, runs the pipeline on the
+runner the Beam options name (DirectRunner by default), and returns the run
+report that the last step wrote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from schemas.config import ConvertConfig
+from schemas.layouts import parse_labels_text, resolve_input
+from schemas.manifest import MANIFEST_NAME
+from transforms import files
+from transforms.images import DEAD_LETTER_DIR, ListImages
+from transforms.manifest import REPORT_NAME, WriteManifest
+from transforms.shards import PlanShards, VerifyShards, WriteShards
+
+__all__ = ["ConvertError", "ConvertResult", "OutputExistsError", "build_pipeline", "convert"]
+
+
+class ConvertError(ValueError):
+    """The options or the inputs cannot work; the message says what to change."""
+
+
+class OutputExistsError(ConvertError):
+    """The output folder already holds a dataset and ``overwrite`` is off."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertResult:
+    """The outcome of a run: the report ``run_report.json`` holds."""
+
+    report: dict
+
+    @property
+    def ok(self) -> bool:
+        """Every shard proved and the error budget kept."""
+        return self.report["status"] == "ok"
+
+    @property
+    def manifest_path(self) -> str | None:
+        return self.report["manifest"]
+
+
+def _absolute(path: str | None) -> str | None:
+    if path is None or not files.is_local(path):
+        return path
+    return os.path.abspath(path)
+
+
+def resolve_paths(config: ConvertConfig) -> ConvertConfig:
+    """Local paths made absolute, so every worker process reads the same files."""
+    return dataclasses.replace(
+        config, input=_absolute(config.input), output=_absolute(config.output),
+        labels=_absolute(config.labels),
+    )
+
+
+def check_inputs(config: ConvertConfig) -> None:
+    """Fails fast, before a pipeline starts, on inputs that cannot work.
+
+    Raises:
+      ConvertError: naming the flag or file to change.
+    """
+    layout, root, pattern = resolve_input(config.input, config.layout)
+    if layout == "csv":
+        if not files.exists(config.input):
+            raise ConvertError(f"--input: CSV manifest {config.input} does not exist")
+    elif not files.list_files(pattern, limit=1):
+        raise ConvertError(f"--input: no files match {pattern}")
+    if config.labels:
+        if not files.exists(config.labels):
+            raise ConvertError(f"--labels: {config.labels} does not exist")
+        try:
+            parse_labels_text(files.read_text(config.labels))
+        except ValueError as err:
+            raise ConvertError(f"--labels {config.labels}: {err}") from None
+    output_root = config.output.rstrip("/") + "/"
+    if (root.rstrip("/") + "/").startswith(output_root):
+        raise ConvertError(f"--input {config.input} is inside --output {config.output}")
+
+
+def prepare_output(config: ConvertConfig) -> None:
+    """Refuses a finished dataset unless overwriting; clears what a run rewrites.
+
+    The old manifest goes first, so the folder never looks complete while it
+    holds a mix of old and new shards. Old shards are removed only at the end of
+    a successful run (see ``transforms.manifest``).
+
+    Raises:
+      OutputExistsError: when ``manifest.json`` exists and ``overwrite`` is off.
+    """
+    manifest = files.join(config.output, MANIFEST_NAME)
+    if files.exists(manifest):
+        if not config.overwrite:
+            raise OutputExistsError(
+                f"--output {config.output} already holds a dataset ({MANIFEST_NAME}); "
+                "pass --overwrite to replace it, or choose another folder"
+            )
+        files.delete_files([manifest])
+    stale = [files.join(config.output, REPORT_NAME)]
+    stale += [p for p, _ in files.list_files(files.join(config.output, DEAD_LETTER_DIR, "*.jsonl"))]
+    files.delete_files(stale)
+
+
+def build_pipeline(config: ConvertConfig, options: PipelineOptions | None = None) -> beam.Pipeline:
+    """The conversion as an un-run Beam pipeline.
+
+    Args:
+      config: the conversion; paths should be absolute (see ``resolve_paths``).
+      options: Beam options (runner and its flags); DirectRunner when ``None``.
+    """
+    pipeline = beam.Pipeline(options=options or PipelineOptions([]))
+    listing = pipeline | "ListImages" >> ListImages(config)
+    results = (
+        listing.refs
+        | "PlanShards" >> PlanShards(config)
+        | "WriteShards" >> WriteShards(config)
+        | "VerifyShards" >> VerifyShards(config)
+    )
+    _ = results | "WriteManifest" >> WriteManifest(config, listing.summary)
+    return pipeline
+
+
+def convert(config: ConvertConfig, beam_args: Sequence[str] = ()) -> ConvertResult:
+    """Runs a conversion to the end and returns its report.
+
+    Args:
+      config: the conversion.
+      beam_args: Beam flags (``--runner``, ``--direct_num_workers``, ...).
+
+    Raises:
+      ConvertError: on options or inputs that cannot work (before anything runs).
+      RuntimeError: when the pipeline ends without a run report.
+    """
+    config = resolve_paths(config)
+    check_inputs(config)
+    prepare_output(config)
+    pipeline = build_pipeline(config, PipelineOptions(list(beam_args)))
+    pipeline.run().wait_until_finish()
+    report_path = files.join(config.output, REPORT_NAME)
+    if not files.exists(report_path):
+        raise RuntimeError(f"the pipeline finished without writing {report_path}")
+    return ConvertResult(json.loads(files.read_text(report_path)))

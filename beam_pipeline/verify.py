@@ -1,0 +1,108 @@
+"""``verify``: re-check a dataset against its manifest, or CRC-scan any TFRecords.
+
+With a manifest, every listed shard must exist and match its record count,
+size, CRC-32C and SHA-256, every record's CRCs must hold, and no other shard
+file may sit beside them. Without one, every ``*.tfrecord[.gz]`` file found is
+scanned record by record.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+
+from schemas.manifest import MANIFEST_NAME, manifest_shards, parse_manifest
+from schemas.sharding import parse_shard_name
+from schemas.tfrecord import FileDigest
+from transforms import files
+from transforms.shards import verify_shard
+
+__all__ = ["ShardCheck", "VerifyReport", "verify_dataset"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardCheck:
+    """The verdict on one file."""
+
+    path: str
+    ok: bool
+    records: int | None = None
+    bytes: int | None = None
+    error: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyReport:
+    """The verdict on a dataset."""
+
+    location: str
+    with_manifest: bool
+    checks: tuple[ShardCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    def lines(self) -> list[str]:
+        """A per-shard report for people."""
+        mode = f"against {MANIFEST_NAME}" if self.with_manifest else "CRC scan (no manifest)"
+        out = [f"Verifying {self.location} ({mode})"]
+        for c in self.checks:
+            if c.ok:
+                out.append(f"  OK    {c.path}  {c.records} records  {c.bytes} bytes")
+            else:
+                out.append(f"  FAIL  {c.path}  {c.error}")
+        if not self.checks:
+            out.append("  FAIL  no TFRecord files found")
+        bad = sum(not c.ok for c in self.checks)
+        out.append(
+            f"{len(self.checks) - bad} of {len(self.checks)} files OK"
+            + ("" if self.ok else f"; {bad} failed")
+        )
+        return out
+
+
+def _compression(path: str) -> str:
+    return "gzip" if path.endswith(".gz") else "none"
+
+
+def _check(path: str, expected: FileDigest | None) -> ShardCheck:
+    digest, error = verify_shard(path, _compression(path), expected)
+    if digest is None or error:
+        return ShardCheck(path, False, error=error)
+    return ShardCheck(path, True, digest.records, digest.bytes)
+
+
+def verify_dataset(location: str, threads: int = 2) -> VerifyReport:
+    """Verifies a dataset folder (or a glob or file of TFRecords without a manifest).
+
+    Args:
+      location: an output folder of ``convert``, any folder, glob or file.
+      threads: shards checked at once.
+    """
+    manifest_path = files.join(location, MANIFEST_NAME)
+    if files.exists(manifest_path):
+        manifest = parse_manifest(files.read_text(manifest_path), manifest_path)
+        entries = manifest_shards(manifest)
+        jobs = [
+            (files.join(location, e.path), FileDigest(e.records, e.bytes, e.crc32c, e.sha256))
+            for e in entries
+        ]
+        listed = {path for path, _ in jobs}
+        extra = [
+            path for path, _ in files.list_files(files.join(location, "*"))
+            if parse_shard_name(path.rsplit("/", 1)[-1]) and path not in listed
+        ]
+        with_manifest = True
+    else:
+        pattern = location if "*" in location or location.endswith((".tfrecord", ".gz")) \
+            else files.join(location, "**")
+        jobs = [
+            (path, None) for path, _ in sorted(files.list_files(pattern))
+            if path.endswith((".tfrecord", ".tfrecord.gz"))
+        ]
+        extra, with_manifest = [], False
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        checks = list(pool.map(lambda job: _check(*job), jobs))
+    checks += [ShardCheck(path, False, error=f"shard file not listed in {MANIFEST_NAME}") for path in extra]
+    return VerifyReport(location, with_manifest, tuple(checks))

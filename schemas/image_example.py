@@ -1,0 +1,140 @@
+"""The image record: which features an image becomes, its bytes, and its size.
+
+Feature names follow the conventional keys (as in TFRecorder and the TF object
+detection API): the original encoded bytes are kept, never re-encoded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from schemas.features import (
+    FeatureSpec,
+    bytes_feature,
+    float_feature,
+    int64_feature,
+    make_example,
+    serialize_example,
+    varint_size,
+)
+from schemas.images import ImageInfo
+
+__all__ = ["IMAGE_FEATURE_SPEC", "encode_image_example", "image_example_size", "image_feature_spec"]
+
+IMAGE_FEATURE_SPEC = FeatureSpec(
+    {
+        "image/encoded": ("string", []),
+        "image/format": ("string", []),
+        "image/height": ("int64", []),
+        "image/width": ("int64", []),
+        "image/channels": ("int64", []),
+        "image/class/label": ("int64", []),
+        "image/class/text": ("string", []),
+        "image/filename": ("string", []),
+        "image/key/sha256": ("string", []),
+    }
+)
+
+
+_EXTRA_FEATURE = {"string": bytes_feature, "int64": int64_feature, "float32": float_feature}
+
+
+def image_feature_spec(extra_features: dict[str, str] | None = None) -> FeatureSpec:
+    """The image features plus scalar extras (``{name: dtype}``, e.g. CSV columns)."""
+    entries = {name: (dtype, shape) for name, dtype, shape in IMAGE_FEATURE_SPEC.entries()}
+    for name, dtype in (extra_features or {}).items():
+        entries[name] = (dtype, [])
+    return FeatureSpec(entries)
+
+
+def encode_image_example(
+    encoded: bytes,
+    info: ImageInfo,
+    label: int,
+    label_text: str,
+    filename: str,
+    extra: tuple[tuple[str, str, object], ...] = (),
+) -> bytes:
+    """Serializes one image as a ``tf.train.Example``.
+
+    Args:
+      encoded: the image file's bytes, stored unchanged.
+      info: format, dimensions and channel count read from the header.
+      label: class index.
+      label_text: class name.
+      filename: path relative to the input root.
+      extra: extra scalar features, ``((name, dtype, value), ...)``.
+
+    Returns:
+      The deterministic serialization of the Example.
+    """
+    features = {
+        "image/encoded": bytes_feature(encoded),
+        "image/format": bytes_feature(info.format),
+        "image/height": int64_feature(info.height),
+        "image/width": int64_feature(info.width),
+        "image/channels": int64_feature(info.channels),
+        "image/class/label": int64_feature(label),
+        "image/class/text": bytes_feature(label_text),
+        "image/filename": bytes_feature(filename),
+        "image/key/sha256": bytes_feature(hashlib.sha256(encoded).hexdigest()),
+    }
+    for name, dtype, value in extra:
+        features[name] = _EXTRA_FEATURE[dtype](value)
+    return serialize_example(make_example(features))
+
+
+def _entry_size(key: str, value_list_size: int) -> int:
+    """Size of one ``Features.feature`` map entry holding a one-list Feature."""
+    key_size = len(key.encode("utf-8"))
+    feature = 1 + varint_size(value_list_size) + value_list_size
+    entry = 1 + varint_size(key_size) + key_size + 1 + varint_size(feature) + feature
+    return 1 + varint_size(entry) + entry
+
+
+def _bytes_list_size(value: bytes) -> int:
+    return 1 + varint_size(len(value)) + len(value)
+
+
+def _int64_list_size(value: int) -> int:
+    packed = varint_size(value)
+    return 1 + varint_size(packed) + packed
+
+
+def _extra_list_size(dtype: str, value) -> int:
+    if dtype == "int64":
+        return _int64_list_size(int(value))
+    if dtype == "float32":
+        return 1 + 1 + 4  # Packed: tag, length 4, one float32.
+    return _bytes_list_size(str(value).encode("utf-8"))
+
+
+def image_example_size(
+    encoded_size: int,
+    image_format: str,
+    height: int,
+    width: int,
+    channels: int,
+    label: int,
+    label_text: str,
+    filename: str,
+    extra: tuple[tuple[str, str, object], ...] = (),
+) -> int:
+    """Exact serialized size of the Example ``encode_image_example`` makes.
+
+    Used to plan shards before any image is read: call it with the file size and
+    typical dimensions; the dimensions change the result by a few bytes at most.
+    """
+    features = (
+        _entry_size("image/encoded", 1 + varint_size(encoded_size) + encoded_size)
+        + _entry_size("image/format", _bytes_list_size(image_format.encode("utf-8")))
+        + _entry_size("image/height", _int64_list_size(height))
+        + _entry_size("image/width", _int64_list_size(width))
+        + _entry_size("image/channels", _int64_list_size(channels))
+        + _entry_size("image/class/label", _int64_list_size(label))
+        + _entry_size("image/class/text", _bytes_list_size(label_text.encode("utf-8")))
+        + _entry_size("image/filename", _bytes_list_size(filename.encode("utf-8")))
+        + _entry_size("image/key/sha256", _bytes_list_size(b"0" * 64))
+        + sum(_entry_size(name, _extra_list_size(dtype, value)) for name, dtype, value in extra)
+    )
+    return 1 + varint_size(features) + features

@@ -1,0 +1,147 @@
+"""The small values that travel through the pipeline: references, plans, results.
+
+All are frozen dataclasses that check themselves, carry no payload bytes, and
+pickle cheaply, so grouping them costs memory in proportion to the file count,
+never to the data size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+__all__ = ["DEAD_LETTER_STAGES", "DeadLetter", "ImageRef", "InputSummary", "ShardResult", "ShardSpec"]
+
+DEAD_LETTER_STAGES = ("list", "read", "validate", "encode")
+_EXTRA_DTYPES = ("string", "int64", "float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageRef:
+    """One image to convert, with everything known before its bytes are read.
+
+    Attributes:
+      split: the split it belongs to (``train``, ``test``, ...).
+      key: stable ordering key (see ``schemas.sharding.stable_key``).
+      filename: path relative to the input root, '/'-separated; stored as
+        ``image/filename``.
+      path: where to read it (local path or URI).
+      size: file size in bytes.
+      label: class index.
+      label_text: class name ('' when unknown).
+      extra: extra scalar features, ``((name, dtype, value), ...)``, sorted by name.
+    """
+
+    split: str
+    key: str
+    filename: str
+    path: str
+    size: int
+    label: int
+    label_text: str
+    extra: tuple[tuple[str, str, object], ...] = ()
+
+    def __post_init__(self):
+        if self.size < 0:
+            raise ValueError(f"{self.path}: size must be >= 0, got {self.size}")
+        for name, dtype, _ in self.extra:
+            if dtype not in _EXTRA_DTYPES:
+                raise ValueError(f"extra feature {name!r}: dtype must be one of {_EXTRA_DTYPES}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadLetter:
+    """A bad input: where it came from, at which stage it failed, and why.
+
+    Attributes:
+      source: path or URI of the input (with ``:LINE`` for a CSV row).
+      stage: one of ``DEAD_LETTER_STAGES``.
+      error: short reason code, e.g. ``truncated_jpeg``; bad-record counts are keyed by it.
+      message: a sentence a person can act on.
+    """
+
+    source: str
+    stage: str
+    error: str
+    message: str
+
+    def __post_init__(self):
+        if self.stage not in DEAD_LETTER_STAGES:
+            raise ValueError(f"stage must be one of {DEAD_LETTER_STAGES}, got {self.stage!r}")
+
+    def to_json_line(self) -> str:
+        """One JSON object on one line, keys in a fixed order."""
+        return json.dumps(dataclasses.asdict(self), ensure_ascii=False) + "\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardSpec:
+    """One shard to write: its place in the split and its records in key order."""
+
+    split: str
+    index: int
+    num_shards: int
+    path: str
+    items: tuple[ImageRef, ...]
+    planned_bytes: int
+
+    def __post_init__(self):
+        if not 0 <= self.index < self.num_shards:
+            raise ValueError(f"shard index {self.index} outside 0..{self.num_shards - 1}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardResult:
+    """What was written to one shard, and what re-reading it found.
+
+    Attributes:
+      split, index, num_shards, path: which shard.
+      records, bytes, crc32c, sha256: as computed while writing.
+      planned_bytes: the size the plan expected.
+      label_counts: ``((label_text, count), ...)`` of records written.
+      bad_counts: ``((reason, count), ...)`` of inputs sent to the dead letter.
+      dead_letter_path: the shard's dead-letter file, '' when none.
+      verified: whether the re-read matched, record by record and byte by byte.
+      verify_error: what did not match ('' when verified).
+    """
+
+    split: str
+    index: int
+    num_shards: int
+    path: str
+    records: int
+    bytes: int
+    crc32c: str
+    sha256: str
+    planned_bytes: int
+    label_counts: tuple[tuple[str, int], ...] = ()
+    bad_counts: tuple[tuple[str, int], ...] = ()
+    dead_letter_path: str = ""
+    verified: bool = False
+    verify_error: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSummary:
+    """What the listing found, minus the per-file references.
+
+    Attributes:
+      root: the input root; ``image/filename`` is relative to it.
+      layout: the layout used.
+      image_files, image_bytes: image files found (the input fingerprint).
+      ignored_files: files skipped as plainly not images.
+      vocabulary: class names in label order.
+      extra_features: ``{name: dtype}`` of extra scalar features (CSV columns).
+      bad_counts: ``((reason, count), ...)`` of inputs refused while listing.
+      dead_letter_path: where those were written ('' when none).
+    """
+
+    root: str
+    layout: str
+    image_files: int
+    image_bytes: int
+    ignored_files: int
+    vocabulary: tuple[str, ...]
+    extra_features: tuple[tuple[str, str], ...] = ()
+    bad_counts: tuple[tuple[str, int], ...] = ()
+    dead_letter_path: str = ""

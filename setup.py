@@ -1,0 +1,51 @@
+"""Packaging for beam-tfrecords: images and CSV to verified, size-banded TFRecord shards.
+
+The same package is installed on the launcher and, through ``--setup_file``, on
+every Dataflow worker; the generated protobuf code is checked in under
+``schemas/proto`` so no ``protoc`` is needed at install time.
+"""
+
+import re
+from pathlib import Path
+
+import setuptools
+
+VERSION = re.search(
+    r'__version__ = "([^"]+)"', (Path(__file__).parent / "schemas" / "version.py").read_text()
+).group(1)
+
+REQUIRED = [
+    # Pinned exactly: the worker container (Dockerfile) starts from the Beam SDK
+    # image of the same version, and Dataflow rejects a launcher/worker mismatch.
+    "apache-beam[gcp]==2.77.0",
+    # Our generated *_pb2.py (protoc 3.21) needs the builder API of protobuf >= 3.20;
+    # Beam 2.77 itself requires protobuf < 7.
+    "protobuf>=4.21,<7",
+    # Same range Beam 2.77 declares; Pillow reads headers of formats we do not parse
+    # ourselves and does the full decode for --validate decode.
+    "pillow>=12.1.1,<13",
+    "numpy>=1.26",
+    # Without a C CRC-32C library, checksumming falls back to ~10 MB/s pure Python.
+    "google-crc32c>=1.5",
+    "google-cloud-storage>=2.14",
+]
+
+EXTRAS = {
+    "test": [
+        "pytest>=8",
+        # Serves the GCS JSON API on loopback for the gs:// tests.
+        "gcp-storage-emulator>=2024.8.3",
+    ],
+}
+
+setuptools.setup(
+    name="beam-tfrecords",
+    version=VERSION,
+    description="Apache Beam pipeline: images and CSV to verified, size-banded TFRecord shards.",
+    python_requires=">=3.10",
+    packages=setuptools.find_packages(include=["beam_pipeline*", "transforms*", "schemas*"]),
+    package_data={"schemas": ["proto/*.proto"]},
+    install_requires=REQUIRED,
+    extras_require=EXTRAS,
+    entry_points={"console_scripts": ["beam-tfrecords=beam_pipeline.cli:main"]},
+)

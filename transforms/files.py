@@ -1,0 +1,88 @@
+"""File access on any Beam filesystem (local paths, ``gs://``), one code path for all.
+
+Beam's ``FileSystems`` is used for everything; plain local paths take a direct
+``open`` where it saves per-call overhead on datasets of many small files.
+Compression is never inferred from file names: shards are read and written as
+the bytes they are.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+__all__ = [
+    "delete_files",
+    "exists",
+    "is_local",
+    "join",
+    "list_files",
+    "open_read",
+    "open_write",
+    "read_bytes",
+    "read_text",
+    "write_bytes",
+]
+
+_URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
+_RAW = CompressionTypes.UNCOMPRESSED
+
+
+def is_local(path: str) -> bool:
+    """Whether ``path`` is a plain local path (no ``scheme://``)."""
+    return not _URI.match(path)
+
+
+def join(base: str, *parts: str) -> str:
+    """Joins with '/', for local paths and URIs alike."""
+    return posixpath.join(base.rstrip("/") if len(base) > 1 else base, *parts)
+
+
+def open_read(path: str):
+    """A binary stream of the file's stored bytes."""
+    if is_local(path):
+        return open(path, "rb")  # noqa: SIM115 - the caller closes it.
+    return FileSystems.open(path, compression_type=_RAW)
+
+
+def open_write(path: str):
+    """A binary stream that creates (or replaces) the file; parents are created."""
+    return FileSystems.create(path, mime_type="application/octet-stream", compression_type=_RAW)
+
+
+def read_bytes(path: str) -> bytes:
+    """The whole file."""
+    with open_read(path) as stream:
+        return stream.read()
+
+
+def read_text(path: str) -> str:
+    """The whole file as UTF-8 text (a leading BOM is dropped)."""
+    return read_bytes(path).decode("utf-8-sig")
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Writes ``data`` as the whole file."""
+    with open_write(path) as stream:
+        stream.write(data)
+
+
+def exists(path: str) -> bool:
+    """Whether the file exists."""
+    return FileSystems.exists(path)
+
+
+def list_files(pattern: str, limit: int | None = None) -> list[tuple[str, int]]:
+    """``(path, size)`` of files matching a glob (``**`` crosses folders)."""
+    result = FileSystems.match([pattern], limits=[limit] if limit is not None else None)[0]
+    return [(m.path, m.size_in_bytes) for m in result.metadata_list]
+
+
+def delete_files(paths: list[str]) -> None:
+    """Deletes the files; missing ones are not an error."""
+    present = [p for p in paths if FileSystems.exists(p)]
+    if present:
+        FileSystems.delete(present)

@@ -1,0 +1,321 @@
+"""PlanShards, WriteShards, VerifyShards: from image references to proved shards.
+
+Only metadata is planned and moved between steps; payloads are streamed by the
+one DoFn call that writes a shard, one small batch of files at a time, so peak
+memory does not grow with the dataset.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import itertools
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import apache_beam as beam
+from apache_beam.io.filesystem import BeamIOError
+
+from schemas.config import ConvertConfig
+from schemas.image_example import encode_image_example, image_example_size
+from schemas.images import ImageError, inspect_image
+from schemas.records import DeadLetter, ImageRef, ShardResult, ShardSpec
+from schemas.sharding import ShardBand, assign_shards, choose_num_shards, shard_name
+from schemas.tfrecord import (
+    RECORD_OVERHEAD,
+    FileDigest,
+    RecordError,
+    TFRecordWriter,
+    frame_record,
+    scan_stream,
+)
+from transforms import files
+from transforms.images import DEAD_LETTER_DIR
+
+__all__ = ["PlanShards", "VerifyShards", "WriteShards", "plan_image_shards", "verify_shard"]
+
+_log = logging.getLogger(__name__)
+# Dimensions assumed when sizing a record before its header is read: they change
+# the estimate by a few bytes per record.
+_TYPICAL_SIDE = 1024
+_TYPICAL_CHANNELS = 3
+_CHUNK_FILES = 64
+_CHUNK_BYTES = 4 << 20
+_PROGRESS_SECONDS = 10.0
+
+
+def estimated_record_size(ref: ImageRef, image_format: str = "jpeg") -> int:
+    """Framed size of the record an image becomes, before its header is read."""
+    return RECORD_OVERHEAD + image_example_size(
+        ref.size, image_format, _TYPICAL_SIDE, _TYPICAL_SIDE, _TYPICAL_CHANNELS,
+        ref.label, ref.label_text, ref.filename, ref.extra,
+    )
+
+
+def plan_image_shards(
+    refs: Iterable[ImageRef], band: ShardBand, output: str, compression: str
+) -> list[ShardSpec]:
+    """Cuts each split, in key order, into shards of nearly equal bytes.
+
+    Args:
+      refs: every image of every split.
+      band: the shard size band.
+      output: the output folder.
+      compression: ``none`` or ``gzip`` (names the files; sizes are planned on
+        uncompressed bytes, since encoded images barely compress).
+
+    Returns:
+      One spec per shard, split by split, in index order.
+    """
+    by_split: dict[str, list[ImageRef]] = collections.defaultdict(list)
+    for ref in refs:
+        by_split[ref.split].append(ref)
+    specs = []
+    for split in sorted(by_split):
+        items = sorted(by_split[split], key=lambda r: (r.key, r.filename))
+        sizes = [estimated_record_size(r) for r in items]
+        num_shards = choose_num_shards(sum(sizes), band)
+        assignment = assign_shards(sizes, num_shards)
+        grouped = itertools.groupby(zip(assignment, items, sizes), key=lambda t: t[0])
+        members = {index: list(group) for index, group in grouped}
+        for index in range(num_shards):
+            group = members.get(index, [])
+            specs.append(
+                ShardSpec(
+                    split=split,
+                    index=index,
+                    num_shards=num_shards,
+                    path=files.join(output, shard_name(split, index, num_shards, compression)),
+                    items=tuple(item for _, item, _ in group),
+                    planned_bytes=sum(size for _, _, size in group),
+                )
+            )
+    return specs
+
+
+class PlanShards(beam.PTransform):
+    """``tuple[ImageRef, ...]`` → one ``ShardSpec`` per shard, spread over workers."""
+
+    def __init__(self, config: ConvertConfig):
+        super().__init__()
+        self._config = config
+
+    def expand(self, refs):
+        config = self._config
+        return (
+            refs
+            | "CutSplits" >> beam.FlatMap(
+                plan_image_shards, config.band, config.output, config.compression
+            )
+            # One element per shard: spread them so each worker writes some.
+            | "Spread" >> beam.Reshuffle()
+        )
+
+
+def _chunks(items: Sequence[ImageRef]) -> Iterator[list[ImageRef]]:
+    """Consecutive runs of at most _CHUNK_FILES files and about _CHUNK_BYTES bytes."""
+    chunk, size = [], 0
+    for item in items:
+        if chunk and (len(chunk) >= _CHUNK_FILES or size + item.size > _CHUNK_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(item)
+        size += item.size
+    if chunk:
+        yield chunk
+
+
+def _ordered_map(
+    pool: concurrent.futures.Executor, fn: Callable, items: Iterable, window: int
+) -> Iterator:
+    """``map(fn, items)`` on a pool, in order, with at most ``window`` in flight."""
+    pending: collections.deque = collections.deque()
+    iterator = iter(items)
+    for item in itertools.islice(iterator, window):
+        pending.append(pool.submit(fn, item))
+    while pending:
+        done = pending.popleft()
+        for item in itertools.islice(iterator, 1):
+            pending.append(pool.submit(fn, item))
+        yield done.result()
+
+
+def _encode(ref: ImageRef, validate: str) -> bytes | DeadLetter:
+    """Reads, checks and encodes one image: its framed record, or why it was refused."""
+    try:
+        data = files.read_bytes(ref.path)
+    except (OSError, BeamIOError) as err:
+        return DeadLetter(ref.path, "read", "read_error", f"cannot read the file: {err}")
+    try:
+        info = inspect_image(data, validate)
+    except ImageError as err:
+        return DeadLetter(ref.path, "validate", err.reason, err.message)
+    try:
+        example = encode_image_example(
+            data, info, ref.label, ref.label_text, ref.filename, ref.extra
+        )
+    except (ValueError, TypeError) as err:
+        return DeadLetter(ref.path, "encode", "encode_error", f"cannot encode the record: {err}")
+    return frame_record(example)
+
+
+class _Progress:
+    """Logs records, rate and ETA of one shard every few seconds."""
+
+    def __init__(self, spec: ShardSpec):
+        self._spec = spec
+        self._start = self._last = time.monotonic()
+
+    def update(self, done: int, written_bytes: int) -> None:
+        now = time.monotonic()
+        if now - self._last < _PROGRESS_SECONDS:
+            return
+        self._last = now
+        total = len(self._spec.items)
+        rate = done / max(now - self._start, 1e-9)
+        _log.info(
+            "%s shard %d/%d: %d/%d records, %.0f records/s, %.1f MB/s, ETA %.0f s",
+            self._spec.split, self._spec.index + 1, self._spec.num_shards, done, total, rate,
+            written_bytes / max(now - self._start, 1e-9) / 1e6, (total - done) / max(rate, 1e-9),
+        )
+
+
+def _stem(path: str) -> str:
+    name = path.rsplit("/", 1)[-1]
+    return name.split(".tfrecord", 1)[0]
+
+
+class _WriteShardFn(beam.DoFn):
+    """``ShardSpec`` → ``ShardResult``: streams the shard's images into its file."""
+
+    def __init__(self, config: ConvertConfig):
+        self._config = config
+        self._pool = None
+
+    def setup(self):
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            self._config.read_threads, thread_name_prefix="read-image"
+        )
+
+    def teardown(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def _encode_chunk(self, chunk: list[ImageRef]) -> list[tuple[ImageRef, bytes | DeadLetter]]:
+        return [(ref, _encode(ref, self._config.validate)) for ref in chunk]
+
+    def process(self, spec: ShardSpec) -> Iterator[ShardResult]:
+        config = self._config
+        labels: Counter = Counter()
+        dead: list[DeadLetter] = []
+        progress = _Progress(spec)
+        done = written = 0
+        with files.open_write(spec.path) as sink:
+            writer = TFRecordWriter(sink, config.compression)
+            window = config.read_threads + 2
+            for results in _ordered_map(self._pool, self._encode_chunk, _chunks(spec.items), window):
+                for ref, outcome in results:
+                    if isinstance(outcome, DeadLetter):
+                        dead.append(outcome)
+                    else:
+                        writer.write_framed(outcome)
+                        written += len(outcome)
+                        labels[ref.label_text or str(ref.label)] += 1
+                done += len(results)
+                progress.update(done, written)
+            digest = writer.close()
+        dead_path = ""
+        if dead:
+            dead_path = f"{DEAD_LETTER_DIR}/{_stem(spec.path)}.jsonl"
+            files.write_bytes(files.join(config.output, dead_path),
+                              "".join(d.to_json_line() for d in dead).encode("utf-8"))
+        beam.metrics.Metrics.counter("write", "records").inc(digest.records)
+        beam.metrics.Metrics.counter("write", "dead_letter").inc(len(dead))
+        beam.metrics.Metrics.counter("write", "bytes").inc(digest.bytes)
+        yield ShardResult(
+            split=spec.split,
+            index=spec.index,
+            num_shards=spec.num_shards,
+            path=spec.path,
+            records=digest.records,
+            bytes=digest.bytes,
+            crc32c=digest.crc32c,
+            sha256=digest.sha256,
+            planned_bytes=spec.planned_bytes,
+            label_counts=tuple(sorted(labels.items())),
+            bad_counts=tuple(sorted(Counter(d.error for d in dead).items())),
+            dead_letter_path=dead_path,
+        )
+
+
+class WriteShards(beam.PTransform):
+    """``ShardSpec`` → ``ShardResult`` (as written, not yet verified)."""
+
+    def __init__(self, config: ConvertConfig):
+        super().__init__()
+        self._config = config
+
+    def expand(self, specs):
+        return specs | "Write" >> beam.ParDo(_WriteShardFn(self._config))
+
+
+def verify_shard(
+    path: str, compression: str, expected: FileDigest | None = None
+) -> tuple[FileDigest | None, str]:
+    """Re-reads a shard from where it is stored and checks every record.
+
+    Args:
+      path: the shard's path or URI.
+      compression: ``none`` or ``gzip``.
+      expected: what the file should hold; ``None`` for a CRC scan only.
+
+    Returns:
+      ``(digest, error)``: the digest read back (``None`` if the file could not
+      be read) and ``''`` when everything matched, else what did not.
+    """
+    try:
+        with files.open_read(path) as stream:
+            digest = scan_stream(stream, compression)
+    except RecordError as err:
+        return None, str(err)
+    except (OSError, EOFError, BeamIOError) as err:
+        return None, f"cannot read: {err}"
+    if expected is None:
+        return digest, ""
+    mismatches = [
+        f"{field} {getattr(digest, field)} != expected {getattr(expected, field)}"
+        for field in ("records", "bytes", "crc32c", "sha256")
+        if getattr(digest, field) != getattr(expected, field)
+    ]
+    return digest, "; ".join(mismatches)
+
+
+class _VerifyShardFn(beam.DoFn):
+    """``ShardResult`` → the same, with ``verified`` and ``verify_error`` set."""
+
+    def __init__(self, compression: str):
+        self._compression = compression
+
+    def process(self, result: ShardResult) -> Iterator[ShardResult]:
+        expected = FileDigest(result.records, result.bytes, result.crc32c, result.sha256)
+        _, error = verify_shard(result.path, self._compression, expected)
+        if error:
+            _log.error("Verification failed for %s: %s", result.path, error)
+            beam.metrics.Metrics.counter("verify", "failed").inc()
+        else:
+            beam.metrics.Metrics.counter("verify", "shards").inc()
+        yield dataclasses.replace(result, verified=not error, verify_error=error)
+
+
+class VerifyShards(beam.PTransform):
+    """Re-reads each written shard from storage and proves it against the writer."""
+
+    def __init__(self, config: ConvertConfig):
+        super().__init__()
+        self._config = config
+
+    def expand(self, results):
+        return results | "ReRead" >> beam.ParDo(_VerifyShardFn(self._config.compression))
