@@ -64,13 +64,13 @@ def _convert_parser(prog: str) -> argparse.ArgumentParser:
     return p
 
 
-def _unknown_beam_flags(beam_args: Sequence[str]) -> list[str]:
-    """Flags that neither we nor any Beam options class know, with suggestions."""
+def _unknown_beam_flags(beam_args: Sequence[str], ours: Sequence[str]) -> list[str]:
+    """Flags that neither we (``ours``) nor any Beam options class know, with suggestions."""
     parser = _BeamArgumentParser(allow_abbrev=False)
     for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
         cls._add_argparse_args(parser)  # pylint: disable=protected-access
     _, unknown = parser.parse_known_args(list(beam_args))
-    known = [a for action in parser._actions for a in action.option_strings]  # pylint: disable=protected-access
+    known = [*ours, *(a for action in parser._actions for a in action.option_strings)]  # pylint: disable=protected-access
     messages = []
     for arg in unknown:
         if not arg.startswith("--"):
@@ -103,8 +103,10 @@ def _print_summary(report: dict) -> None:
 
 
 def _run_convert(argv: Sequence[str], prog: str) -> int:
-    args, beam_args = _convert_parser(prog).parse_known_args(argv)
-    unknown = _unknown_beam_flags(beam_args)
+    parser = _convert_parser(prog)
+    args, beam_args = parser.parse_known_args(argv)
+    ours = [a for action in parser._actions for a in action.option_strings]  # pylint: disable=protected-access
+    unknown = _unknown_beam_flags(beam_args, ours)
     if unknown:
         print(f"{prog}: error: unknown flags: {', '.join(unknown)}", file=sys.stderr)
         return EXIT_USAGE

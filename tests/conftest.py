@@ -1,0 +1,75 @@
+"""Shared helpers for tests that run whole conversions and read the output back."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+
+import pytest
+from PIL import Image
+
+from beam_pipeline.pipeline import convert
+from schemas.config import ConvertConfig
+from schemas.features import example_to_dict
+from schemas.tfrecord import iter_records
+
+CHANNELS_BY_MODE = {"L": 1, "LA": 2, "RGB": 3, "YCbCr": 3, "RGBA": 4, "CMYK": 4}
+
+
+def read_dataset(output: str) -> dict[str, list[dict]]:
+    """Every record of every shard in ``output``, parsed, by shard file name."""
+    shards = {}
+    for name in sorted(os.listdir(output)):
+        if ".tfrecord" not in name:
+            continue
+        with open(os.path.join(output, name), "rb") as f:
+            data = f.read()
+        if name.endswith(".gz"):
+            data = gzip.decompress(data)
+        shards[name] = [example_to_dict(r) for r in iter_records(io.BytesIO(data))]
+    return shards
+
+
+def load_manifest(output: str) -> dict:
+    with open(os.path.join(output, "manifest.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def expected_features(root: str, rel: str, label: int, text: str) -> dict[str, list]:
+    """The nine image features, computed independently from the source file."""
+    with open(os.path.join(root, rel), "rb") as f:
+        data = f.read()
+    with Image.open(io.BytesIO(data)) as image:
+        width, height = image.size
+        mode, fmt = image.mode, image.format.lower()
+        transparent = "transparency" in image.info
+    channels = (4 if transparent else 3) if mode == "P" else CHANNELS_BY_MODE[mode]
+    return {
+        "image/encoded": [data],
+        "image/format": [fmt.encode()],
+        "image/height": [height],
+        "image/width": [width],
+        "image/channels": [channels],
+        "image/class/label": [label],
+        "image/class/text": [text.encode()],
+        "image/filename": [rel.encode()],
+        "image/key/sha256": [hashlib.sha256(data).hexdigest().encode()],
+    }
+
+
+def sha256_file(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+@pytest.fixture
+def run_convert():
+    """Runs a conversion with test-friendly defaults; returns the ConvertResult."""
+
+    def run(input_path: str, output: str, beam_args=(), **options):
+        return convert(ConvertConfig(input=input_path, output=output, **options), beam_args)
+
+    return run
