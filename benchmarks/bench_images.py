@@ -254,8 +254,9 @@ def bench_run(name, cmd, out_dir, log_prefix, input_bytes):
               + "".join("    | " + line for line in tail).rstrip(), flush=True)
     try:
         result.update(output_stats(out_dir))
-    except ValueError as error:
-        result.update(status="bad output", output_error=str(error))
+    except (ValueError, OSError, EOFError) as error:  # Bad framing or bad gzip.
+        result["output_error"] = str(error)
+        result["status"] = "bad output" if result["status"] == "ok" else result["status"]
         print(f"  {name}: bad output: {error}", flush=True)
     ok = result["status"] == "ok"
     result["records_per_s"] = result["records"] / result["wall_s"] if ok else None

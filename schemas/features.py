@@ -7,6 +7,7 @@ process and on every run.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 
 from schemas.proto import example_pb2
@@ -15,6 +16,7 @@ __all__ = [
     "DTYPES",
     "FeatureSpec",
     "bytes_feature",
+    "encode_example",
     "example_to_dict",
     "float_feature",
     "int64_feature",
@@ -61,6 +63,63 @@ def make_example(features: Mapping[str, example_pb2.Feature]) -> example_pb2.Exa
 def serialize_example(example: example_pb2.Example) -> bytes:
     """Serializes with map entries sorted by key: equal values, equal bytes."""
     return example.SerializeToString(deterministic=True)
+
+
+_U64 = (1 << 64) - 1
+
+
+def _varint(value: int) -> bytes:
+    """Protobuf varint; negative int64 values take their 10-byte two's complement."""
+    value &= _U64
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _feature_bytes(dtype: str, values: Sequence) -> bytes:
+    """A serialized Feature holding one list (field numbers as in example.proto)."""
+    if dtype == "string":
+        inner = b"".join(
+            b"".join((b"\x0a", _varint(len(v)), v))
+            for v in (x.encode("utf-8") if isinstance(x, str) else x for x in values)
+        )
+        tag = b"\x0a"  # Feature.bytes_list
+    elif dtype == "int64":
+        packed = b"".join(_varint(int(v)) for v in values)
+        inner = b"".join((b"\x0a", _varint(len(packed)), packed)) if values else b""
+        tag = b"\x1a"  # Feature.int64_list
+    elif dtype == "float32":
+        packed = struct.pack(f"<{len(values)}f", *values)
+        inner = b"".join((b"\x0a", _varint(len(packed)), packed)) if values else b""
+        tag = b"\x12"  # Feature.float_list
+    else:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    return b"".join((tag, _varint(len(inner)), inner))
+
+
+def encode_example(features: Iterable[tuple[str, str, Sequence]]) -> bytes:
+    """Serializes an Example straight from values, without building messages.
+
+    The bytes equal ``serialize_example(make_example(...))`` (map entries sorted
+    by key, lists packed), at a fraction of the cost; the tests hold the two
+    together and against hand-written golden bytes.
+
+    Args:
+      features: ``(name, dtype, values)`` triples; dtype is one of ``DTYPES``.
+    """
+    entries = []
+    for name, dtype, values in sorted(features, key=lambda f: f[0]):
+        key = name.encode("utf-8")
+        feature = _feature_bytes(dtype, values)
+        entry = b"".join((b"\x0a", _varint(len(key)), key, b"\x12", _varint(len(feature)), feature))
+        entries.append(b"".join((b"\x0a", _varint(len(entry)), entry)))
+    body = b"".join(entries)
+    return b"".join((b"\x0a", _varint(len(body)), body))
 
 
 def example_to_dict(serialized: bytes) -> dict[str, list]:

@@ -8,15 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from schemas.features import (
-    FeatureSpec,
-    bytes_feature,
-    float_feature,
-    int64_feature,
-    make_example,
-    serialize_example,
-    varint_size,
-)
+from schemas.features import FeatureSpec, encode_example, varint_size
 from schemas.images import ImageInfo
 
 __all__ = ["IMAGE_FEATURE_SPEC", "encode_image_example", "image_example_size", "image_feature_spec"]
@@ -34,9 +26,6 @@ IMAGE_FEATURE_SPEC = FeatureSpec(
         "image/key/sha256": ("string", []),
     }
 )
-
-
-_EXTRA_FEATURE = {"string": bytes_feature, "int64": int64_feature, "float32": float_feature}
 
 
 def image_feature_spec(extra_features: dict[str, str] | None = None) -> FeatureSpec:
@@ -68,20 +57,19 @@ def encode_image_example(
     Returns:
       The deterministic serialization of the Example.
     """
-    features = {
-        "image/encoded": bytes_feature(encoded),
-        "image/format": bytes_feature(info.format),
-        "image/height": int64_feature(info.height),
-        "image/width": int64_feature(info.width),
-        "image/channels": int64_feature(info.channels),
-        "image/class/label": int64_feature(label),
-        "image/class/text": bytes_feature(label_text),
-        "image/filename": bytes_feature(filename),
-        "image/key/sha256": bytes_feature(hashlib.sha256(encoded).hexdigest()),
-    }
-    for name, dtype, value in extra:
-        features[name] = _EXTRA_FEATURE[dtype](value)
-    return serialize_example(make_example(features))
+    features = [
+        ("image/encoded", "string", (encoded,)),
+        ("image/format", "string", (info.format,)),
+        ("image/height", "int64", (info.height,)),
+        ("image/width", "int64", (info.width,)),
+        ("image/channels", "int64", (info.channels,)),
+        ("image/class/label", "int64", (label,)),
+        ("image/class/text", "string", (label_text,)),
+        ("image/filename", "string", (filename,)),
+        ("image/key/sha256", "string", (hashlib.sha256(encoded).hexdigest(),)),
+    ]
+    features.extend((name, dtype, (value,)) for name, dtype, value in extra)
+    return encode_example(features)
 
 
 def _entry_size(key: str, value_list_size: int) -> int:

@@ -87,7 +87,7 @@ def resolve_input(path: str, layout: str = "auto") -> tuple[str, str, str]:
     if layout == "csv" or (wildcard is None and path.lower().endswith(".csv")):
         if wildcard is not None:
             raise ValueError(f"a CSV manifest is one file, not a glob: {path}")
-        return "csv", posixpath.dirname(path), path
+        return "csv", posixpath.dirname(path) or ".", path
     if wildcard is None:
         root = path.rstrip("/") or "/"
         return layout, root, root.rstrip("/") + "/**"
@@ -179,11 +179,13 @@ def list_class_folders(
     """
     images, ignored = _split_images(root, files)
     parts = [rel.split("/") for rel, _, _ in images]
-    by_split = bool(parts) and all(len(p) >= 3 and p[0] in SPLIT_NAMES for p in parts)
+    # Split folders when every top-level folder holding images is a split name.
+    top_folders = {p[0] for p in parts if len(p) >= 2}
+    by_split = bool(top_folders) and top_folders <= SPLIT_NAMES
     dead: list[DeadLetter] = []
     placed = []  # (split, class, rel, path, size)
     for (rel, path, size), p in zip(images, parts):
-        split, rest = (p[0], p[1:]) if by_split else (DEFAULT_SPLIT, p)
+        split, rest = (p[0], p[1:]) if by_split and len(p) >= 2 else (DEFAULT_SPLIT, p)
         if len(rest) < 2:
             dead.append(
                 DeadLetter(path, "list", "no_class_folder",
@@ -270,6 +272,9 @@ def list_csv_manifest(
         header = [h.strip() for h in next(reader)]
     except StopIteration:
         raise ValueError(f"{csv_path}: the CSV manifest is empty") from None
+    duplicated = sorted({h for h in header if header.count(h) > 1})
+    if duplicated:
+        raise ValueError(f"{csv_path}: the CSV header names columns {duplicated} more than once")
     missing = [c for c in _CSV_REQUIRED if c not in header]
     if missing:
         raise ValueError(

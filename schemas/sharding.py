@@ -28,10 +28,10 @@ __all__ = [
 ]
 
 MB = 1_000_000
-_SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]*$")
+_SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.]*")
 _SHARD_NAME = re.compile(
-    r"^(?P<split>[A-Za-z0-9][A-Za-z0-9_.]*)-(?P<index>\d{5,})-of-(?P<count>\d{5,})"
-    r"\.tfrecord(?:\.gz)?$"
+    r"(?P<split>[A-Za-z0-9][A-Za-z0-9_.]*)-(?P<index>\d{5,})-of-(?P<count>\d{5,})"
+    r"\.tfrecord(?:\.gz)?"
 )
 
 
@@ -74,10 +74,11 @@ def choose_num_shards(total_bytes: int, band: ShardBand) -> int:
     middle = (band.min_bytes + band.max_bytes) / 2
     fewest = math.ceil(total_bytes / band.max_bytes)
     most = max(1, total_bytes // band.min_bytes)
-    wanted = max(1, round(total_bytes / middle))
     if fewest > most:  # A band narrower than the records allow: stay under the cap.
         return fewest
-    return min(max(wanted, fewest), most)
+    ideal = total_bytes / middle
+    candidates = {min(max(n, fewest), most) for n in (math.floor(ideal), math.ceil(ideal))}
+    return min(candidates, key=lambda n: (abs(total_bytes / n - middle), n))
 
 
 def assign_shards(sizes: Sequence[int], num_shards: int) -> list[int]:
@@ -113,12 +114,12 @@ def stable_key(split: str, relative_path: str) -> str:
 
 def is_valid_split_name(split: str) -> bool:
     """Whether ``split`` can start a shard file name (letters, digits, '_', '.')."""
-    return bool(_SPLIT_NAME.match(split))
+    return bool(_SPLIT_NAME.fullmatch(split))
 
 
 def shard_name(split: str, index: int, num_shards: int, compression: str) -> str:
     """``<split>-00000-of-00004.tfrecord`` (``.tfrecord.gz`` with gzip)."""
-    if not _SPLIT_NAME.match(split):
+    if not _SPLIT_NAME.fullmatch(split):
         raise ValueError(
             f"split name {split!r} cannot name a file: use letters, digits, '_' and '.'"
         )
@@ -129,7 +130,7 @@ def shard_name(split: str, index: int, num_shards: int, compression: str) -> str
 
 def parse_shard_name(name: str) -> tuple[str, int, int] | None:
     """``(split, index, num_shards)`` for a shard file name, else ``None``."""
-    match = _SHARD_NAME.match(name)
-    if not match:
+    match = _SHARD_NAME.fullmatch(name)
+    if not match or int(match["index"]) >= int(match["count"]):
         return None
     return match["split"], int(match["index"]), int(match["count"])
