@@ -6,6 +6,7 @@ detection API): the original encoded bytes are kept, never re-encoded.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 from schemas.features import FeatureSpec, encode_example, varint_size
@@ -97,6 +98,21 @@ def _extra_list_size(dtype: str, value) -> int:
     return _bytes_list_size(str(value).encode("utf-8"))
 
 
+@functools.lru_cache(maxsize=256)
+def _fixed_entries_size(image_format: str, height: int, width: int, channels: int, label: int,
+                        label_text: str) -> int:
+    """Size of the entries that do not depend on the file's name or bytes."""
+    return (
+        _entry_size("image/format", _bytes_list_size(image_format.encode("utf-8")))
+        + _entry_size("image/height", _int64_list_size(height))
+        + _entry_size("image/width", _int64_list_size(width))
+        + _entry_size("image/channels", _int64_list_size(channels))
+        + _entry_size("image/class/label", _int64_list_size(label))
+        + _entry_size("image/class/text", _bytes_list_size(label_text.encode("utf-8")))
+        + _entry_size("image/key/sha256", _bytes_list_size(b"0" * 64))
+    )
+
+
 def image_example_size(
     encoded_size: int,
     image_format: str,
@@ -115,14 +131,8 @@ def image_example_size(
     """
     features = (
         _entry_size("image/encoded", 1 + varint_size(encoded_size) + encoded_size)
-        + _entry_size("image/format", _bytes_list_size(image_format.encode("utf-8")))
-        + _entry_size("image/height", _int64_list_size(height))
-        + _entry_size("image/width", _int64_list_size(width))
-        + _entry_size("image/channels", _int64_list_size(channels))
-        + _entry_size("image/class/label", _int64_list_size(label))
-        + _entry_size("image/class/text", _bytes_list_size(label_text.encode("utf-8")))
+        + _fixed_entries_size(image_format, height, width, channels, label, label_text)
         + _entry_size("image/filename", _bytes_list_size(filename.encode("utf-8")))
-        + _entry_size("image/key/sha256", _bytes_list_size(b"0" * 64))
         + sum(_entry_size(name, _extra_list_size(dtype, value)) for name, dtype, value in extra)
     )
     return 1 + varint_size(features) + features

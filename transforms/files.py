@@ -8,10 +8,13 @@ the bytes they are.
 
 from __future__ import annotations
 
+import itertools
+import os
 import posixpath
 import re
+from collections.abc import Iterator
 
-from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystem import CompressionTypes, FileSystem
 from apache_beam.io.filesystems import FileSystems
 
 __all__ = [
@@ -28,6 +31,7 @@ __all__ = [
 ]
 
 _URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
+_GLOB = re.compile(r"[*?\[]")
 _RAW = CompressionTypes.UNCOMPRESSED
 
 
@@ -75,8 +79,36 @@ def exists(path: str) -> bool:
     return FileSystems.exists(path)
 
 
+def _walk_local(folder: str) -> Iterator[tuple[str, int]]:
+    """``(path, size)`` of every file under a local folder, one stat per file."""
+    stack = [folder]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = list(os.scandir(current))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=True):
+                stack.append(entry.path)
+            elif entry.is_file(follow_symlinks=True):
+                yield entry.path, entry.stat(follow_symlinks=True).st_size
+
+
 def list_files(pattern: str, limit: int | None = None) -> list[tuple[str, int]]:
-    """``(path, size)`` of files matching a glob (``**`` crosses folders)."""
+    """``(path, size)`` of files matching a glob (``**`` crosses folders).
+
+    Patterns follow Beam's ``FileSystems.match`` (``*`` stays inside a folder).
+    Local globs are matched with the same rules but walked directly, which is
+    several times faster on folders of many small files.
+    """
+    if is_local(pattern) and _GLOB.search(pattern):
+        folder = os.path.dirname(re.match(r"^[^[*?]*", pattern).group(0)) or "."
+        found = _walk_local(folder)
+        if pattern != folder + "/**":  # Everything under the folder matches that one.
+            matches = re.compile(FileSystem.translate_pattern(pattern)).match
+            found = (item for item in found if matches(item[0]))
+        return list(itertools.islice(found, limit))
     result = FileSystems.match([pattern], limits=[limit] if limit is not None else None)[0]
     return [(m.path, m.size_in_bytes) for m in result.metadata_list]
 

@@ -24,7 +24,7 @@ from schemas.layouts import (
     parse_labels_text,
     resolve_input,
 )
-from schemas.records import InputSummary
+from schemas.records import ImageRefs, InputSummary
 from transforms import files
 
 __all__ = ["DEAD_LETTER_DIR", "ListImages", "list_images"]
@@ -76,8 +76,8 @@ def _write_dead_letters(output: str, name: str, letters) -> str:
 
 
 class _ListImagesFn(beam.DoFn):
-    """Impulse → one ``tuple[ImageRef, ...]`` of all images (main) and one
-    ``InputSummary`` (tagged ``summary``)."""
+    """Impulse → one ``ImageRefs`` of all images (main) and one ``InputSummary``
+    (tagged ``summary``)."""
 
     def __init__(self, config: ConvertConfig):
         self._config = config
@@ -109,14 +109,14 @@ class _ListImagesFn(beam.DoFn):
                 dead_letter_path=dead_path,
             ),
         )
-        yield tuple(listing.refs)
+        yield ImageRefs(tuple(listing.refs))
 
 
 class ListImages(beam.PTransform):
     """Lists the images of ``config.input``.
 
-    Returns a ``DoOutputsTuple``: ``.refs`` holds one element, the tuple of all
-    ``ImageRef``; ``.summary`` holds one ``InputSummary``.
+    Returns a ``DoOutputsTuple``: ``.refs`` holds one ``ImageRefs`` element;
+    ``.summary`` holds one ``InputSummary``.
     """
 
     def __init__(self, config: ConvertConfig):

@@ -22,7 +22,7 @@ from apache_beam.io.filesystem import BeamIOError
 from schemas.config import ConvertConfig
 from schemas.image_example import encode_image_example, image_example_size
 from schemas.images import ImageError, inspect_image
-from schemas.records import DeadLetter, ImageRef, ShardResult, ShardSpec
+from schemas.records import DeadLetter, ImageRef, ImageRefs, ShardResult, ShardSpec
 from schemas.sharding import ShardBand, assign_shards, choose_num_shards, shard_name
 from schemas.tfrecord import (
     RECORD_OVERHEAD,
@@ -56,12 +56,12 @@ def estimated_record_size(ref: ImageRef, image_format: str = "jpeg") -> int:
 
 
 def plan_image_shards(
-    refs: Iterable[ImageRef], band: ShardBand, output: str, compression: str
+    images: ImageRefs, band: ShardBand, output: str, compression: str
 ) -> list[ShardSpec]:
     """Cuts each split, in key order, into shards of nearly equal bytes.
 
     Args:
-      refs: every image of every split.
+      images: every image of every split.
       band: the shard size band.
       output: the output folder.
       compression: ``none`` or ``gzip`` (names the files; sizes are planned on
@@ -71,7 +71,7 @@ def plan_image_shards(
       One spec per shard, split by split, in index order.
     """
     by_split: dict[str, list[ImageRef]] = collections.defaultdict(list)
-    for ref in refs:
+    for ref in images.refs:
         by_split[ref.split].append(ref)
     specs = []
     for split in sorted(by_split):
@@ -97,7 +97,7 @@ def plan_image_shards(
 
 
 class PlanShards(beam.PTransform):
-    """``tuple[ImageRef, ...]`` → one ``ShardSpec`` per shard, spread over workers."""
+    """``ImageRefs`` → one ``ShardSpec`` per shard, spread over workers."""
 
     def __init__(self, config: ConvertConfig):
         super().__init__()
