@@ -59,6 +59,9 @@ def _convert_parser(prog: str) -> argparse.ArgumentParser:
                    help="replace a dataset already in --output (its old shards are removed)")
     p.add_argument("--read_threads", type=int, default=4,
                    help="threads reading and checking images inside each shard writer (default 4)")
+    p.add_argument("--encode_processes", type=int, default=-1,
+                   help="helper processes per shard writer; -1 (default): all cores on the "
+                   "DirectRunner, none on distributed runners")
     p.add_argument("--report_json", default=None,
                    help="also write the run report to this local file")
     return p
@@ -116,7 +119,7 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
             compression=args.compression, validate=args.validate,
             shard_min_mb=args.shard_min_mb, shard_max_mb=args.shard_max_mb,
             max_bad_fraction=args.max_bad_fraction, overwrite=args.overwrite,
-            read_threads=args.read_threads,
+            read_threads=args.read_threads, encode_processes=args.encode_processes,
         )
         result = convert(config, beam_args)
     except (ConvertError, ValueError) as err:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from schemas.config import ConvertConfig
 from schemas.layouts import parse_labels_text, resolve_input
@@ -57,11 +57,23 @@ def _absolute(path: str | None) -> str | None:
     return os.path.abspath(path)
 
 
-def resolve_paths(config: ConvertConfig) -> ConvertConfig:
-    """Local paths made absolute, so every worker process reads the same files."""
+def _in_process_direct_runner(options: PipelineOptions) -> bool:
+    runner = options.view_as(StandardOptions).runner
+    direct = options.view_as(DirectOptions)
+    return (runner is None or runner in ("DirectRunner", "direct")) and (
+        direct.direct_running_mode in (None, "in_memory", "multi_threading")
+    )
+
+
+def resolve_config(config: ConvertConfig, options: PipelineOptions) -> ConvertConfig:
+    """The config as workers need it: local paths absolute (so every process reads
+    the same files), and ``encode_processes=-1`` replaced by a count for this runner."""
+    processes = config.encode_processes
+    if processes < 0:
+        processes = (os.cpu_count() or 1) if _in_process_direct_runner(options) else 0
     return dataclasses.replace(
         config, input=_absolute(config.input), output=_absolute(config.output),
-        labels=_absolute(config.labels),
+        labels=_absolute(config.labels), encode_processes=processes,
     )
 
 
@@ -116,10 +128,12 @@ def build_pipeline(config: ConvertConfig, options: PipelineOptions | None = None
     """The conversion as an un-run Beam pipeline.
 
     Args:
-      config: the conversion; paths should be absolute (see ``resolve_paths``).
+      config: the conversion (see ``resolve_config`` for what is filled in).
       options: Beam options (runner and its flags); DirectRunner when ``None``.
     """
-    pipeline = beam.Pipeline(options=options or PipelineOptions([]))
+    options = options or PipelineOptions([])
+    config = resolve_config(config, options)
+    pipeline = beam.Pipeline(options=options)
     listing = pipeline | "ListImages" >> ListImages(config)
     results = (
         listing.refs
@@ -142,10 +156,11 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = ()) -> ConvertResu
       ConvertError: on options or inputs that cannot work (before anything runs).
       RuntimeError: when the pipeline ends without a run report.
     """
-    config = resolve_paths(config)
+    options = PipelineOptions(list(beam_args))
+    config = resolve_config(config, options)
     check_inputs(config)
     prepare_output(config)
-    pipeline = build_pipeline(config, PipelineOptions(list(beam_args)))
+    pipeline = build_pipeline(config, options)
     pipeline.run().wait_until_finish()
     report_path = files.join(config.output, REPORT_NAME)
     if not files.exists(report_path):

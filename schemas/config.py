@@ -31,6 +31,9 @@ class ConvertConfig:
     max_bad_fraction: float = 0.01
     overwrite: bool = False
     read_threads: int = 4
+    # Helper processes per shard writer; -1: all cores when the pipeline runs on the
+    # DirectRunner in one process, none elsewhere (Dataflow runs a process per core).
+    encode_processes: int = -1
 
     def __post_init__(self):
         if not self.input:
@@ -55,6 +58,11 @@ class ConvertConfig:
             raise ValueError(f"--max_bad_fraction must be within [0, 1]; got {self.max_bad_fraction}")
         if not 1 <= self.read_threads <= 64:
             raise ValueError(f"--read_threads must be within 1..64; got {self.read_threads}")
+        if not -1 <= self.encode_processes <= 64:
+            raise ValueError(
+                f"--encode_processes must be within 0..64, or -1 for automatic; "
+                f"got {self.encode_processes}"
+            )
 
     @property
     def band(self) -> ShardBand:

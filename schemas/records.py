@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
+from collections.abc import Sequence
 
 __all__ = [
     "DEAD_LETTER_STAGES",
@@ -59,10 +61,23 @@ class ImageRef:
 
 @dataclasses.dataclass(frozen=True)
 class ImageRefs:
-    """All images of a listing, as one element: Beam then pickles them in one call
-    instead of one call per reference (a tuple is encoded item by item)."""
+    """Image references packed into one bytes value.
 
-    refs: tuple[ImageRef, ...]
+    A pipeline element made of tens of thousands of objects is costly to move:
+    Beam pickles it at every step boundary and again whenever it samples element
+    sizes. Packed, each of those is a copy of one bytes value; the references
+    are unpacked once, where they are used.
+    """
+
+    packed: bytes
+    count: int
+
+    @classmethod
+    def pack(cls, refs: Sequence[ImageRef]) -> ImageRefs:
+        return cls(pickle.dumps(tuple(refs), protocol=pickle.HIGHEST_PROTOCOL), len(refs))
+
+    def unpack(self) -> tuple[ImageRef, ...]:
+        return pickle.loads(self.packed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +113,7 @@ class ShardSpec:
     index: int
     num_shards: int
     path: str
-    items: tuple[ImageRef, ...]
+    refs: ImageRefs
     planned_bytes: int
 
     def __post_init__(self):

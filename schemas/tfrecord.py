@@ -162,11 +162,12 @@ class TFRecordWriter:
             self._flush_pending()
         return len(framed)
 
-    def write_framed(self, framed: bytes) -> None:
-        """Writes a record that is already framed (see ``frame_record``)."""
+    def write_framed(self, framed: bytes, records: int = 1) -> None:
+        """Writes ``records`` records that are already framed (see ``frame_record``)
+        and concatenated."""
         if self._closed:
             raise ValueError("write_framed() on a closed TFRecordWriter")
-        self._records += 1
+        self._records += records
         self._pending.append(framed)
         self._pending_bytes += len(framed)
         if self._pending_bytes >= _READ_CHUNK:

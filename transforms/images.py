@@ -109,7 +109,7 @@ class _ListImagesFn(beam.DoFn):
                 dead_letter_path=dead_path,
             ),
         )
-        yield ImageRefs(tuple(listing.refs))
+        yield ImageRefs.pack(listing.refs)
 
 
 class ListImages(beam.PTransform):

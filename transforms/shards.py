@@ -10,18 +10,22 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import itertools
 import logging
+import multiprocessing
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystem import BeamIOError
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
 
 from schemas.config import ConvertConfig
-from schemas.image_example import encode_image_example, image_example_size
-from schemas.images import ImageError, inspect_image
+from schemas.image_example import image_example_size
 from schemas.records import DeadLetter, ImageRef, ImageRefs, ShardResult, ShardSpec
 from schemas.sharding import ShardBand, assign_shards, choose_num_shards, shard_name
 from schemas.tfrecord import (
@@ -29,10 +33,10 @@ from schemas.tfrecord import (
     FileDigest,
     RecordError,
     TFRecordWriter,
-    frame_record,
     scan_stream,
 )
 from transforms import files
+from transforms.encode import encode_chunk
 from transforms.images import DEAD_LETTER_DIR
 
 __all__ = ["PlanShards", "VerifyShards", "WriteShards", "plan_image_shards", "verify_shard"]
@@ -42,17 +46,30 @@ _log = logging.getLogger(__name__)
 # the estimate by a few bytes per record.
 _TYPICAL_SIDE = 1024
 _TYPICAL_CHANNELS = 3
+# Length varints that grow with the file size and name: 4 entries, 4 extra bytes each at most.
+_VARINT_SLACK = 16
 _CHUNK_FILES = 64
+# Below this mean file size, per-file Python work dominates and helper processes pay off.
+_SMALL_FILE_BYTES = 64 << 10
 _CHUNK_BYTES = 4 << 20
 _PROGRESS_SECONDS = 10.0
 
 
-def estimated_record_size(ref: ImageRef, image_format: str = "jpeg") -> int:
-    """Framed size of the record an image becomes, before its header is read."""
-    return RECORD_OVERHEAD + image_example_size(
-        ref.size, image_format, _TYPICAL_SIDE, _TYPICAL_SIDE, _TYPICAL_CHANNELS,
-        ref.label, ref.label_text, ref.filename, ref.extra,
+@functools.lru_cache(maxsize=4096)
+def _record_overhead(label: int, label_text: str, extra: tuple) -> int:
+    """Record size less the file's bytes and name, at their varints' widest."""
+    return RECORD_OVERHEAD + _VARINT_SLACK + image_example_size(
+        0, "jpeg", _TYPICAL_SIDE, _TYPICAL_SIDE, _TYPICAL_CHANNELS, label, label_text, "", extra
     )
+
+
+def estimated_record_size(ref: ImageRef) -> int:
+    """Framed size of the record an image becomes, before its header is read.
+
+    At most a few bytes above the true size (see ``image_example_size`` for the
+    exact figure), which is all a plan needs.
+    """
+    return _record_overhead(ref.label, ref.label_text, ref.extra) + ref.size + len(ref.filename.encode("utf-8"))
 
 
 def plan_image_shards(
@@ -71,9 +88,10 @@ def plan_image_shards(
       One spec per shard, split by split, in index order.
     """
     by_split: dict[str, list[ImageRef]] = collections.defaultdict(list)
-    for ref in images.refs:
+    for ref in images.unpack():
         by_split[ref.split].append(ref)
     specs = []
+    start = time.monotonic()
     for split in sorted(by_split):
         items = sorted(by_split[split], key=lambda r: (r.key, r.filename))
         sizes = [estimated_record_size(r) for r in items]
@@ -89,10 +107,12 @@ def plan_image_shards(
                     index=index,
                     num_shards=num_shards,
                     path=files.join(output, shard_name(split, index, num_shards, compression)),
-                    items=tuple(item for _, item, _ in group),
+                    refs=ImageRefs.pack([item for _, item, _ in group]),
                     planned_bytes=sum(size for _, _, size in group),
                 )
             )
+    _log.info("Planned %d shards for %d images in %.1f s", len(specs),
+              sum(s.refs.count for s in specs), time.monotonic() - start)
     return specs
 
 
@@ -143,43 +163,24 @@ def _ordered_map(
         yield done.result()
 
 
-def _encode(ref: ImageRef, validate: str) -> bytes | DeadLetter:
-    """Reads, checks and encodes one image: its framed record, or why it was refused."""
-    try:
-        data = files.read_bytes(ref.path)
-    except (OSError, BeamIOError) as err:
-        return DeadLetter(ref.path, "read", "read_error", f"cannot read the file: {err}")
-    try:
-        info = inspect_image(data, validate)
-    except ImageError as err:
-        return DeadLetter(ref.path, "validate", err.reason, err.message)
-    try:
-        example = encode_image_example(
-            data, info, ref.label, ref.label_text, ref.filename, ref.extra
-        )
-    except (ValueError, TypeError) as err:
-        return DeadLetter(ref.path, "encode", "encode_error", f"cannot encode the record: {err}")
-    return frame_record(example)
-
-
 class _Progress:
     """Logs records, rate and ETA of one shard every few seconds."""
 
     def __init__(self, spec: ShardSpec):
         self._spec = spec
-        self._start = self._last = time.monotonic()
+        self.start = self._last = time.monotonic()
 
     def update(self, done: int, written_bytes: int) -> None:
         now = time.monotonic()
         if now - self._last < _PROGRESS_SECONDS:
             return
         self._last = now
-        total = len(self._spec.items)
-        rate = done / max(now - self._start, 1e-9)
+        total = self._spec.refs.count
+        rate = done / max(now - self.start, 1e-9)
         _log.info(
             "%s shard %d/%d: %d/%d records, %.0f records/s, %.1f MB/s, ETA %.0f s",
             self._spec.split, self._spec.index + 1, self._spec.num_shards, done, total, rate,
-            written_bytes / max(now - self._start, 1e-9) / 1e6, (total - done) / max(rate, 1e-9),
+            written_bytes / max(now - self.start, 1e-9) / 1e6, (total - done) / max(rate, 1e-9),
         )
 
 
@@ -189,23 +190,44 @@ def _stem(path: str) -> str:
 
 
 class _WriteShardFn(beam.DoFn):
-    """``ShardSpec`` → ``ShardResult``: streams the shard's images into its file."""
+    """``ShardSpec`` → ``ShardResult``: streams the shard's images into its file.
+
+    Images are read, checked and encoded a chunk at a time by a pool, at most a
+    few chunks ahead of the writer, in key order. For large files the work is
+    reading, hashing and copying, which threads do in parallel (none of it holds
+    the GIL); for small files it is Python code per file, which only separate
+    processes run in parallel, so shards of small files go to helper processes
+    when ``encode_processes`` > 0 (the DirectRunner's way to use every core).
+    """
 
     def __init__(self, config: ConvertConfig):
         self._config = config
-        self._pool = None
+        self._threads = None
+        self._processes = None
 
     def setup(self):
-        self._pool = concurrent.futures.ThreadPoolExecutor(
+        self._threads = concurrent.futures.ThreadPoolExecutor(
             self._config.read_threads, thread_name_prefix="read-image"
         )
 
     def teardown(self):
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        for pool in (self._threads, self._processes):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._threads = self._processes = None
 
-    def _encode_chunk(self, chunk: list[ImageRef]) -> list[tuple[ImageRef, bytes | DeadLetter]]:
-        return [(ref, _encode(ref, self._config.validate)) for ref in chunk]
+    def _pool_for(self, spec: ShardSpec) -> tuple[concurrent.futures.Executor, int]:
+        """The pool for this shard's files, and how many tasks it runs at once."""
+        config = self._config
+        small_files = spec.planned_bytes < _SMALL_FILE_BYTES * max(spec.refs.count, 1)
+        if config.encode_processes > 0 and small_files:
+            if self._processes is None:
+                _log.info("Encoding small files in %d helper processes", config.encode_processes)
+                self._processes = concurrent.futures.ProcessPoolExecutor(
+                    config.encode_processes, mp_context=multiprocessing.get_context("spawn")
+                )
+            return self._processes, config.encode_processes
+        return self._threads, config.read_threads
 
     def process(self, spec: ShardSpec) -> Iterator[ShardResult]:
         config = self._config
@@ -215,18 +237,26 @@ class _WriteShardFn(beam.DoFn):
         done = written = 0
         with files.open_write(spec.path) as sink:
             writer = TFRecordWriter(sink, config.compression)
-            window = config.read_threads + 2
-            for results in _ordered_map(self._pool, self._encode_chunk, _chunks(spec.items), window):
-                for ref, outcome in results:
+            pool, workers = self._pool_for(spec)
+            chunks = list(_chunks(spec.refs.unpack()))
+            encode = functools.partial(encode_chunk, validate=config.validate)
+            for chunk, (framed, outcomes) in zip(
+                chunks, _ordered_map(pool, encode, chunks, workers + 2)
+            ):
+                good = 0
+                for ref, outcome in zip(chunk, outcomes):
                     if isinstance(outcome, DeadLetter):
                         dead.append(outcome)
                     else:
-                        writer.write_framed(outcome)
-                        written += len(outcome)
+                        good += 1
                         labels[ref.label_text or str(ref.label)] += 1
-                done += len(results)
+                writer.write_framed(framed, good)
+                written += len(framed)
+                done += len(chunk)
                 progress.update(done, written)
             digest = writer.close()
+        _log.info("Wrote %s: %d records, %.1f MB in %.1f s", spec.path.rsplit("/", 1)[-1],
+                  digest.records, digest.bytes / 1e6, time.monotonic() - progress.start)
         dead_path = ""
         if dead:
             dead_path = f"{DEAD_LETTER_DIR}/{_stem(spec.path)}.jsonl"
@@ -294,20 +324,53 @@ def verify_shard(
 
 
 class _VerifyShardFn(beam.DoFn):
-    """``ShardResult`` → the same, with ``verified`` and ``verify_error`` set."""
+    """``ShardResult`` → the same, with ``verified`` and ``verify_error`` set.
+
+    Re-reading runs on a background thread, so a shard is checked while the
+    writer, fused before this step, writes the next one; results come out as
+    checks finish, and all of them by the end of the bundle.
+    """
 
     def __init__(self, compression: str):
         self._compression = compression
+        self._pool = None
+        self._pending: list[concurrent.futures.Future] = []
 
-    def process(self, result: ShardResult) -> Iterator[ShardResult]:
+    def setup(self):
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="verify-shard")
+
+    def teardown(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def start_bundle(self):
+        self._pending = []
+
+    def _verify(self, result: ShardResult) -> ShardResult:
         expected = FileDigest(result.records, result.bytes, result.crc32c, result.sha256)
+        start = time.monotonic()
         _, error = verify_shard(result.path, self._compression, expected)
+        _log.info("Verified %s in %.1f s: %s", result.path.rsplit("/", 1)[-1],
+                  time.monotonic() - start, error or "every record and checksum matches")
         if error:
-            _log.error("Verification failed for %s: %s", result.path, error)
             beam.metrics.Metrics.counter("verify", "failed").inc()
         else:
             beam.metrics.Metrics.counter("verify", "shards").inc()
-        yield dataclasses.replace(result, verified=not error, verify_error=error)
+        return dataclasses.replace(result, verified=not error, verify_error=error)
+
+    def _done(self, wait: bool) -> list[ShardResult]:
+        finished = [f for f in self._pending if wait or f.done()]
+        self._pending = [f for f in self._pending if f not in finished]
+        return [f.result() for f in finished]
+
+    def process(self, result: ShardResult) -> Iterator[ShardResult]:
+        self._pending.append(self._pool.submit(self._verify, result))
+        yield from self._done(wait=False)
+
+    def finish_bundle(self):
+        for result in self._done(wait=True):
+            yield WindowedValue(result, MIN_TIMESTAMP, [GlobalWindow()])
 
 
 class VerifyShards(beam.PTransform):
