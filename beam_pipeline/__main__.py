@@ -1,9 +1,4 @@
-"""``python -m beam_pipeline convert|verify|inspect ...``
-
-The import stays inside the guard: the shard writer's helper processes
-re-import this module (multiprocessing's spawn does so for ``__main__``) and
-must not pay for loading Beam, nor run the command again.
-"""
+"""``python -m beam_pipeline convert|verify|inspect ...``"""
 
 import sys
 

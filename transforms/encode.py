@@ -7,21 +7,55 @@ with a ``scheme://`` are read through Beam's filesystems, imported on first use.
 
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
+import concurrent.futures.process
+import logging
+import contextlib
+import importlib
+import multiprocessing
+import os
+import sys
+import threading
+
 from schemas.image_example import encode_image_example
 from schemas.images import ImageError, inspect_image
 from schemas.records import DeadLetter, ImageRef
 from schemas.tfrecord import frame_record
 
-__all__ = ["encode_chunk", "encode_image"]
+__all__ = ["SMALL_FILE_BYTES", "encode_chunk", "encode_image", "helper_pool", "ready_helper_pool"]
+
+# Below this mean file size, per-file Python work dominates a shard's cost and
+# helper processes pay off; above it the work is reading, hashing and copying,
+# which threads do in parallel without the GIL.
+SMALL_FILE_BYTES = 64 << 10
+
+_START_TIMEOUT_SECONDS = 120
+_log = logging.getLogger(__name__)
+_pool_lock = threading.Lock()
+_pool: concurrent.futures.ProcessPoolExecutor | None = None
+_pool_size = 0
+_pool_broken = False
+_warmups: list[concurrent.futures.Future] = []
 
 
-def _read(path: str) -> bytes:
-    if "://" not in path:
-        with open(path, "rb") as f:
-            return f.read()
-    from transforms import files  # pylint: disable=import-outside-toplevel
+def _read(path: str, size: int) -> bytes:
+    """The file's bytes; ``size`` (from the listing) lets a local read be one call."""
+    if "://" in path:
+        from transforms import files  # pylint: disable=import-outside-toplevel
 
-    return files.read_bytes(path)
+        return files.read_bytes(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.read(fd, size + 1)
+        if len(data) != size:
+            parts = [data]  # Changed since listing, or a short read: read to the end.
+            while chunk := os.read(fd, 1 << 20):
+                parts.append(chunk)
+            data = b"".join(parts)
+        return data
+    finally:
+        os.close(fd)
 
 
 def _read_errors() -> tuple[type[BaseException], ...]:
@@ -35,7 +69,7 @@ def _read_errors() -> tuple[type[BaseException], ...]:
 def encode_image(ref: ImageRef, validate: str) -> bytes | DeadLetter:
     """Reads, checks and encodes one image: its framed record, or why it was refused."""
     try:
-        data = _read(ref.path)
+        data = _read(ref.path, ref.size)
     except _read_errors() as err:
         return DeadLetter(ref.path, "read", "read_error", f"cannot read the file: {err}")
     try:
@@ -68,3 +102,68 @@ def encode_chunk(chunk: list[ImageRef], validate: str) -> tuple[bytes, list[int 
             framed.append(outcome)
             outcomes.append(len(outcome))
     return b"".join(framed), outcomes
+
+
+@contextlib.contextmanager
+def _stand_in_main():
+    """Makes ``transforms.helper_main`` the ``__main__`` that spawned children load."""
+    real = sys.modules["__main__"]
+    sys.modules["__main__"] = importlib.import_module("transforms.helper_main")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = real
+
+
+def helper_pool(processes: int) -> concurrent.futures.ProcessPoolExecutor | None:
+    """The process-wide pool of helper processes, started on first call.
+
+    One pool serves every shard writer in the process. Its processes are spawned
+    (not forked: the runner has threads) and start at once, so calling this as
+    soon as small files are known to be coming hides their start-up.
+
+    Returns:
+      The pool, or ``None`` when helper processes could not start before (see
+      ``ready_helper_pool``); callers then use threads.
+    """
+    global _pool, _pool_size, _pool_broken  # pylint: disable=global-statement
+    with _pool_lock:
+        if _pool_broken:
+            return None
+        if _pool is None or _pool_size != processes:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool = concurrent.futures.ProcessPoolExecutor(
+                processes, mp_context=multiprocessing.get_context("spawn")
+            )
+            _pool_size = processes
+            _warmups.clear()
+            # Each submit spawns one process, now, with an empty stand-in main module.
+            with _stand_in_main():
+                _warmups.extend(_pool.submit(int) for _ in range(processes))
+        return _pool
+
+
+def ready_helper_pool(processes: int) -> concurrent.futures.ProcessPoolExecutor | None:
+    """``helper_pool``, once its processes have answered; ``None`` if they cannot."""
+    global _pool_broken  # pylint: disable=global-statement
+    pool = helper_pool(processes)
+    if pool is None:
+        return None
+    try:
+        for warmup in list(_warmups):
+            warmup.result(timeout=_START_TIMEOUT_SECONDS)
+    except (concurrent.futures.process.BrokenProcessPool, concurrent.futures.TimeoutError) as err:
+        _log.warning("Helper processes could not start (%s); encoding in threads instead", err)
+        with _pool_lock:
+            _pool_broken = True
+        pool.shutdown(wait=False, cancel_futures=True)
+        return None
+    return pool
+
+
+@atexit.register
+def _shutdown_helper_pool() -> None:
+    if _pool is not None:
+        _pool.shutdown(wait=True, cancel_futures=True)
+

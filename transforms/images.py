@@ -26,6 +26,7 @@ from schemas.layouts import (
 )
 from schemas.records import ImageRefs, InputSummary
 from transforms import files
+from transforms.encode import SMALL_FILE_BYTES, helper_pool
 
 __all__ = ["DEAD_LETTER_DIR", "ListImages", "list_images"]
 
@@ -85,6 +86,11 @@ class _ListImagesFn(beam.DoFn):
     def process(self, _):
         config = self._config
         listing = list_images(config)
+        if config.encode_processes > 0 and listing.refs and (
+            sum(r.size for r in listing.refs) < SMALL_FILE_BYTES * len(listing.refs)
+        ):
+            # Small files: start the shard writers' helper processes while planning runs.
+            helper_pool(config.encode_processes)
         _, root, _ = resolve_input(config.input, config.layout)
         dead_path = _write_dead_letters(config.output, "listing", listing.dead_letters)
         bad = Counter(d.error for d in listing.dead_letters)

@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import itertools
 import logging
-import multiprocessing
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -36,7 +35,7 @@ from schemas.tfrecord import (
     scan_stream,
 )
 from transforms import files
-from transforms.encode import encode_chunk
+from transforms.encode import SMALL_FILE_BYTES, encode_chunk, ready_helper_pool
 from transforms.images import DEAD_LETTER_DIR
 
 __all__ = ["PlanShards", "VerifyShards", "WriteShards", "plan_image_shards", "verify_shard"]
@@ -49,8 +48,6 @@ _TYPICAL_CHANNELS = 3
 # Length varints that grow with the file size and name: 4 entries, 4 extra bytes each at most.
 _VARINT_SLACK = 16
 _CHUNK_FILES = 64
-# Below this mean file size, per-file Python work dominates and helper processes pay off.
-_SMALL_FILE_BYTES = 64 << 10
 _CHUNK_BYTES = 4 << 20
 _PROGRESS_SECONDS = 10.0
 
@@ -193,17 +190,14 @@ class _WriteShardFn(beam.DoFn):
     """``ShardSpec`` → ``ShardResult``: streams the shard's images into its file.
 
     Images are read, checked and encoded a chunk at a time by a pool, at most a
-    few chunks ahead of the writer, in key order. For large files the work is
-    reading, hashing and copying, which threads do in parallel (none of it holds
-    the GIL); for small files it is Python code per file, which only separate
-    processes run in parallel, so shards of small files go to helper processes
-    when ``encode_processes`` > 0 (the DirectRunner's way to use every core).
+    few chunks ahead of the writer, in key order: threads, or, for shards of
+    small files when ``encode_processes`` > 0, the process-wide helper pool (see
+    ``transforms.encode``), which is how the DirectRunner gets every core working.
     """
 
     def __init__(self, config: ConvertConfig):
         self._config = config
         self._threads = None
-        self._processes = None
 
     def setup(self):
         self._threads = concurrent.futures.ThreadPoolExecutor(
@@ -211,22 +205,17 @@ class _WriteShardFn(beam.DoFn):
         )
 
     def teardown(self):
-        for pool in (self._threads, self._processes):
-            if pool is not None:
-                pool.shutdown(wait=True)
-        self._threads = self._processes = None
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None
 
     def _pool_for(self, spec: ShardSpec) -> tuple[concurrent.futures.Executor, int]:
         """The pool for this shard's files, and how many tasks it runs at once."""
         config = self._config
-        small_files = spec.planned_bytes < _SMALL_FILE_BYTES * max(spec.refs.count, 1)
-        if config.encode_processes > 0 and small_files:
-            if self._processes is None:
-                _log.info("Encoding small files in %d helper processes", config.encode_processes)
-                self._processes = concurrent.futures.ProcessPoolExecutor(
-                    config.encode_processes, mp_context=multiprocessing.get_context("spawn")
-                )
-            return self._processes, config.encode_processes
+        if config.encode_processes > 0 and spec.planned_bytes < SMALL_FILE_BYTES * spec.refs.count:
+            pool = ready_helper_pool(config.encode_processes)
+            if pool is not None:
+                return pool, config.encode_processes
         return self._threads, config.read_threads
 
     def process(self, spec: ShardSpec) -> Iterator[ShardResult]:
