@@ -38,13 +38,13 @@ def run_demo(workdir: str) -> int:
     shutil.rmtree(workdir, ignore_errors=True)
     source, output = os.path.join(workdir, "input"), os.path.join(workdir, "output")
     images = make_class_folder_sample(
-        source, per_class=60, size_range=(160, 640), formats=("jpeg", "jpeg", "png", "gif")
+        source, per_class=40, size_range=(160, 480), formats=("jpeg", "jpeg", "jpeg", "png", "gif")
     )
     _break_some(source)
     print(f"== sample dataset: {len(images)} images (+3 broken, +1 text file) in {source}")
     steps = [
         ["convert", "--input", source, "--output", output,
-         "--shard_min_mb", "2", "--shard_max_mb", "4", "--max_bad_fraction", "0.01"],
+         "--shard_min_mb", "1", "--shard_max_mb", "2", "--max_bad_fraction", "0.01"],
         ["verify", output],
         ["inspect", output, "--contact_sheet", os.path.join(workdir, "contact_sheet.png")],
     ]

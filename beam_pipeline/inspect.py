@@ -20,7 +20,7 @@ from transforms import files
 
 __all__ = ["contact_sheet", "describe_record", "sample_records"]
 
-_THUMB = 112
+_THUMB = 132
 _CAPTION = 14
 
 
@@ -79,7 +79,7 @@ def contact_sheet(records: list[tuple[str, dict]], out_path: str, columns: int =
             continue
         sheet.paste(thumb, (x + (_THUMB - thumb.width) // 2, y + (_THUMB - thumb.height) // 2))
         label = features.get("image/class/text", [b""])[0].decode("utf-8", "replace")
-        draw.text((x + 3, y + _THUMB), f"{split}: {label}"[:18], fill="black")
+        draw.text((x + 3, y + _THUMB), f"{split}: {label}"[:22], fill="black")
         drawn += 1
     out = io.BytesIO()
     sheet.save(out, "PNG")

@@ -270,3 +270,22 @@ def test_missing_input_fails_fast(tmp_path, capsys):
     code = main(["convert", "--input", str(tmp_path / "nothing"), "--output", str(tmp_path / "out")])
     assert code == 2
     assert "no files match" in capsys.readouterr().err
+
+
+def test_validate_decode_catches_what_structure_lets_through(tmp_path, run_convert):
+    root = tmp_path / "in"
+    make_class_folder_sample(str(root), per_class=2, splits=None, formats=("jpeg",))
+    with open(root / "circles" / "circles_0000.jpg", "rb") as f:
+        data = f.read()
+    sos = data.index(b"\xff\xda")
+    scan = sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
+    garbage = np.random.default_rng(7).bytes(len(data) - 2 - scan).replace(b"\xff\xd9", b"\xff\x00")
+    (root / "circles" / "garbled.jpg").write_bytes(data[:scan] + garbage + b"\xff\xd9")
+
+    structure = run_convert(str(root), str(tmp_path / "structure"), max_bad_fraction=0.5)
+    assert structure.ok and structure.report["records"] == 9
+    decode = run_convert(str(root), str(tmp_path / "decode"), validate="decode", max_bad_fraction=0.5)
+    assert decode.ok and decode.report["records"] == 8
+    assert decode.report["bad_records"] == {"decode_error": 1}
+    letters = _dead_letters(str(tmp_path / "decode"))
+    assert [os.path.basename(d["source"]) for d in letters] == ["garbled.jpg"]

@@ -342,16 +342,16 @@ class _VerifyShardFn(beam.DoFn):
         _, error = verify_shard(result.path, self._compression, expected)
         _log.info("Verified %s in %.1f s: %s", result.path.rsplit("/", 1)[-1],
                   time.monotonic() - start, error or "every record and checksum matches")
-        if error:
-            beam.metrics.Metrics.counter("verify", "failed").inc()
-        else:
-            beam.metrics.Metrics.counter("verify", "shards").inc()
         return dataclasses.replace(result, verified=not error, verify_error=error)
 
     def _done(self, wait: bool) -> list[ShardResult]:
         finished = [f for f in self._pending if wait or f.done()]
         self._pending = [f for f in self._pending if f not in finished]
-        return [f.result() for f in finished]
+        results = [f.result() for f in finished]
+        for result in results:
+            # Counted here, on the bundle's thread: Beam's metrics are per thread.
+            beam.metrics.Metrics.counter("verify", "shards" if result.verified else "failed").inc()
+        return results
 
     def process(self, result: ShardResult) -> Iterator[ShardResult]:
         self._pending.append(self._pool.submit(self._verify, result))
