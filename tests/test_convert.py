@@ -289,3 +289,16 @@ def test_validate_decode_catches_what_structure_lets_through(tmp_path, run_conve
     assert decode.report["bad_records"] == {"decode_error": 1}
     letters = _dead_letters(str(tmp_path / "decode"))
     assert [os.path.basename(d["source"]) for d in letters] == ["garbled.jpg"]
+
+
+def test_no_convertible_image_fails_without_manifest(tmp_path, capsys):
+    root = tmp_path / "in" / "cats"
+    root.mkdir(parents=True)
+    (root / "notes.txt").write_text("not an image\n")
+    (root / "empty.jpg").write_bytes(b"")
+    out = str(tmp_path / "out")
+    assert main(["convert", "--input", str(tmp_path / "in"), "--output", out,
+                 "--max_bad_fraction", "1"]) == 1
+    assert "NO RECORDS WRITTEN" in capsys.readouterr().out
+    assert not os.path.exists(os.path.join(out, "manifest.json"))
+    assert len(_dead_letters(out)) == 1

@@ -49,8 +49,8 @@ def finalize(config: ConvertConfig, results: Sequence[ShardResult], summary: Inp
     """Writes the manifest (if every shard was proved) and the run report.
 
     Returns:
-      The run report: ``status`` is ``ok``, ``error_budget_exceeded`` or
-      ``verification_failed``.
+      The run report: ``status`` is ``ok``, ``error_budget_exceeded``,
+      ``verification_failed`` or ``no_records`` (no manifest for the last two).
     """
     results = sorted(results, key=lambda r: (r.split, r.index))
     bad: Counter = Counter(dict(summary.bad_counts))
@@ -78,6 +78,9 @@ def finalize(config: ConvertConfig, results: Sequence[ShardResult], summary: Inp
     }
     if failures:
         report["status"] = "verification_failed"
+    elif written == 0:
+        # Nothing to describe: an empty dataset must not look like a finished one.
+        report["status"] = "no_records"
     else:
         prefix = config.output.rstrip("/") + "/"
         relative = [
