@@ -222,7 +222,7 @@ class FeatureSpec:
     """
 
     def __init__(self, entries: Mapping[str, tuple[str, Sequence[int | None]]]):
-        for name, (dtype, shape) in entries.items():
+        for name, (dtype, _) in entries.items():
             if dtype not in DTYPES:
                 raise ValueError(f"feature {name!r}: dtype must be one of {DTYPES}, got {dtype!r}")
         self._entries = {name: (dtype, list(shape)) for name, (dtype, shape) in entries.items()}

@@ -109,7 +109,7 @@ def assign_shards(sizes: Sequence[int], num_shards: int) -> list[int]:
 
 def stable_key(split: str, relative_path: str) -> str:
     """The ordering key of a record: a hash, so neighbours in a shard are unrelated."""
-    return hashlib.sha256(f"{split}\0{relative_path}".encode("utf-8")).hexdigest()[:32]
+    return hashlib.sha256(f"{split}\0{relative_path}".encode()).hexdigest()[:32]
 
 
 def is_valid_split_name(split: str) -> bool:

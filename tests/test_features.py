@@ -122,7 +122,7 @@ def test_encode_example_rejects_unknown_dtype():
     [
         lambda: int64_feature(-1),
         lambda: int64_feature([-1]),
-        lambda: int64_feature((v for v in [-1])),
+        lambda: int64_feature(v for v in [-1]),
     ],
     ids=["scalar", "list", "generator"],
 )

@@ -6,7 +6,12 @@ header, hashlib), never from the code under test.
 
 import os
 
-from beam_pipeline.samples import CLASSES, make_cifar_sample, make_class_folder_sample, make_csv_manifest_sample
+from beam_pipeline.samples import (
+    CLASSES,
+    make_cifar_sample,
+    make_class_folder_sample,
+    make_csv_manifest_sample,
+)
 from tests.conftest import expected_features, load_manifest, read_dataset
 
 

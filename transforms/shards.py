@@ -66,7 +66,8 @@ def estimated_record_size(ref: ImageRef) -> int:
     At most a few bytes above the true size (see ``image_example_size`` for the
     exact figure), which is all a plan needs.
     """
-    return _record_overhead(ref.label, ref.label_text, ref.extra) + ref.size + len(ref.filename.encode("utf-8"))
+    overhead = _record_overhead(ref.label, ref.label_text, ref.extra)
+    return overhead + ref.size + len(ref.filename.encode("utf-8"))
 
 
 def plan_image_shards(
