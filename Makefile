@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 DEMO_DIR ?= /tmp/beam-tfrecords-demo
 
-.PHONY: setup demo test bench proto clean
+.PHONY: setup demo test bench bench-csv proto clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_images.py
+	$(PY) benchmarks/bench_csv.py
+
+bench-csv: $(STAMP)
+	$(PY) benchmarks/bench_csv.py
 
 # Regenerate the checked-in protobuf code (needs Debian's protobuf-compiler, protoc 3.21).
 proto:

@@ -28,6 +28,8 @@ REQUIRED = [
     # Without a C CRC-32C library, checksumming falls back to ~10 MB/s pure Python.
     "google-crc32c>=1.5",
     "google-cloud-storage>=2.14",
+    # Table schemas are YAML (or JSON); Beam already depends on PyYAML.
+    "pyyaml>=6",
 ]
 
 EXTRAS = {

@@ -19,12 +19,13 @@ from collections.abc import Sequence
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
 from beam_pipeline.inspect import contact_sheet, describe_record, sample_records
-from beam_pipeline.pipeline import ConvertError, convert
+from beam_pipeline.pipeline import ConvertError, convert, resolve_config, sample_rows
 from beam_pipeline.verify import verify_dataset
-from schemas.config import ConvertConfig
+from schemas.config import ConvertConfig, parse_splits
 from schemas.images import VALIDATE_MODES
 from schemas.layouts import LAYOUTS
 from schemas.manifest import MANIFEST_NAME, parse_manifest
+from schemas.table_schema import dump_schema, infer_schema
 from schemas.tfrecord import COMPRESSIONS
 from transforms import files
 
@@ -64,7 +65,38 @@ def _convert_parser(prog: str) -> argparse.ArgumentParser:
                    "DirectRunner, none on distributed runners")
     p.add_argument("--report_json", default=None,
                    help="also write the run report to this local file")
+    _add_table_flags(p)
+    t = p.add_argument_group("tables (--layout table, or a CSV without an 'image' column)")
+    t.add_argument("--schema", default=None,
+                   help="YAML or JSON table schema (default: inferred from the first rows)")
+    t.add_argument("--split_column", default=None, help="column naming each row's split")
+    t.add_argument("--splits", default=None, type=parse_splits,
+                   help="hash splits by ratio, e.g. train=0.8,validation=0.1,test=0.1")
+    t.add_argument("--key_column", default=None,
+                   help="with --splits: the column hashed to pick a row's split (default: the row)")
+    t.add_argument("--sequence_key", default=None,
+                   help="group the rows of each key into one SequenceExample")
+    t.add_argument("--sequence_order", default=None,
+                   help="with --sequence_key: the column that orders rows within a sequence")
     return p
+
+
+def _add_table_flags(p: argparse.ArgumentParser) -> None:
+    """The CSV dialect flags, shared by ``convert`` and ``infer-schema``."""
+    d = p.add_argument_group("CSV dialect")
+    d.add_argument("--csv_delimiter", default=",", help="cell delimiter (default ','; '\\t' for TSV)")
+    d.add_argument("--csv_quote", default='"', help="quote character (default '\"')")
+    d.add_argument("--no_header", action="store_true", help="the files have no header row")
+    d.add_argument("--columns", default=None,
+                   help="with --no_header: column names in file order, comma-separated")
+    d.add_argument("--encoding", default="utf-8", help="text encoding (default utf-8)")
+
+
+def _dialect(args: argparse.Namespace) -> dict:
+    delimiter = "\t" if args.csv_delimiter in ("\\t", "tab") else args.csv_delimiter
+    columns = tuple(c.strip() for c in args.columns.split(",")) if args.columns else ()
+    return dict(csv_delimiter=delimiter, csv_quote=args.csv_quote, no_header=args.no_header,
+                columns=columns, encoding=args.encoding)
 
 
 def _unknown_beam_flags(beam_args: Sequence[str], ours: Sequence[str]) -> list[str]:
@@ -122,6 +154,9 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
             shard_min_mb=args.shard_min_mb, shard_max_mb=args.shard_max_mb,
             max_bad_fraction=args.max_bad_fraction, overwrite=args.overwrite,
             read_threads=args.read_threads, encode_processes=args.encode_processes,
+            schema=args.schema, split_column=args.split_column, splits=args.splits or (),
+            key_column=args.key_column, sequence_key=args.sequence_key,
+            sequence_order=args.sequence_order, **_dialect(args),
         )
         result = convert(config, beam_args)
     except (ConvertError, ValueError) as err:
@@ -181,7 +216,36 @@ def _run_inspect(argv: Sequence[str], prog: str) -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"convert": _run_convert, "verify": _run_verify, "inspect": _run_inspect}
+def _run_infer_schema(argv: Sequence[str], prog: str) -> int:
+    p = argparse.ArgumentParser(prog=prog, description="Infer a table schema from a CSV's first "
+                                "rows; convert --schema accepts it unchanged.")
+    p.add_argument("--input", required=True, help="CSV file or glob (the first file is sampled)")
+    p.add_argument("--sample_rows", type=int, default=10_000, help="rows to read (default 10000)")
+    p.add_argument("--output", default=None, help="write the schema here (default: stdout)")
+    _add_table_flags(p)
+    args = p.parse_args(argv)
+    try:
+        config = ConvertConfig(input=args.input, output="-", layout="table", **_dialect(args))
+        config = resolve_config(config, PipelineOptions([]))
+        header, rows = sample_rows(config, args.sample_rows)
+        text = dump_schema(infer_schema(header, rows))
+    except (ConvertError, ValueError) as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.output:
+        files.write_bytes(args.output, text.encode("utf-8"))
+        print(f"schema of {len(header)} columns from {len(rows)} rows: {args.output}")
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+_COMMANDS = {
+    "convert": _run_convert,
+    "verify": _run_verify,
+    "inspect": _run_inspect,
+    "infer-schema": _run_infer_schema,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,7 +8,10 @@ report that the last step wrote.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
+import itertools
 import json
 import os
 from collections.abc import Sequence
@@ -19,10 +22,19 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 from schemas.config import ConvertConfig
 from schemas.layouts import parse_labels_text, resolve_input
 from schemas.manifest import MANIFEST_NAME
+from schemas.table_schema import TableSchema, infer_schema, load_schema
 from transforms import files
 from transforms.images import DEAD_LETTER_DIR, ListImages
 from transforms.manifest import REPORT_NAME, WriteManifest
 from transforms.shards import PlanShards, VerifyShards, WriteShards
+from transforms.tables import (
+    SPOOL_DIR,
+    EncodeTables,
+    PlanTableShards,
+    WriteTableShards,
+    csv_header,
+    table_files,
+)
 
 __all__ = ["ConvertError", "ConvertResult", "OutputExistsError", "build_pipeline", "convert"]
 
@@ -65,16 +77,81 @@ def _in_process_direct_runner(options: PipelineOptions) -> bool:
     )
 
 
+def is_table(config: ConvertConfig) -> bool:
+    """Whether ``--input`` is a table: ``--layout table``, a ``--schema``, or (with
+    ``--layout auto``) a ``.csv``/``.tsv`` file or glob whose header has no ``image``
+    column (that one is an image manifest)."""
+    if config.layout == "table" or config.schema:
+        return True
+    if config.layout != "auto" or not config.input.lower().endswith((".csv", ".tsv")):
+        return False
+    found = files.list_files(config.input, limit=1)
+    return bool(found) and "image" not in csv_header(config, found[0][0])
+
+
 def resolve_config(config: ConvertConfig, options: PipelineOptions) -> ConvertConfig:
     """The config as workers need it: local paths absolute (so every process reads
-    the same files), and ``encode_processes=-1`` replaced by a count for this runner."""
+    the same files), ``encode_processes=-1`` replaced by a count for this runner,
+    the layout of a table set to ``table``, and a ``.tsv`` read with tabs."""
     processes = config.encode_processes
     if processes < 0:
         processes = (os.cpu_count() or 1) if _in_process_direct_runner(options) else 0
-    return dataclasses.replace(
+    config = dataclasses.replace(
         config, input=_absolute(config.input), output=_absolute(config.output),
-        labels=_absolute(config.labels), encode_processes=processes,
+        labels=_absolute(config.labels), schema=_absolute(config.schema),
+        encode_processes=processes,
     )
+    if config.layout != "table" and is_table(config):
+        config = dataclasses.replace(config, layout="table")
+    if config.layout == "table" and config.input.lower().endswith(".tsv") and config.csv_delimiter == ",":
+        config = dataclasses.replace(config, csv_delimiter="\t")
+    return config
+
+
+def sample_rows(config: ConvertConfig, limit: int) -> tuple[list[str], list[list[str]]]:
+    """The header and up to ``limit`` rows of the first CSV file ``--input`` names."""
+    found = table_files(config)
+    if not found:
+        raise ConvertError(f"--input: no files match {config.input}")
+    header = csv_header(config, found[0][0])
+    with files.open_read(found[0][0]) as stream:
+        text = io.TextIOWrapper(stream, encoding=config.encoding, newline="")
+        reader = csv.reader(text, delimiter=config.csv_delimiter, quotechar=config.csv_quote)
+        if not config.no_header:
+            next(reader, None)
+        rows = [row for row in itertools.islice(reader, limit) if len(row) == len(header)]
+    return header, rows
+
+
+def table_schema(config: ConvertConfig, sample: int = 10_000) -> TableSchema:
+    """The schema of a table: ``--schema``, or inferred from the first rows.
+
+    Raises:
+      ConvertError: when the schema file is missing or invalid, or names columns
+        the CSV does not have.
+    """
+    if config.schema:
+        if not files.exists(config.schema):
+            raise ConvertError(f"--schema: {config.schema} does not exist")
+        try:
+            schema = load_schema(files.read_text(config.schema), config.schema)
+        except ValueError as err:
+            raise ConvertError(f"--schema {err}") from None
+    else:
+        header, rows = sample_rows(config, sample)
+        schema = infer_schema(header, rows)
+    found = table_files(config)
+    header = csv_header(config, found[0][0]) if found else []
+    missing = [c.name for c in schema.kept if c.name not in header]
+    if missing:
+        raise ConvertError(f"--schema names columns {missing} that {found[0][0]} does not have "
+                           f"(its columns: {header})")
+    for flag, column in (("--split_column", config.split_column), ("--key_column", config.key_column),
+                         ("--sequence_key", config.sequence_key),
+                         ("--sequence_order", config.sequence_order)):
+        if column and column not in header:
+            raise ConvertError(f"{flag}: column {column!r} is not in the CSV header {header}")
+    return schema
 
 
 def check_inputs(config: ConvertConfig) -> None:
@@ -84,7 +161,10 @@ def check_inputs(config: ConvertConfig) -> None:
       ConvertError: naming the flag or file to change.
     """
     layout, root, pattern = resolve_input(config.input, config.layout)
-    if layout == "csv":
+    if layout == "table":
+        if not table_files(config):
+            raise ConvertError(f"--input: no files match {config.input}")
+    elif layout == "csv":
         if not files.exists(config.input):
             raise ConvertError(f"--input: CSV manifest {config.input} does not exist")
     elif not files.list_files(pattern, limit=1):
@@ -121,19 +201,38 @@ def prepare_output(config: ConvertConfig) -> None:
         files.delete_files([manifest])
     stale = [files.join(config.output, REPORT_NAME)]
     stale += [p for p, _ in files.list_files(files.join(config.output, DEAD_LETTER_DIR, "*.jsonl"))]
+    stale += [p for p, _ in files.list_files(files.join(config.output, SPOOL_DIR, "*"))]
     files.delete_files(stale)
 
 
-def build_pipeline(config: ConvertConfig, options: PipelineOptions | None = None) -> beam.Pipeline:
+def build_pipeline(
+    config: ConvertConfig,
+    options: PipelineOptions | None = None,
+    schema: TableSchema | None = None,
+) -> beam.Pipeline:
     """The conversion as an un-run Beam pipeline.
 
     Args:
       config: the conversion (see ``resolve_config`` for what is filled in).
       options: Beam options (runner and its flags); DirectRunner when ``None``.
+      schema: for a table, its schema; default: ``table_schema(config)``.
     """
     options = options or PipelineOptions([])
     config = resolve_config(config, options)
     pipeline = beam.Pipeline(options=options)
+    if config.layout == "table":
+        schema = schema or table_schema(config)
+        infos = pipeline | "EncodeTables" >> EncodeTables(
+            config, schema, files.join(config.output, SPOOL_DIR)
+        )
+        specs, summary = infos | "PlanTableShards" >> PlanTableShards(config, schema)
+        results = (
+            specs
+            | "WriteShards" >> WriteTableShards(config)
+            | "VerifyShards" >> VerifyShards(config)
+        )
+        _ = results | "WriteManifest" >> WriteManifest(config, summary)
+        return pipeline
     listing = pipeline | "ListImages" >> ListImages(config)
     results = (
         listing.refs
@@ -159,8 +258,9 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = ()) -> ConvertResu
     options = PipelineOptions(list(beam_args))
     config = resolve_config(config, options)
     check_inputs(config)
+    schema = table_schema(config) if config.layout == "table" else None
     prepare_output(config)
-    pipeline = build_pipeline(config, options)
+    pipeline = build_pipeline(config, options, schema)
     pipeline.run().wait_until_finish()
     report_path = files.join(config.output, REPORT_NAME)
     if not files.exists(report_path):

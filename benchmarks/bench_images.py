@@ -79,14 +79,19 @@ def warm_up(set_dir):
     """Reads every file of a set once so that all runs find it in the page cache.
 
     Args:
-        set_dir: Folder of the set; its completion marker is not counted.
+        set_dir: Folder of the set, whose completion marker is not counted, or
+            a single file.
 
     Returns:
         ``{"files": count, "bytes": total, "seconds": read time}``.
     """
     started = time.perf_counter()
     files = total = 0
-    for folder, _, names in os.walk(set_dir):
+    if os.path.isfile(set_dir):
+        walk = [(os.path.dirname(set_dir), [], [os.path.basename(set_dir)])]
+    else:
+        walk = os.walk(set_dir)
+    for folder, _, names in walk:
         for name in names:
             if name == datasets.MARKER:
                 continue
@@ -273,10 +278,18 @@ def ratios(runs):
             "rss_ratio": ours["peak_rss_tree_bytes"] / base["peak_rss_tree_bytes"]}
 
 
-def print_table(name, result):
-    """Prints the results of one set."""
+def print_table(name, result, title=None):
+    """Prints the results of one set.
+
+    Args:
+        name: Name of the set.
+        result: Its ``{"input", "runs", "ratios"}``.
+        title: Description after the name; by default the input's file count
+            and size.
+    """
     inp = result["input"]
-    print(f"\n== {name}: {inp['files']} files, {inp['bytes'] / MB:.1f} MB input ==")
+    title = title or f"{inp['files']} files, {inp['bytes'] / MB:.1f} MB input"
+    print(f"\n== {name}: {title} ==")
     print(f"{'run':<9} {'status':<10} {'wall s':>8} {'records':>8} {'rec/s':>8} "
           f"{'in MB/s':>8} {'RSS MB tree':>11} {'maxrss MB':>9} {'shards':>6} "
           f"{'out MB':>8}")
@@ -298,6 +311,13 @@ def print_table(name, result):
               f"{result['ratios']['rss_ratio']:.2f} (ours / baseline)")
 
 
+def run_info(workdir):
+    """Returns the workdir, the start time and a description of the machine."""
+    return {"workdir": workdir, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                        "platform": platform.platform()}}
+
+
 def main(argv=None):
     """Builds the sets, runs the benchmark, prints and saves the results."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
@@ -314,10 +334,7 @@ def main(argv=None):
     runs = [args.only] if args.only else list(RUNS)
     os.makedirs(os.path.join(args.workdir, "logs"), exist_ok=True)
 
-    results = {"workdir": args.workdir, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                           "platform": platform.platform()},
-               "sets": {}}
+    results = {**run_info(args.workdir), "sets": {}}
     for name in sets:
         print(f"\n{name}: building the input set", flush=True)
         set_dir, generate_s = build_set(name, os.path.join(args.workdir, "data"),

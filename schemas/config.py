@@ -6,10 +6,10 @@ import dataclasses
 
 from schemas.images import VALIDATE_MODES
 from schemas.layouts import LAYOUTS
-from schemas.sharding import ShardBand
+from schemas.sharding import ShardBand, is_valid_split_name
 from schemas.tfrecord import COMPRESSIONS
 
-__all__ = ["ConvertConfig"]
+__all__ = ["ConvertConfig", "parse_splits"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +34,18 @@ class ConvertConfig:
     # Helper processes per shard writer; -1: all cores when the pipeline runs on the
     # DirectRunner in one process, none elsewhere (Dataflow runs a process per core).
     encode_processes: int = -1
+    # Tables (--layout table): the schema file, the CSV dialect, splits, sequences.
+    schema: str | None = None
+    csv_delimiter: str = ","
+    csv_quote: str = '"'
+    no_header: bool = False
+    columns: tuple[str, ...] = ()
+    encoding: str = "utf-8"
+    split_column: str | None = None
+    splits: tuple[tuple[str, float], ...] = ()
+    key_column: str | None = None
+    sequence_key: str | None = None
+    sequence_order: str | None = None
 
     def __post_init__(self):
         if not self.input:
@@ -64,6 +76,33 @@ class ConvertConfig:
                 f"got {self.encode_processes}"
             )
 
+        for flag, value in (("--csv_delimiter", self.csv_delimiter), ("--csv_quote", self.csv_quote)):
+            if len(value) != 1 or value in "\r\n":
+                raise ValueError(f"{flag} must be one character (not a newline); got {value!r}")
+        if self.csv_delimiter == self.csv_quote:
+            raise ValueError("--csv_delimiter and --csv_quote must differ")
+        if self.no_header and not self.columns:
+            raise ValueError("--no_header needs --columns a,b,c naming the columns in file order")
+        if self.split_column and self.splits:
+            raise ValueError("use --split_column or --splits, not both")
+        if self.key_column and not self.splits:
+            raise ValueError("--key_column only applies with --splits")
+        if self.splits:
+            names = [name for name, _ in self.splits]
+            if len(set(names)) != len(names):
+                raise ValueError(f"--splits names a split twice: {names}")
+            for name, fraction in self.splits:
+                if not is_valid_split_name(name):
+                    raise ValueError(f"--splits: {name!r} cannot name a shard file; "
+                                     "use letters, digits, '_' and '.'")
+                if not 0 < fraction <= 1:
+                    raise ValueError(f"--splits: the fraction of {name!r} must be in (0, 1]; got {fraction}")
+            if abs(sum(f for _, f in self.splits) - 1) > 1e-6:
+                raise ValueError(f"--splits fractions must add up to 1; they add up to "
+                                 f"{sum(f for _, f in self.splits):g}")
+        if self.sequence_order and not self.sequence_key:
+            raise ValueError("--sequence_order needs --sequence_key")
+
     @property
     def band(self) -> ShardBand:
         """The shard size band in bytes."""
@@ -72,3 +111,22 @@ class ConvertConfig:
     def to_json(self) -> dict:
         """The options as the manifest records them."""
         return dataclasses.asdict(self)
+
+
+def parse_splits(text: str) -> tuple[tuple[str, float], ...]:
+    """``train=0.8,validation=0.1,test=0.1`` → ``(("train", 0.8), ...)``.
+
+    Raises:
+      ValueError: naming the part that does not parse.
+    """
+    splits = []
+    for part in text.split(","):
+        name, sep, fraction = part.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            splits.append((name.strip(), float(fraction)))
+        except ValueError:
+            raise ValueError(f"--splits: {part!r} is not NAME=FRACTION "
+                             "(e.g. train=0.8,validation=0.1,test=0.1)") from None
+    return tuple(splits)

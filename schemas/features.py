@@ -18,7 +18,9 @@ __all__ = [
     "FeatureSpec",
     "bytes_feature",
     "encode_example",
+    "example_from_entries",
     "example_to_dict",
+    "feature_entry",
     "float_feature",
     "int64_feature",
     "make_example",
@@ -117,19 +119,31 @@ def _list_parts(dtype: str, values: Sequence, parts: list) -> int:
     return 1 + len(head) + len(packed)
 
 
+def feature_entry(name: str, dtype: str, values: Sequence) -> bytes:
+    """One item of ``Features.feature``, serialized whole: tag, length, key, value.
+
+    An Example's bytes are ``example_from_entries`` of its items in name order;
+    building items column by column lets a table encoder reuse equal ones.
+    """
+    if dtype not in _LIST_TAGS:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    parts: list[bytes] = []
+    list_size = _list_parts(dtype, values, parts)
+    feature = b"".join((_LIST_TAGS[dtype], _varint(list_size), *parts))
+    entry = b"".join((_entry_prefix(name), _varint(len(feature)), feature))
+    return b"".join((b"\x0a", _varint(len(entry)), entry))
+
+
+def example_from_entries(entries: Sequence[bytes]) -> bytes:
+    """An Example from ``feature_entry`` items, which must be in name order."""
+    body = b"".join(entries)
+    return b"".join((b"\x0a", _varint(len(body)), body))
+
+
 @functools.lru_cache(maxsize=8192)
 def _scalar_entry(name: str, dtype: str, value) -> bytes:
-    """The whole map entry (with its tag and length) of a one-number feature.
-
-    Numbers repeat across records (labels, dimensions), so entries are cached.
-    """
-    parts: list[bytes] = []
-    list_size = _list_parts(dtype, (value,), parts)
-    list_head = _varint(list_size)
-    prefix = _entry_prefix(name)
-    feature = b"".join((_LIST_TAGS[dtype], list_head, *parts))
-    entry = b"".join((prefix, _varint(len(feature)), feature))
-    return b"".join((b"\x0a", _varint(len(entry)), entry))
+    """``feature_entry`` of one value, cached: labels and dimensions repeat."""
+    return feature_entry(name, dtype, (value,))
 
 
 def encode_example(features: Iterable[tuple[str, str, Sequence]]) -> bytes:

@@ -40,7 +40,7 @@ __all__ = [
     "resolve_input",
 ]
 
-LAYOUTS = ("auto", "class_folders", "cifar", "csv")
+LAYOUTS = ("auto", "class_folders", "cifar", "csv", "table")
 SPLIT_NAMES = frozenset({"train", "validation", "test"})
 DEFAULT_SPLIT = "train"
 CIFAR_LABELS_FILE = "labels.txt"
@@ -84,6 +84,8 @@ def resolve_input(path: str, layout: str = "auto") -> tuple[str, str, str]:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     wildcard = _GLOB_CHARS.search(path)
+    if layout == "table":
+        return "table", (path[: wildcard.start()] if wildcard else path).rsplit("/", 1)[0] or ".", path
     if layout == "csv" or (wildcard is None and path.lower().endswith(".csv")):
         if wildcard is not None:
             raise ValueError(f"a CSV manifest is one file, not a glob: {path}")

@@ -23,6 +23,7 @@ __all__ = [
 ]
 
 DEAD_LETTER_STAGES = ("list", "read", "validate", "encode")
+MAX_ROW_CHARS = 4096
 _EXTRA_DTYPES = ("string", "int64", "float32")
 
 
@@ -89,20 +90,27 @@ class DeadLetter:
       stage: one of ``DEAD_LETTER_STAGES``.
       error: short reason code, e.g. ``truncated_jpeg``; bad-record counts are keyed by it.
       message: a sentence a person can act on.
+      row: for a CSV row, the raw row (cut to ``MAX_ROW_CHARS``); else ''.
     """
 
     source: str
     stage: str
     error: str
     message: str
+    row: str = ""
 
     def __post_init__(self):
         if self.stage not in DEAD_LETTER_STAGES:
             raise ValueError(f"stage must be one of {DEAD_LETTER_STAGES}, got {self.stage!r}")
+        if len(self.row) > MAX_ROW_CHARS:
+            object.__setattr__(self, "row", self.row[:MAX_ROW_CHARS] + "...")
 
     def to_json_line(self) -> str:
-        """One JSON object on one line, keys in a fixed order."""
-        return json.dumps(dataclasses.asdict(self), ensure_ascii=False) + "\n"
+        """One JSON object on one line, keys in a fixed order (``row`` only for rows)."""
+        record = dataclasses.asdict(self)
+        if not self.row:
+            del record["row"]
+        return json.dumps(record, ensure_ascii=False) + "\n"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,20 +167,33 @@ class InputSummary:
     Attributes:
       root: the input root; ``image/filename`` is relative to it.
       layout: the layout used.
-      image_files, image_bytes: image files found (the input fingerprint).
+      input_files, input_bytes: input files and their bytes (the input fingerprint):
+        images found, or CSV files for tables.
       ignored_files: files skipped as plainly not images.
       vocabulary: class names in label order.
       extra_features: ``{name: dtype}`` of extra scalar features (CSV columns).
       bad_counts: ``((reason, count), ...)`` of inputs refused while listing.
       dead_letter_path: where those were written ('' when none).
+      rows_in, blank_rows: for tables, rows read and blank rows skipped.
+      features: for tables, ``(name, dtype, shape)`` of every feature.
+      dead_letter_paths: for tables, every input file's dead-letter file.
+      spools: for tables, the spool files to remove at the end.
+      schema: for tables, the schema used, as JSON.
     """
 
     root: str
     layout: str
-    image_files: int
-    image_bytes: int
+    input_files: int
+    input_bytes: int
     ignored_files: int
     vocabulary: tuple[str, ...]
     extra_features: tuple[tuple[str, str], ...] = ()
     bad_counts: tuple[tuple[str, int], ...] = ()
     dead_letter_path: str = ""
+    # Tables only.
+    rows_in: int = 0
+    blank_rows: int = 0
+    features: tuple[tuple[str, str, tuple], ...] = ()
+    dead_letter_paths: tuple[str, ...] = ()
+    spools: tuple[str, ...] = ()
+    schema: str = ""

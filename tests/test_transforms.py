@@ -69,8 +69,8 @@ def test_finalize_writes_no_manifest_when_a_shard_failed(tmp_path):
                        10, 1000, "00000000", "0" * 64, 1000, verified=True)
     bad = dataclasses.replace(good, index=1, path=f"{config.output}/train-00001-of-00002.tfrecord",
                               verified=False, verify_error="record 3 at byte offset 99: data CRC mismatch")
-    summary = InputSummary(root=config.input, layout="class_folders", image_files=20,
-                           image_bytes=2000, ignored_files=0, vocabulary=("a",))
+    summary = InputSummary(root=config.input, layout="class_folders", input_files=20,
+                           input_bytes=2000, ignored_files=0, vocabulary=("a",))
     report = finalize(config, [good, bad], summary)
     assert report["status"] == "verification_failed"
     assert report["manifest"] is None

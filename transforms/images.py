@@ -106,8 +106,8 @@ class _ListImagesFn(beam.DoFn):
             InputSummary(
                 root=root,
                 layout=listing.layout,
-                image_files=images,
-                image_bytes=sum(r.size for r in listing.refs),
+                input_files=images,
+                input_bytes=sum(r.size for r in listing.refs),
                 ignored_files=listing.ignored,
                 vocabulary=tuple(listing.vocabulary),
                 extra_features=tuple(listing.extra_features.items()),

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 import apache_beam as beam
 
 from schemas.config import ConvertConfig
+from schemas.features import FeatureSpec
 from schemas.image_example import image_feature_spec
 from schemas.manifest import MANIFEST_NAME, ErrorBudget, build_manifest
 from schemas.records import InputSummary, ShardResult
@@ -60,7 +61,8 @@ def finalize(config: ConvertConfig, results: Sequence[ShardResult], summary: Inp
     budget = ErrorBudget(config.max_bad_fraction, sum(bad.values()), written + sum(bad.values()))
     failures = [{"path": r.path, "error": r.verify_error} for r in results if not r.verified]
     dead_letter_files = sorted(
-        p for p in [summary.dead_letter_path, *(r.dead_letter_path for r in results)] if p
+        p for p in [summary.dead_letter_path, *summary.dead_letter_paths,
+                    *(r.dead_letter_path for r in results)] if p
     )
     report = {
         "status": "ok",
@@ -76,6 +78,26 @@ def finalize(config: ConvertConfig, results: Sequence[ShardResult], summary: Inp
         "shards_outside_band": [],
         "removed_stale_shards": [],
     }
+    input_json = {
+        "root": summary.root,
+        "layout": summary.layout,
+        "files": summary.input_files,
+        "bytes": summary.input_bytes,
+        "ignored_files": summary.ignored_files,
+    }
+    if summary.layout == "table":
+        dead = sum(bad.values())
+        input_json["rows"] = {
+            "in": summary.rows_in,
+            "written": written,
+            "dead_lettered": dead,
+            "blank_skipped": summary.blank_rows,
+            "accounted": summary.rows_in == written + dead,
+        }
+        report["rows"] = input_json["rows"]
+        feature_spec = FeatureSpec({name: (dtype, list(shape)) for name, dtype, shape in summary.features})
+    else:
+        feature_spec = image_feature_spec(dict(summary.extra_features))
     if failures:
         report["status"] = "verification_failed"
     elif written == 0:
@@ -91,21 +113,17 @@ def finalize(config: ConvertConfig, results: Sequence[ShardResult], summary: Inp
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             tool_version=__version__,
             options=config.to_json(),
-            input_summary={
-                "root": summary.root,
-                "layout": summary.layout,
-                "image_files": summary.image_files,
-                "image_bytes": summary.image_bytes,
-                "ignored_files": summary.ignored_files,
-            },
+            input_summary=input_json,
             results=relative,
             vocabulary=summary.vocabulary,
-            feature_spec=image_feature_spec(dict(summary.extra_features)),
+            feature_spec=feature_spec,
             bad_counts=bad,
             dead_letter_files=dead_letter_files,
             budget=budget,
             band=config.band,
         )
+        if summary.schema:
+            manifest["schema"] = json.loads(summary.schema)
         manifest_path = files.join(config.output, MANIFEST_NAME)
         files.write_bytes(manifest_path, _json_bytes(manifest))
         report["manifest"] = manifest_path
@@ -117,6 +135,7 @@ def finalize(config: ConvertConfig, results: Sequence[ShardResult], summary: Inp
         )
         if budget.exceeded:
             report["status"] = "error_budget_exceeded"
+    files.delete_files(list(summary.spools))
     files.write_bytes(files.join(config.output, REPORT_NAME), _json_bytes(report))
     return report
 

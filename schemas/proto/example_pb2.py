@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bschemas/proto/example.proto\x12\x11\x62\x65\x61m_tfrecords.v1\"\x1a\n\tBytesList\x12\r\n\x05value\x18\x01 \x03(\x0c\"\x1e\n\tFloatList\x12\x11\n\x05value\x18\x01 \x03(\x02\x42\x02\x10\x01\"\x1e\n\tInt64List\x12\x11\n\x05value\x18\x01 \x03(\x03\x42\x02\x10\x01\"\xad\x01\n\x07\x46\x65\x61ture\x12\x32\n\nbytes_list\x18\x01 \x01(\x0b\x32\x1c.beam_tfrecords.v1.BytesListH\x00\x12\x32\n\nfloat_list\x18\x02 \x01(\x0b\x32\x1c.beam_tfrecords.v1.FloatListH\x00\x12\x32\n\nint64_list\x18\x03 \x01(\x0b\x32\x1c.beam_tfrecords.v1.Int64ListH\x00\x42\x06\n\x04kind\"\x91\x01\n\x08\x46\x65\x61tures\x12\x39\n\x07\x66\x65\x61ture\x18\x01 \x03(\x0b\x32(.beam_tfrecords.v1.Features.FeatureEntry\x1aJ\n\x0c\x46\x65\x61tureEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.beam_tfrecords.v1.Feature:\x02\x38\x01\"8\n\x07\x45xample\x12-\n\x08\x66\x65\x61tures\x18\x01 \x01(\x0b\x32\x1b.beam_tfrecords.v1.Featuresb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bschemas/proto/example.proto\x12\x11\x62\x65\x61m_tfrecords.v1\"\x1a\n\tBytesList\x12\r\n\x05value\x18\x01 \x03(\x0c\"\x1e\n\tFloatList\x12\x11\n\x05value\x18\x01 \x03(\x02\x42\x02\x10\x01\"\x1e\n\tInt64List\x12\x11\n\x05value\x18\x01 \x03(\x03\x42\x02\x10\x01\"\xad\x01\n\x07\x46\x65\x61ture\x12\x32\n\nbytes_list\x18\x01 \x01(\x0b\x32\x1c.beam_tfrecords.v1.BytesListH\x00\x12\x32\n\nfloat_list\x18\x02 \x01(\x0b\x32\x1c.beam_tfrecords.v1.FloatListH\x00\x12\x32\n\nint64_list\x18\x03 \x01(\x0b\x32\x1c.beam_tfrecords.v1.Int64ListH\x00\x42\x06\n\x04kind\"\x91\x01\n\x08\x46\x65\x61tures\x12\x39\n\x07\x66\x65\x61ture\x18\x01 \x03(\x0b\x32(.beam_tfrecords.v1.Features.FeatureEntry\x1aJ\n\x0c\x46\x65\x61tureEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.beam_tfrecords.v1.Feature:\x02\x38\x01\"8\n\x07\x45xample\x12-\n\x08\x66\x65\x61tures\x18\x01 \x01(\x0b\x32\x1b.beam_tfrecords.v1.Features\":\n\x0b\x46\x65\x61tureList\x12+\n\x07\x66\x65\x61ture\x18\x01 \x03(\x0b\x32\x1a.beam_tfrecords.v1.Feature\"\xaa\x01\n\x0c\x46\x65\x61tureLists\x12\x46\n\x0c\x66\x65\x61ture_list\x18\x01 \x03(\x0b\x32\x30.beam_tfrecords.v1.FeatureLists.FeatureListEntry\x1aR\n\x10\x46\x65\x61tureListEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12-\n\x05value\x18\x02 \x01(\x0b\x32\x1e.beam_tfrecords.v1.FeatureList:\x02\x38\x01\"w\n\x0fSequenceExample\x12,\n\x07\x63ontext\x18\x01 \x01(\x0b\x32\x1b.beam_tfrecords.v1.Features\x12\x36\n\rfeature_lists\x18\x02 \x01(\x0b\x32\x1f.beam_tfrecords.v1.FeatureListsb\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'schemas.proto.example_pb2', globals())
@@ -26,6 +26,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _INT64LIST.fields_by_name['value']._serialized_options = b'\020\001'
   _FEATURES_FEATUREENTRY._options = None
   _FEATURES_FEATUREENTRY._serialized_options = b'8\001'
+  _FEATURELISTS_FEATURELISTENTRY._options = None
+  _FEATURELISTS_FEATURELISTENTRY._serialized_options = b'8\001'
   _BYTESLIST._serialized_start=50
   _BYTESLIST._serialized_end=76
   _FLOATLIST._serialized_start=78
@@ -40,4 +42,12 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _FEATURES_FEATUREENTRY._serialized_end=464
   _EXAMPLE._serialized_start=466
   _EXAMPLE._serialized_end=522
+  _FEATURELIST._serialized_start=524
+  _FEATURELIST._serialized_end=582
+  _FEATURELISTS._serialized_start=585
+  _FEATURELISTS._serialized_end=755
+  _FEATURELISTS_FEATURELISTENTRY._serialized_start=673
+  _FEATURELISTS_FEATURELISTENTRY._serialized_end=755
+  _SEQUENCEEXAMPLE._serialized_start=757
+  _SEQUENCEEXAMPLE._serialized_end=876
 # @@protoc_insertion_point(module_scope)

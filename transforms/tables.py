@@ -1,0 +1,447 @@
+"""Tables: CSV files → spooled records → size-banded shards.
+
+Row sizes are unknown until rows are encoded, so each CSV file is read once
+(pyarrow's streaming reader, a block at a time), its rows encoded in batches,
+and the framed records appended to spool files, one per (file, split), in row
+order. Only small metadata leaves that step: each spool's record sizes. Shards
+are planned from the sizes and built by copying byte ranges out of the spools (a
+TFRecord file is a plain concatenation of framed records), in file and row
+order, so a rerun gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import dataclasses
+import io
+import itertools
+import json
+import logging
+import pickle
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from schemas.config import ConvertConfig
+from schemas.records import DeadLetter, InputSummary, ShardResult
+from schemas.sharding import choose_num_shards, shard_name
+from schemas.table_encode import RowEncoder
+from schemas.table_schema import TableSchema
+from schemas.tfrecord import TFRecordWriter
+from transforms import files
+from transforms.encode import ready_helper_pool
+from transforms.images import DEAD_LETTER_DIR
+from transforms.table_batches import BLANK, EncodedBatch, TableTask, encode_table_batch
+
+__all__ = ["SPOOL_DIR", "EncodeTables", "PlanTableShards", "WriteTableShards", "csv_header",
+           "table_files"]
+
+SPOOL_DIR = "_spool"
+_BLOCK_BYTES = 4 << 20
+_COPY_BYTES = 1 << 20
+_log = logging.getLogger(__name__)
+
+
+def table_files(config: ConvertConfig) -> list[tuple[str, int]]:
+    """The CSV files ``--input`` names (a file or a glob), sorted, with sizes."""
+    return sorted(files.list_files(config.input))
+
+
+def csv_header(config: ConvertConfig, path: str) -> list[str]:
+    """The column names of a CSV file: its first record, or ``--columns``.
+
+    Raises:
+      ValueError: if the file is empty or its first record cannot be parsed.
+    """
+    if config.no_header:
+        return list(config.columns)
+    with files.open_read(path) as stream:
+        head = stream.read(1 << 20).decode(config.encoding, errors="replace").lstrip("\ufeff")
+    reader = csv.reader(io.StringIO(head, newline=""), delimiter=config.csv_delimiter,
+                        quotechar=config.csv_quote)
+    try:
+        return [name.strip() for name in next(reader)]
+    except (StopIteration, csv.Error) as err:
+        raise ValueError(f"{path}: cannot read a header row ({err or 'empty file'})") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class SpoolInfo:
+    """What one CSV file gave one split: records spooled, in row order.
+
+    Attributes:
+      split: the split.
+      file_index: the CSV's place in the sorted input list (orders spools).
+      path: the spool file.
+      sizes: framed size of each record, as little-endian int64 bytes.
+      rows_in, dead, blank: rows read (all splits: set on the file's first
+        spool only), rows dead-lettered, blank rows skipped.
+      bad_counts, dead_letter_path: the file's dead letters.
+      source_bytes: the CSV's size (on the first spool only).
+    """
+
+    split: str
+    file_index: int
+    path: str
+    sizes: bytes
+    rows_in: int = 0
+    dead: int = 0
+    blank: int = 0
+    bad_counts: tuple[tuple[str, int], ...] = ()
+    dead_letter_path: str = ""
+    source_bytes: int = 0
+
+    def record_sizes(self) -> np.ndarray:
+        return np.frombuffer(self.sizes, dtype="<i8")
+
+
+class _LineTracker:
+    """Physical line numbers of rows, counting newlines inside quoted cells.
+
+    pyarrow numbers rows (1 = the header when there is one), not lines; a row
+    holding quoted newlines spans several lines. Rows that pyarrow refuses
+    (wrong cell count) arrive out of band with their number and text.
+    """
+
+    def __init__(self, header_lines: int):
+        self.next_row = 1 + header_lines
+        self.next_line = 1 + header_lines
+        self.invalid: list[tuple[int, str]] = []  # (row number, text), appended by pyarrow
+
+    def _take_invalid(self, upto_row: int | None, out: list) -> None:
+        while self.invalid and (upto_row is None or self.invalid[0][0] <= upto_row):
+            number, text = self.invalid.pop(0)
+            out.append((self.next_line, text))
+            self.next_line += 1 + text.count("\n")
+            self.next_row = number + 1
+
+    def batch(self, embedded_newlines: np.ndarray) -> tuple[np.ndarray, list[tuple[int, str]]]:
+        """Lines of a batch's valid rows, and (line, text) of invalid rows before them."""
+        invalid_out: list[tuple[int, str]] = []
+        lines = np.empty(len(embedded_newlines), dtype=np.int64)
+        i = 0
+        while i < len(lines):
+            if self.invalid and self.invalid[0][0] == self.next_row:
+                self._take_invalid(self.next_row, invalid_out)
+                continue
+            # Valid rows up to the next invalid one: vectorised.
+            stop = len(lines)
+            if self.invalid:
+                stop = min(stop, i + (self.invalid[0][0] - self.next_row))
+            span = embedded_newlines[i:stop]
+            steps = 1 + span
+            lines[i:stop] = self.next_line + np.concatenate(([0], np.cumsum(steps)[:-1]))
+            self.next_line += int(steps.sum())
+            self.next_row += stop - i
+            i = stop
+        return lines, invalid_out
+
+    def rest(self) -> list[tuple[int, str]]:
+        out: list[tuple[int, str]] = []
+        self._take_invalid(None, out)
+        return out
+
+
+def _raw_row(cells: Sequence[str], delimiter: str, quote: str) -> str:
+    out = io.StringIO()
+    csv.writer(out, delimiter=delimiter, quotechar=quote, lineterminator="").writerow(cells)
+    return out.getvalue()
+
+
+class _EncodeCsvFn(beam.DoFn):
+    """``(file_index, path, size)`` → one ``SpoolInfo`` per split with rows."""
+
+    def __init__(self, config: ConvertConfig, schema: TableSchema, spool_dir: str):
+        self._config = config
+        self._schema = schema
+        self._spool_dir = spool_dir
+
+    def _batches(self, reader, task_bytes: bytes) -> Iterator[tuple[pa.RecordBatch, np.ndarray, EncodedBatch]]:
+        """``(batch, embedded newlines per row, encoded)``, in order, encoded in helper
+        processes when the config allows (the reader stays a batch or two ahead)."""
+
+        def prepared():
+            for batch in reader:
+                newlines = np.zeros(batch.num_rows, dtype=np.int64)
+                for column in batch.columns:
+                    newlines += pc.count_substring(column, "\n").to_numpy(zero_copy_only=False)
+                yield batch, newlines
+
+        processes = self._config.encode_processes
+        pool = ready_helper_pool(processes) if processes > 0 else None
+        if pool is None:
+            for batch, newlines in prepared():
+                yield batch, newlines, encode_table_batch(task_bytes, batch)
+            return
+        items = prepared()
+        pending: collections.deque = collections.deque()
+        for batch, newlines in itertools.islice(items, processes + 1):
+            pending.append((batch, newlines, pool.submit(encode_table_batch, task_bytes, batch)))
+        while pending:
+            batch, newlines, future = pending.popleft()
+            for next_batch, next_newlines in itertools.islice(items, 1):
+                pending.append((next_batch, next_newlines,
+                                pool.submit(encode_table_batch, task_bytes, next_batch)))
+            yield batch, newlines, future.result()
+
+    def process(self, element: tuple[int, str, int]) -> Iterator[SpoolInfo]:
+        file_index, path, size = element
+        config = self._config
+        start = time.monotonic()
+        header = csv_header(config, path)
+        task = TableTask(self._schema, tuple(header), config.split_column, config.splits,
+                         config.key_column, config.csv_delimiter, config.csv_quote)
+        RowEncoder(self._schema, header)  # Fails here, with the columns named, on a wrong header.
+        task_bytes = pickle.dumps(task)
+        tracker = _LineTracker(0 if config.no_header else 1)
+
+        def on_invalid(row) -> str:
+            tracker.invalid.append((row.number, row.text or ""))
+            return "skip"
+
+        dead: list[DeadLetter] = []
+        sinks: dict[str, tuple] = {}  # split → (stream, writer, record sizes, spool path)
+        rows_in = blank = 0
+        try:
+            reader = pacsv.open_csv(
+                files.open_read(path),
+                read_options=pacsv.ReadOptions(
+                    use_threads=False, block_size=_BLOCK_BYTES, encoding=config.encoding,
+                    column_names=list(config.columns) if config.no_header else None,
+                ),
+                parse_options=pacsv.ParseOptions(
+                    delimiter=config.csv_delimiter, quote_char=config.csv_quote,
+                    newlines_in_values=True, ignore_empty_lines=False,
+                    invalid_row_handler=on_invalid,
+                ),
+                convert_options=pacsv.ConvertOptions(
+                    column_types={name: pa.string() for name in header},
+                    strings_can_be_null=False, quoted_strings_can_be_null=False,
+                ),
+            )
+            for batch, newlines, encoded in self._batches(reader, task_bytes):
+                lines, invalid = tracker.batch(newlines)
+                dead.extend(self._invalid_rows(path, invalid, len(header)))
+                rows_in += sum(1 for _, text in invalid if text.strip())
+                blank += int((encoded.status == BLANK).sum())
+                rows_in += int((encoded.status != BLANK).sum())
+                for row, reason, message in encoded.errors:
+                    dead.append(self._row_letter(path, int(lines[row]), batch, header, row,
+                                                 reason, message))
+                for split, blob, sizes in zip(encoded.splits, encoded.blobs, encoded.sizes):
+                    if split not in sinks:
+                        spool = files.join(self._spool_dir, f"{file_index:05d}-{split}.spool")
+                        stream = files.open_write(spool)
+                        sinks[split] = (stream, TFRecordWriter(stream), [], spool)
+                    _, writer, all_sizes, _ = sinks[split]
+                    writer.write_framed(blob, len(sizes))
+                    all_sizes.append(sizes)
+            for line, text in tracker.rest():
+                dead.extend(self._invalid_rows(path, [(line, text)], len(header)))
+                rows_in += 1 if text.strip() else 0
+        except (pa.ArrowInvalid, UnicodeDecodeError) as err:
+            dead.append(DeadLetter(f"{path}:{tracker.next_line}", "read", "unreadable",
+                                   f"the CSV cannot be read from here on: {err}"))
+        finally:
+            for stream, writer, _, _ in sinks.values():
+                writer.close()
+                stream.close()
+        dead_path = ""
+        if dead:
+            stem = path.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+            dead_path = f"{DEAD_LETTER_DIR}/{stem}-{file_index:05d}.jsonl"
+            files.write_bytes(files.join(config.output, dead_path),
+                              "".join(d.to_json_line() for d in dead).encode("utf-8"))
+        bad = tuple(sorted(Counter(d.error for d in dead).items()))
+        beam.metrics.Metrics.counter("table", "rows").inc(rows_in)
+        beam.metrics.Metrics.counter("table", "dead_letter").inc(len(dead))
+        _log.info("Encoded %s: %d rows, %d dead-lettered, %d blank, in %.1f s", path, rows_in,
+                  len(dead), blank, time.monotonic() - start)
+        infos = [
+            SpoolInfo(split, file_index, spool, np.concatenate(sizes).astype("<i8").tobytes())
+            for split, (_, _, sizes, spool) in sorted(sinks.items())
+        ]
+        totals = dict(rows_in=rows_in, dead=len(dead), blank=blank, bad_counts=bad,
+                      dead_letter_path=dead_path, source_bytes=size)
+        if infos:
+            infos[0] = dataclasses.replace(infos[0], **totals)
+        else:  # No good row: still report the file's counts.
+            infos = [SpoolInfo("", file_index, "", b"", **totals)]
+        yield from infos
+
+    def _invalid_rows(self, path: str, invalid, expected: int) -> list[DeadLetter]:
+        letters = []
+        for line, text in invalid:
+            if not text.strip():
+                continue
+            letters.append(DeadLetter(
+                f"{path}:{line}", "read", "bad_row",
+                f"the row does not split into {expected} cells (wrong cell count, or broken quoting)",
+                row=text,
+            ))
+        return letters
+
+    def _row_letter(self, path, line, batch, header, row, reason, message) -> DeadLetter:
+        cells = [batch.column(name)[row].as_py() for name in header]
+        return DeadLetter(f"{path}:{line}", "validate", reason, message,
+                          row=_raw_row(cells, self._config.csv_delimiter, self._config.csv_quote))
+
+
+class EncodeTables(beam.PTransform):
+    """CSV files → ``SpoolInfo`` per (file, split)."""
+
+    def __init__(self, config: ConvertConfig, schema: TableSchema, spool_dir: str):
+        super().__init__()
+        self._config = config
+        self._schema = schema
+        self._spool_dir = spool_dir
+
+    def expand(self, pbegin):
+        inputs = [(i, path, size) for i, (path, size) in enumerate(table_files(self._config))]
+        return (
+            pbegin
+            | "Files" >> beam.Create(inputs)
+            | "Spread" >> beam.Reshuffle()
+            | "EncodeRows" >> beam.ParDo(_EncodeCsvFn(self._config, self._schema, self._spool_dir))
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TableShardSpec:
+    """One shard to copy together: ``segments`` of ``(spool, start, end, records)``."""
+
+    split: str
+    index: int
+    num_shards: int
+    path: str
+    segments: tuple[tuple[str, int, int, int], ...]
+    planned_bytes: int
+
+
+def plan_table_shards(infos: Sequence[SpoolInfo], config: ConvertConfig) -> list[TableShardSpec]:
+    """Cuts each split, in (file, row) order, into shards of nearly equal bytes."""
+    specs = []
+    by_split: dict[str, list[SpoolInfo]] = {}
+    for info in infos:
+        if info.path:
+            by_split.setdefault(info.split, []).append(info)
+    for split in sorted(by_split):
+        spools = sorted(by_split[split], key=lambda i: i.file_index)
+        sizes = np.concatenate([s.record_sizes() for s in spools])
+        owner = np.concatenate([np.full(len(s.record_sizes()), k) for k, s in enumerate(spools)])
+        total = int(sizes.sum())
+        num_shards = choose_num_shards(total, config.band)
+        ends = np.cumsum(sizes)
+        shard_of = np.minimum((ends - sizes / 2) * num_shards // total, num_shards - 1).astype(int)
+        offsets = np.concatenate([np.concatenate(([0], np.cumsum(s.record_sizes())[:-1]))
+                                  for s in spools])
+        for index in range(num_shards):
+            members = np.nonzero(shard_of == index)[0]
+            segments = []
+            for k in np.unique(owner[members]):
+                rows = members[owner[members] == k]
+                first, last = int(rows[0]), int(rows[-1])
+                segments.append((spools[k].path, int(offsets[first]),
+                                 int(offsets[last] + sizes[last]), len(rows)))
+            specs.append(TableShardSpec(
+                split, index, num_shards,
+                files.join(config.output, shard_name(split, index, num_shards, config.compression)),
+                tuple(segments), int(sizes[members].sum()),
+            ))
+    return specs
+
+
+def _summary(infos: Sequence[SpoolInfo], config: ConvertConfig, schema: TableSchema) -> InputSummary:
+    bad: Counter = Counter()
+    for info in infos:
+        bad.update(dict(info.bad_counts))
+    features = []
+    for column in schema.kept:
+        features.append((column.feature_name, column.dtype, tuple(column.feature_shape())))
+        if column.shape is not None and column.encoding == "flat":
+            features.append((f"{column.feature_name}/shape", "int64", (len(column.shape),)))
+    return InputSummary(
+        root=config.input,
+        layout="table",
+        input_files=len({i.file_index for i in infos}),
+        input_bytes=sum(i.source_bytes for i in infos),
+        ignored_files=0,
+        vocabulary=(),
+        bad_counts=tuple(sorted(bad.items())),
+        dead_letter_path="",
+        rows_in=sum(i.rows_in for i in infos),
+        blank_rows=sum(i.blank for i in infos),
+        features=tuple(sorted(features)),
+        dead_letter_paths=tuple(sorted(i.dead_letter_path for i in infos if i.dead_letter_path)),
+        spools=tuple(sorted(i.path for i in infos if i.path)),
+        schema=json.dumps(schema.to_dict()),
+    )
+
+
+class PlanTableShards(beam.PTransform):
+    """``SpoolInfo``s → ``TableShardSpec`` per shard (main) and one ``InputSummary``."""
+
+    def __init__(self, config: ConvertConfig, schema: TableSchema):
+        super().__init__()
+        self._config = config
+        self._schema = schema
+
+    def expand(self, infos):
+        collected = infos | "Collect" >> beam.combiners.ToList()
+        specs = (
+            collected
+            | "Cut" >> beam.FlatMap(plan_table_shards, self._config)
+            | "Spread" >> beam.Reshuffle()
+        )
+        summary = collected | "Summarize" >> beam.Map(_summary, self._config, self._schema)
+        return specs, summary
+
+
+class _CopyShardFn(beam.DoFn):
+    """``TableShardSpec`` → ``ShardResult``: copies byte ranges out of spools."""
+
+    def __init__(self, config: ConvertConfig):
+        self._config = config
+
+    def process(self, spec: TableShardSpec) -> Iterator[ShardResult]:
+        start = time.monotonic()
+        with files.open_write(spec.path) as sink:
+            writer = TFRecordWriter(sink, self._config.compression)
+            for spool, begin, end, records in spec.segments:
+                with files.open_read(spool) as source:
+                    source.seek(begin)
+                    left = end - begin
+                    while left > 0:
+                        block = source.read(min(_COPY_BYTES, left))
+                        if not block:
+                            raise OSError(f"{spool} ends before byte {end}")
+                        left -= len(block)
+                        writer.write_framed(block, records if left == 0 else 0)
+            digest = writer.close()
+        _log.info("Wrote %s: %d records, %.1f MB in %.1f s", spec.path.rsplit("/", 1)[-1],
+                  digest.records, digest.bytes / 1e6, time.monotonic() - start)
+        beam.metrics.Metrics.counter("write", "records").inc(digest.records)
+        yield ShardResult(
+            split=spec.split, index=spec.index, num_shards=spec.num_shards, path=spec.path,
+            records=digest.records, bytes=digest.bytes, crc32c=digest.crc32c,
+            sha256=digest.sha256, planned_bytes=spec.planned_bytes,
+        )
+
+
+class WriteTableShards(beam.PTransform):
+    """``TableShardSpec`` → ``ShardResult`` (as written, not yet verified)."""
+
+    def __init__(self, config: ConvertConfig):
+        super().__init__()
+        self._config = config
+
+    def expand(self, specs):
+        return specs | "Copy" >> beam.ParDo(_CopyShardFn(self._config))
+
