@@ -38,7 +38,7 @@ from schemas.tfrecord import TFRecordWriter
 from transforms import files
 from transforms.encode import ready_helper_pool
 from transforms.images import DEAD_LETTER_DIR
-from transforms.table_batches import BLANK, EncodedBatch, TableTask, encode_table_batch
+from transforms.table_batches import BAD, BLANK, EncodedBatch, TableTask, encode_table_batch
 
 __all__ = ["SPOOL_DIR", "EncodeTables", "PlanTableShards", "WriteTableShards", "csv_header",
            "table_files"]
@@ -149,6 +149,45 @@ class _LineTracker:
         return out
 
 
+class _QuoteCounter(io.RawIOBase):
+    """Passes a stream through, counting quote characters: an odd count at the end
+    means a quote was never closed."""
+
+    def __init__(self, source, quote: str):
+        super().__init__()
+        self._source = source
+        self._quote = quote.encode("utf-8")
+        self.quotes = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._source.read(len(buffer))
+        buffer[: len(data)] = data
+        self.quotes += data.count(self._quote)
+        return len(data)
+
+    def close(self) -> None:
+        self._source.close()
+        super().close()
+
+
+def _drop_last_row(encoded: EncodedBatch, reason: str, message: str) -> EncodedBatch:
+    """The batch with its last row turned into an error (its record removed)."""
+    row = len(encoded.status) - 1
+    k = int(encoded.status[row])
+    if k < 0:
+        return encoded
+    size = int(encoded.sizes[k][-1])
+    blobs, sizes = list(encoded.blobs), list(encoded.sizes)
+    blobs[k], sizes[k] = blobs[k][:-size], sizes[k][:-1]
+    status = encoded.status.copy()
+    status[row] = BAD
+    return dataclasses.replace(encoded, status=status, blobs=blobs, sizes=sizes,
+                               errors=[*encoded.errors, (row, reason, message)])
+
+
 def _raw_row(cells: Sequence[str], delimiter: str, quote: str) -> str:
     out = io.StringIO()
     csv.writer(out, delimiter=delimiter, quotechar=quote, lineterminator="").writerow(cells)
@@ -210,8 +249,9 @@ class _EncodeCsvFn(beam.DoFn):
         sinks: dict[str, tuple] = {}  # split → (stream, writer, record sizes, spool path)
         rows_in = blank = 0
         try:
+            counting = _QuoteCounter(files.open_read(path), config.csv_quote)
             reader = pacsv.open_csv(
-                files.open_read(path),
+                counting,
                 read_options=pacsv.ReadOptions(
                     use_threads=False, block_size=_BLOCK_BYTES, encoding=config.encoding,
                     column_names=list(config.columns) if config.no_header else None,
@@ -226,7 +266,18 @@ class _EncodeCsvFn(beam.DoFn):
                     strings_can_be_null=False, quoted_strings_can_be_null=False,
                 ),
             )
-            for batch, newlines, encoded in self._batches(reader, task_bytes):
+            # One batch is held back: at the end of the file, its last row may turn out
+            # to be an unterminated quote that swallowed the rest of the file.
+            held = None
+            for item in itertools.chain(self._batches(reader, task_bytes), [None]):
+                if held is None:
+                    held = item
+                    continue
+                batch, newlines, encoded = held
+                held = item
+                if item is None and counting.quotes % 2 and newlines.size and newlines[-1]:
+                    encoded = _drop_last_row(encoded, "bad_row", "unterminated quote: the last cell "
+                                             "runs to the end of the file")
                 lines, invalid = tracker.batch(newlines)
                 dead.extend(self._invalid_rows(path, invalid, len(header)))
                 rows_in += sum(1 for _, text in invalid if text.strip())
