@@ -26,6 +26,7 @@ from schemas.table_schema import TableSchema, infer_schema, load_schema
 from transforms import files
 from transforms.images import DEAD_LETTER_DIR, ListImages
 from transforms.manifest import REPORT_NAME, WriteManifest
+from transforms.sequences import BuildSequences, PlanSequenceShards
 from transforms.shards import PlanShards, VerifyShards, WriteShards
 from transforms.tables import (
     SPOOL_DIR,
@@ -34,6 +35,7 @@ from transforms.tables import (
     WriteTableShards,
     csv_header,
     table_files,
+    table_summary,
 )
 
 __all__ = ["ConvertError", "ConvertResult", "OutputExistsError", "build_pipeline", "convert"]
@@ -146,6 +148,14 @@ def table_schema(config: ConvertConfig, sample: int = 10_000) -> TableSchema:
     if missing:
         raise ConvertError(f"--schema names columns {missing} that {found[0][0]} does not have "
                            f"(its columns: {header})")
+    if config.sequence_key:
+        shaped = [c.name for c in schema.kept if c.shape is not None]
+        if shaped:
+            raise ConvertError(f"--sequence_key: shaped columns {shaped} are not supported in "
+                               "sequences; give them no 'shape', or convert without --sequence_key")
+        if not any(c.sequence for c in schema.kept):
+            raise ConvertError("--sequence_key: mark the per-row columns 'sequence: true' in the "
+                               "schema; the others become context features")
     for flag, column in (("--split_column", config.split_column), ("--key_column", config.key_column),
                          ("--sequence_key", config.sequence_key),
                          ("--sequence_order", config.sequence_order)):
@@ -222,10 +232,18 @@ def build_pipeline(
     pipeline = beam.Pipeline(options=options)
     if config.layout == "table":
         schema = schema or table_schema(config)
-        infos = pipeline | "EncodeTables" >> EncodeTables(
-            config, schema, files.join(config.output, SPOOL_DIR)
-        )
-        specs, summary = infos | "PlanTableShards" >> PlanTableShards(config, schema)
+        spool_dir = files.join(config.output, SPOOL_DIR)
+        encoded = pipeline | "EncodeTables" >> EncodeTables(config, schema, spool_dir)
+        if config.sequence_key:
+            spools = encoded.rows | "BuildSequences" >> BuildSequences(schema, spool_dir)
+            specs, grouped = spools | "PlanSequenceShards" >> PlanSequenceShards(config)
+            summary = (
+                encoded.infos
+                | "CollectFiles" >> beam.combiners.ToList()
+                | "Summarize" >> beam.Map(table_summary, config, schema, beam.pvalue.AsSingleton(grouped))
+            )
+        else:
+            specs, summary = encoded.infos | "PlanTableShards" >> PlanTableShards(config, schema)
         results = (
             specs
             | "WriteShards" >> WriteTableShards(config)

@@ -179,6 +179,9 @@ class InputSummary:
       dead_letter_paths: for tables, every input file's dead-letter file.
       spools: for tables, the spool files to remove at the end.
       schema: for tables, the schema used, as JSON.
+      sequence_features: with ``--sequence_key``, ``(name, dtype, step shape)`` of
+        every feature list (``features`` then holds the context features).
+      rows_grouped: with ``--sequence_key``, rows that went into sequences.
     """
 
     root: str
@@ -197,3 +200,5 @@ class InputSummary:
     dead_letter_paths: tuple[str, ...] = ()
     spools: tuple[str, ...] = ()
     schema: str = ""
+    sequence_features: tuple[tuple[str, str, tuple], ...] = ()
+    rows_grouped: int = 0

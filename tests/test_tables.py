@@ -222,3 +222,42 @@ def test_reruns_are_byte_identical_and_shards_inside_the_band(five_mb_csv, tmp_p
     ids = [r["id"][0] for r in _records(outs[0])]
     assert ids == list(range(40_000))
     assert main(["verify", outs[0]]) == 0
+
+
+def test_sequence_examples_round_trip(tmp_path):
+    from schemas.sequence import sequence_example_to_dict  # pylint: disable=import-outside-toplevel
+
+    src_a, src_b = str(tmp_path / "in" / "a.csv"), str(tmp_path / "in" / "b.csv")
+    header = ["user", "step", "country", "clicks", "page"]
+    _write_csv(src_a, header, [["u1", "2", "fr", "5", "home"], ["u2", "1", "de", "1", "cart"],
+                               ["u1", "10", "fr", "7", "pay"], ["", "1", "xx", "0", "none"]])
+    _write_csv(src_b, header, [["u1", "1", "fr", "3", "landing"], ["u3", "1", "us", "x", "bad"]])
+    schema = _schema(tmp_path, [
+        {"name": "user", "type": "string"}, {"name": "step", "skip": True},
+        {"name": "country", "type": "string"},
+        {"name": "clicks", "type": "int64", "sequence": True},
+        {"name": "page", "type": "string", "sequence": True},
+    ])
+    out = str(tmp_path / "out")
+    assert main(["convert", "--input", str(tmp_path / "in" / "*.csv"), "--schema", schema,
+                 "--sequence_key", "user", "--sequence_order", "step", "--output", out,
+                 "--max_bad_fraction", "0.5"]) == 0
+    shards = sorted(n for n in os.listdir(out) if ".tfrecord" in n)
+    from schemas.tfrecord import iter_records  # pylint: disable=import-outside-toplevel
+
+    with open(os.path.join(out, shards[0]), "rb") as f:
+        parsed = [sequence_example_to_dict(r) for r in iter_records(f)]
+    by_user = {context["user"][0]: (context, lists) for context, lists in parsed}
+    assert set(by_user) == {b"u1", b"u2"}
+    context, lists = by_user[b"u1"]
+    assert context == {"country": [b"fr"], "user": [b"u1"]}
+    assert lists == {"clicks": [[3], [5], [7]], "page": [[b"landing"], [b"home"], [b"pay"]]}
+    assert by_user[b"u2"][1] == {"clicks": [[1]], "page": [[b"cart"]]}
+    manifest = load_manifest(out)
+    assert manifest["sequence_features"] == {"clicks": {"dtype": "int64", "shape": [None]},
+                                             "page": {"dtype": "string", "shape": [None]}}
+    assert manifest["input"]["rows"]["in"] == 6
+    assert manifest["input"]["rows"]["in_sequences"] == 4
+    assert manifest["input"]["rows"]["accounted"] is True
+    assert sorted(d["error"] for d in _dead(out)) == ["bad_value", "missing_sequence_key"]
+    assert not os.listdir(os.path.join(out, "_spool"))

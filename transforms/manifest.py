@@ -58,7 +58,9 @@ def finalize(config: ConvertConfig, results: Sequence[ShardResult], summary: Inp
     for result in results:
         bad.update(dict(result.bad_counts))
     written = sum(r.records for r in results)
-    budget = ErrorBudget(config.max_bad_fraction, sum(bad.values()), written + sum(bad.values()))
+    # The budget counts inputs: rows for a table (a sequence holds many), else records.
+    inputs = summary.rows_in if summary.layout == "table" else written + sum(bad.values())
+    budget = ErrorBudget(config.max_bad_fraction, sum(bad.values()), inputs)
     failures = [{"path": r.path, "error": r.verify_error} for r in results if not r.verified]
     dead_letter_files = sorted(
         p for p in [summary.dead_letter_path, *summary.dead_letter_paths,
@@ -85,16 +87,17 @@ def finalize(config: ConvertConfig, results: Sequence[ShardResult], summary: Inp
         "bytes": summary.input_bytes,
         "ignored_files": summary.ignored_files,
     }
+    dead = sum(bad.values())
     if summary.layout == "table":
-        dead = sum(bad.values())
-        input_json["rows"] = {
-            "in": summary.rows_in,
-            "written": written,
-            "dead_lettered": dead,
-            "blank_skipped": summary.blank_rows,
-            "accounted": summary.rows_in == written + dead,
-        }
-        report["rows"] = input_json["rows"]
+        rows = {"in": summary.rows_in}
+        if summary.sequence_features:
+            rows.update(in_sequences=summary.rows_grouped, sequences_written=written)
+            accounted = summary.rows_in == summary.rows_grouped + dead
+        else:
+            rows["written"] = written
+            accounted = summary.rows_in == written + dead
+        rows.update(dead_lettered=dead, blank_skipped=summary.blank_rows, accounted=accounted)
+        input_json["rows"] = report["rows"] = rows
         feature_spec = FeatureSpec({name: (dtype, list(shape)) for name, dtype, shape in summary.features})
     else:
         feature_spec = image_feature_spec(dict(summary.extra_features))
@@ -124,6 +127,10 @@ def finalize(config: ConvertConfig, results: Sequence[ShardResult], summary: Inp
         )
         if summary.schema:
             manifest["schema"] = json.loads(summary.schema)
+        if summary.sequence_features:
+            manifest["sequence_features"] = FeatureSpec(
+                {name: (dtype, list(shape)) for name, dtype, shape in summary.sequence_features}
+            ).to_json()
         manifest_path = files.join(config.output, MANIFEST_NAME)
         files.write_bytes(manifest_path, _json_bytes(manifest))
         report["manifest"] = manifest_path

@@ -21,7 +21,16 @@ from schemas.sharding import is_valid_split_name
 from schemas.table_encode import RowEncoder
 from schemas.table_schema import TableSchema
 
-__all__ = ["BLANK", "BAD", "EncodedBatch", "TableTask", "encode_table_batch", "row_split_fraction"]
+__all__ = [
+    "BAD",
+    "BLANK",
+    "EncodedBatch",
+    "TableTask",
+    "encode_table_batch",
+    "order_key",
+    "row_split_fraction",
+    "sequence_table_batch",
+]
 
 BLANK, BAD = -2, -1
 DEFAULT_SPLIT = "train"
@@ -38,6 +47,8 @@ class TableTask:
     key_column: str | None = None
     delimiter: str = ","
     quote: str = '"'
+    sequence_key: str | None = None
+    sequence_order: str | None = None
 
     @property
     def split_names(self) -> tuple[str, ...]:
@@ -55,6 +66,8 @@ class EncodedBatch:
       blobs: per split, its rows' framed records concatenated in row order.
       sizes: per split, each record's framed size.
       errors: ``(row, reason, message)`` for every ``BAD`` row.
+      groups: sequence mode only: sequence key → rows of this batch, each
+        ``(order, row, split, values)`` with ``values`` per kept column.
     """
 
     status: np.ndarray
@@ -62,6 +75,7 @@ class EncodedBatch:
     blobs: list[bytes]
     sizes: list[np.ndarray]
     errors: list[tuple[int, str, str]]
+    groups: dict[str, list] = dataclasses.field(default_factory=dict)
 
 
 def row_split_fraction(key: str) -> float:
@@ -96,12 +110,68 @@ def _row_splits(task: TableTask, batch: pa.RecordBatch, cells: dict) -> list[str
     if task.split_column:
         return [c if is_valid_split_name(c) else None for c in cells[task.split_column]]
     if task.splits:
-        keys = cells[task.key_column] if task.key_column else _raw_rows(task, batch)
+        key_column = task.key_column or task.sequence_key
+        keys = cells[key_column] if key_column else _raw_rows(task, batch)
         edges = np.cumsum([f for _, f in task.splits])
         names = task.split_names
         picks = np.searchsorted(edges, [row_split_fraction(k) for k in keys], side="right")
         return [names[min(int(i), len(names) - 1)] for i in picks]
     return [DEFAULT_SPLIT] * rows
+
+
+def _cells(task: TableTask, batch: pa.RecordBatch) -> dict[str, list[str]]:
+    needed = {c.name for c in task.schema.kept} | {
+        c for c in (task.split_column, task.key_column, task.sequence_key, task.sequence_order) if c
+    }
+    return {name: batch.column(name).to_pylist() for name in needed}
+
+
+def _blank_rows(batch: pa.RecordBatch) -> np.ndarray:
+    blank = np.ones(batch.num_rows, dtype=bool)
+    for column in batch.columns:
+        blank &= pc.equal(pc.utf8_length(column), 0).to_numpy(zero_copy_only=False)
+    return blank
+
+
+def order_key(cell: str) -> tuple:
+    """How ``--sequence_order`` sorts: numbers numerically, before other text."""
+    try:
+        return (0, float(cell), "")
+    except ValueError:
+        return (1, 0.0, cell)
+
+
+def sequence_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch:
+    """Parses a batch for ``--sequence_key``: good rows are grouped by key, not encoded
+    (a sequence's rows may come from several batches and files)."""
+    task, encoder = _encoder(task_bytes)
+    blank = _blank_rows(batch)
+    cells = _cells(task, batch)
+    values, row_errors = encoder.parse(cells)
+    splits = _row_splits(task, batch, cells)
+    status = np.full(batch.num_rows, BAD, dtype=np.int16)
+    errors = {e.row: (e.row, e.reason, e.message) for e in row_errors}
+    kept = [c.name for c in task.schema.kept]
+    groups: dict[str, list] = {}
+    for row in range(batch.num_rows):
+        if blank[row]:
+            status[row] = BLANK
+            errors.pop(row, None)
+            continue
+        key = cells[task.sequence_key][row]
+        if row not in errors and key == "":
+            errors[row] = (row, "missing_sequence_key", f"column {task.sequence_key!r} is empty")
+        if row not in errors and splits[row] is None:
+            errors[row] = (row, "bad_split", f"split {cells[task.split_column][row]!r} cannot "
+                           "name a shard file: use letters, digits, '_' and '.'")
+        if row in errors:
+            continue
+        order = order_key(cells[task.sequence_order][row]) if task.sequence_order else (0, 0.0, "")
+        groups.setdefault(key, []).append(
+            (order, row, splits[row], tuple(values[name][row] for name in kept))
+        )
+        status[row] = 0
+    return EncodedBatch(status, [], [], [], [errors[row] for row in sorted(errors)], groups)
 
 
 def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch:
@@ -114,11 +184,8 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
     """
     task, encoder = _encoder(task_bytes)
     rows = batch.num_rows
-    blank = np.ones(rows, dtype=bool)
-    for column in batch.columns:
-        blank &= pc.equal(pc.utf8_length(column), 0).to_numpy(zero_copy_only=False)
-    needed = {c.name for c in task.schema.kept} | {c for c in (task.split_column, task.key_column) if c}
-    cells = {name: batch.column(name).to_pylist() for name in needed}
+    blank = _blank_rows(batch)
+    cells = _cells(task, batch)
     records, row_errors = encoder.encode(cells, rows)
     splits = _row_splits(task, batch, cells)
     status = np.full(rows, BAD, dtype=np.int16)

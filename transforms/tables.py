@@ -38,12 +38,20 @@ from schemas.tfrecord import TFRecordWriter
 from transforms import files
 from transforms.encode import ready_helper_pool
 from transforms.images import DEAD_LETTER_DIR
-from transforms.table_batches import BAD, BLANK, EncodedBatch, TableTask, encode_table_batch
+from transforms.table_batches import (
+    BAD,
+    BLANK,
+    EncodedBatch,
+    TableTask,
+    encode_table_batch,
+    sequence_table_batch,
+)
 
 __all__ = ["SPOOL_DIR", "EncodeTables", "PlanTableShards", "WriteTableShards", "csv_header",
            "table_files"]
 
 SPOOL_DIR = "_spool"
+ROWS_TAG = "rows"
 _BLOCK_BYTES = 4 << 20
 _COPY_BYTES = 1 << 20
 _log = logging.getLogger(__name__)
@@ -179,6 +187,12 @@ def _drop_last_row(encoded: EncodedBatch, reason: str, message: str) -> EncodedB
     k = int(encoded.status[row])
     if k < 0:
         return encoded
+    if encoded.groups:
+        groups = {key: [r for r in rows if r[1] != row] for key, rows in encoded.groups.items()}
+        status = encoded.status.copy()
+        status[row] = BAD
+        return dataclasses.replace(encoded, status=status, errors=[*encoded.errors, (row, reason, message)],
+                                   groups={key: rows for key, rows in groups.items() if rows})
     size = int(encoded.sizes[k][-1])
     blobs, sizes = list(encoded.blobs), list(encoded.sizes)
     blobs[k], sizes[k] = blobs[k][:-size], sizes[k][:-1]
@@ -213,21 +227,22 @@ class _EncodeCsvFn(beam.DoFn):
                     newlines += pc.count_substring(column, "\n").to_numpy(zero_copy_only=False)
                 yield batch, newlines
 
+        encode = sequence_table_batch if self._config.sequence_key else encode_table_batch
         processes = self._config.encode_processes
         pool = ready_helper_pool(processes) if processes > 0 else None
         if pool is None:
             for batch, newlines in prepared():
-                yield batch, newlines, encode_table_batch(task_bytes, batch)
+                yield batch, newlines, encode(task_bytes, batch)
             return
         items = prepared()
         pending: collections.deque = collections.deque()
         for batch, newlines in itertools.islice(items, processes + 1):
-            pending.append((batch, newlines, pool.submit(encode_table_batch, task_bytes, batch)))
+            pending.append((batch, newlines, pool.submit(encode, task_bytes, batch)))
         while pending:
             batch, newlines, future = pending.popleft()
             for next_batch, next_newlines in itertools.islice(items, 1):
                 pending.append((next_batch, next_newlines,
-                                pool.submit(encode_table_batch, task_bytes, next_batch)))
+                                pool.submit(encode, task_bytes, next_batch)))
             yield batch, newlines, future.result()
 
     def process(self, element: tuple[int, str, int]) -> Iterator[SpoolInfo]:
@@ -236,7 +251,8 @@ class _EncodeCsvFn(beam.DoFn):
         start = time.monotonic()
         header = csv_header(config, path)
         task = TableTask(self._schema, tuple(header), config.split_column, config.splits,
-                         config.key_column, config.csv_delimiter, config.csv_quote)
+                         config.key_column, config.csv_delimiter, config.csv_quote,
+                         config.sequence_key, config.sequence_order)
         RowEncoder(self._schema, header)  # Fails here, with the columns named, on a wrong header.
         task_bytes = pickle.dumps(task)
         tracker = _LineTracker(0 if config.no_header else 1)
@@ -286,6 +302,12 @@ class _EncodeCsvFn(beam.DoFn):
                 for row, reason, message in encoded.errors:
                     dead.append(self._row_letter(path, int(lines[row]), batch, header, row,
                                                  reason, message))
+                for key, group in encoded.groups.items():
+                    # (key, [(order, file index, line, split, values), ...]) for GroupByKey.
+                    yield beam.pvalue.TaggedOutput(ROWS_TAG, (key, [
+                        (order, file_index, int(lines[row]), split, values)
+                        for order, row, split, values in group
+                    ]))
                 for split, blob, sizes in zip(encoded.splits, encoded.blobs, encoded.sizes):
                     if split not in sinks:
                         spool = files.join(self._spool_dir, f"{file_index:05d}-{split}.spool")
@@ -355,12 +377,16 @@ class EncodeTables(beam.PTransform):
         self._spool_dir = spool_dir
 
     def expand(self, pbegin):
+        """Returns a ``DoOutputsTuple``: ``.infos`` (``SpoolInfo``), and with
+        ``--sequence_key`` also ``.rows`` (rows grouped by key within a batch)."""
         inputs = [(i, path, size) for i, (path, size) in enumerate(table_files(self._config))]
         return (
             pbegin
             | "Files" >> beam.Create(inputs)
             | "Spread" >> beam.Reshuffle()
-            | "EncodeRows" >> beam.ParDo(_EncodeCsvFn(self._config, self._schema, self._spool_dir))
+            | "EncodeRows" >> beam.ParDo(
+                _EncodeCsvFn(self._config, self._schema, self._spool_dir)
+            ).with_outputs(ROWS_TAG, main="infos")
         )
 
 
@@ -409,13 +435,28 @@ def plan_table_shards(infos: Sequence[SpoolInfo], config: ConvertConfig) -> list
     return specs
 
 
-def _summary(infos: Sequence[SpoolInfo], config: ConvertConfig, schema: TableSchema) -> InputSummary:
+def table_summary(
+    infos: Sequence[SpoolInfo],
+    config: ConvertConfig,
+    schema: TableSchema,
+    grouped: tuple[int, tuple[str, ...]] = (0, ()),
+) -> InputSummary:
+    """The input summary of a table run.
+
+    Args:
+      infos: every file's ``SpoolInfo``.
+      config, schema: the run's.
+      grouped: with ``--sequence_key``: rows that went into sequences, and the
+        sequence spools.
+    """
     bad: Counter = Counter()
     for info in infos:
         bad.update(dict(info.bad_counts))
-    features = []
+    sequences = bool(config.sequence_key)
+    features, sequence_features = [], []
     for column in schema.kept:
-        features.append((column.feature_name, column.dtype, tuple(column.feature_shape())))
+        entry = (column.feature_name, column.dtype, tuple(column.feature_shape()))
+        (sequence_features if sequences and column.sequence else features).append(entry)
         if column.shape is not None and column.encoding == "flat":
             features.append((f"{column.feature_name}/shape", "int64", (len(column.shape),)))
     return InputSummary(
@@ -431,8 +472,10 @@ def _summary(infos: Sequence[SpoolInfo], config: ConvertConfig, schema: TableSch
         blank_rows=sum(i.blank for i in infos),
         features=tuple(sorted(features)),
         dead_letter_paths=tuple(sorted(i.dead_letter_path for i in infos if i.dead_letter_path)),
-        spools=tuple(sorted(i.path for i in infos if i.path)),
+        spools=tuple(sorted([*(i.path for i in infos if i.path), *grouped[1]])),
         schema=json.dumps(schema.to_dict()),
+        sequence_features=tuple(sorted(sequence_features)),
+        rows_grouped=grouped[0],
     )
 
 
@@ -451,7 +494,7 @@ class PlanTableShards(beam.PTransform):
             | "Cut" >> beam.FlatMap(plan_table_shards, self._config)
             | "Spread" >> beam.Reshuffle()
         )
-        summary = collected | "Summarize" >> beam.Map(_summary, self._config, self._schema)
+        summary = collected | "Summarize" >> beam.Map(table_summary, self._config, self._schema)
         return specs, summary
 
 
