@@ -75,10 +75,7 @@ _CACHED_STR = 32  # One-value string features up to this length are cached whole
 _LIST_TAGS = {"string": b"\x0a", "float32": b"\x12", "int64": b"\x1a"}
 
 
-def _varint(value: int) -> bytes:
-    """Protobuf varint; negative int64 values take their 10-byte two's complement."""
-    if 0 <= value < 0x80:
-        return _SMALL_VARINTS[value]
+def _encode_varint(value: int) -> bytes:
     value &= _U64
     out = bytearray()
     while value >= 0x80:
@@ -86,6 +83,17 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+# Varints of 0..16383 (one and two bytes), looked up rather than computed.
+_VARINT_TABLE = tuple(_encode_varint(i) for i in range(1 << 14))
+
+
+def _varint(value: int) -> bytes:
+    """Protobuf varint; negative int64 values take their 10-byte two's complement."""
+    if 0 <= value < 16384:
+        return _VARINT_TABLE[value]
+    return _encode_varint(value)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -107,7 +115,8 @@ def _list_parts(dtype: str, values: Sequence, parts: list) -> int:
             size += 1 + len(head) + len(value)
         return size
     if dtype == "int64":
-        packed = b"".join(_varint(int(v)) for v in values)
+        table = _VARINT_TABLE
+        packed = b"".join([table[v] if 0 <= v < 16384 else _encode_varint(v) for v in map(int, values)])
     elif dtype == "float32":
         packed = struct.pack(f"<{len(values)}f", *values)
     else:

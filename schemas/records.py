@@ -142,6 +142,8 @@ class ShardResult:
       dead_letter_path: the shard's dead-letter file, '' when none.
       verified: whether the re-read matched, record by record and byte by byte.
       verify_error: what did not match ('' when verified).
+      checkpoints: ``(offset, index)`` of some record boundaries, so the shard
+        can be verified in pieces, in parallel (uncompressed shards only).
     """
 
     split: str
@@ -158,6 +160,7 @@ class ShardResult:
     dead_letter_path: str = ""
     verified: bool = False
     verify_error: str = ""
+    checkpoints: tuple[tuple[int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,14 +12,20 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import functools
 import math
+import re
 import struct
 from collections.abc import Mapping, Sequence
 
-from schemas.features import example_from_entries, feature_entry
+import google_crc32c
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from schemas.features import _VARINT_TABLE, _entry_prefix, _varint, feature_entry
 from schemas.table_schema import ColumnSpec, TableSchema, parse_bool
 from schemas.tensors import encode_tensor
-from schemas.tfrecord import frame_record
 
 __all__ = ["ColumnValues", "RowEncoder", "RowError", "parse_column"]
 
@@ -123,8 +129,6 @@ def _parse_cell(spec, cell, parse, default, size) -> list | RowError:
 
 
 def _tensor_entry(spec: ColumnSpec, values: list) -> bytes:
-    import numpy as np  # pylint: disable=import-outside-toplevel
-
     dtype = {"int64": np.int64, "float": np.float32, "bool": np.bool_}.get(spec.type)
     array = np.array(values, dtype=dtype if dtype is not None else object).reshape(spec.shape)
     return feature_entry(spec.feature_name, "string", (encode_tensor(array),))
@@ -154,6 +158,47 @@ class RowEncoder:
             if column.shape is not None and column.encoding == "flat":
                 names.append((f"{column.feature_name}/shape", column.name, "shape"))
         self._order = sorted(names)
+
+    def _scalar_items(self, column: ColumnSpec, cells: Sequence[str]) -> tuple[list, list[RowError]]:
+        """Per-row items of a one-value column, straight from the cells.
+
+        Equal cells are encoded once while the column looks categorical; a column
+        of mostly distinct values (scores, free text) stops paying for the memo.
+        """
+        name, dtype, kind = column.feature_name, column.dtype, column.type
+        parse = _PARSERS[kind]
+        default = None if column.default is None else [column.default]
+        memo: dict[str, bytes | RowError] = {}
+        use_memo = True
+        items: list = []
+        errors: list[RowError] = []
+        for row, cell in enumerate(cells):
+            item = memo.get(cell) if use_memo else None
+            if item is None:
+                if cell == "" or (kind != "string" and not cell.strip()):
+                    parsed = _parse_cell(column, cell, parse, default, None)
+                    item = parsed if isinstance(parsed, RowError) else feature_entry(name, dtype, parsed)
+                elif kind == "string":
+                    item = _string_item(name, cell)
+                else:
+                    try:
+                        value = parse(cell)
+                    except ValueError as err:
+                        item = RowError(0, "bad_value", f"column {column.name!r} ({kind}): {err}")
+                    else:
+                        item = _float_item(name, value) if kind == "float" else \
+                            feature_entry(name, dtype, (value,))
+                if use_memo:
+                    memo[cell] = item
+                    if row == 1023 and len(memo) > 256:
+                        use_memo = False
+                        memo.clear()
+            if isinstance(item, RowError):
+                errors.append(dataclasses.replace(item, row=row))
+                items.append(None)
+            else:
+                items.append(item)
+        return items, errors
 
     def _items(self, column: ColumnSpec, values: ColumnValues) -> dict[str, list]:
         """Feature name → per-row serialized items (None for bad rows)."""
@@ -190,32 +235,158 @@ class RowEncoder:
             errors.extend(column_errors)
         return values, errors
 
-    def encode(self, cells: Mapping[str, Sequence[str]], rows: int) -> tuple[list[bytes | None], list[RowError]]:
+    def _float_items(self, column: ColumnSpec, cells) -> tuple[list, list[RowError]] | None:
+        """Per-row items of a one-value float column, parsed by Arrow in one call;
+        ``None`` when a cell needs the per-cell path (bad values, empty required)."""
+        if not isinstance(cells, pa.Array):
+            return None
+        text = pc.utf8_trim_whitespace(cells)
+        empty = pc.equal(text, "").to_numpy(zero_copy_only=False)
+        if column.required and empty.any():
+            return None
+        try:
+            values = pc.cast(pc.if_else(pc.equal(text, ""), "0", text), pa.float64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        numbers = values.to_numpy(zero_copy_only=False)
+        if (np.isfinite(numbers) & (np.abs(numbers) > _FLOAT32_MAX)).any():
+            return None
+        raw = numbers.astype("<f4").tobytes()
+        head = _float_head(column.feature_name)
+        items = [head + raw[i:i + 4] for i in range(0, len(raw), 4)]
+        if empty.any():
+            fill = feature_entry(column.feature_name, "float32",
+                                 [] if column.default is None else [column.default])
+            for row in np.nonzero(empty)[0]:
+                items[row] = fill
+        return items, []
+
+    def _int_list_items(self, column: ColumnSpec, cells: Sequence[str]) -> tuple[list, list[RowError]]:
+        """Per-row items of an int64 list column (no shape)."""
+        name, delimiter = column.feature_name, column.delimiter
+        valid = _int_list_pattern(delimiter).fullmatch
+        default = None if column.default is None else list(column.default)
+        prefix = _entry_prefix(name)
+        table = _VARINT_TABLE
+        items: list = []
+        errors: list[RowError] = []
+        for row, cell in enumerate(cells):
+            if valid(cell) is None:
+                parsed = _parse_cell(column, cell, _parse_int, default, None)
+                if isinstance(parsed, RowError):
+                    errors.append(dataclasses.replace(parsed, row=row))
+                    items.append(None)
+                else:
+                    items.append(feature_entry(name, "int64", parsed))
+                continue
+            values = list(map(int, cell.split(delimiter)))
+            if min(values) < -(2**63) or max(values) >= 2**63:
+                errors.append(RowError(row, "bad_value",
+                                       f"column {column.name!r}: a value does not fit in int64"))
+                items.append(None)
+                continue
+            packed = b"".join([table[v] if 0 <= v < 16384 else _varint(v) for v in values])
+            list_size = len(packed)
+            inner = b"".join((b"\x0a", _varint(list_size), packed))
+            feature = b"".join((b"\x1a", _varint(len(inner)), inner))
+            entry = b"".join((prefix, _varint(len(feature)), feature))
+            items.append(b"".join((b"\x0a", _varint(len(entry)), entry)))
+        return items, errors
+
+    def encode(
+        self, cells: Mapping[str, Sequence[str]], rows: int
+    ) -> tuple[list[bytes | None], list[RowError]]:
         """Framed records for a batch of rows.
 
         Args:
-          cells: column name → the batch's raw cells (at least the kept columns).
+          cells: column name → the batch's raw cells (at least the kept columns),
+            as lists of strings or Arrow string arrays (faster for float columns).
           rows: number of rows in the batch.
 
         Returns:
           Per row its framed record, or ``None`` when the row is bad; and the
           errors, one per bad row (the first column that failed, in schema order).
         """
-        values, errors = self.parse(cells)
         items: dict[str, list] = {}
+        errors: list[RowError] = []
         for column in self.columns:
-            items.update(self._items(column, values[column.name]))
+            column_cells = cells[column.name]
+            fast = None
+            if not column.is_list and column.shape is None and column.type == "float":
+                fast = self._float_items(column, column_cells)
+            if isinstance(column_cells, pa.Array) and fast is None:
+                column_cells = column_cells.to_pylist()
+            if fast is not None:
+                items[column.feature_name], column_errors = fast
+            elif not column.is_list and column.shape is None and column.encoding == "flat":
+                items[column.feature_name], column_errors = self._scalar_items(column, column_cells)
+            elif column.is_list and column.type == "int64" and column.shape is None:
+                items[column.feature_name], column_errors = self._int_list_items(column, column_cells)
+            else:
+                values, column_errors = parse_column(column, column_cells)
+                items.update(self._items(column, values))
+            errors.extend(column_errors)
         ordered = [items[name] for name, _, _ in self._order]
         records: list[bytes | None] = []
+        value, pack_length, pack_crc = google_crc32c.value, _LENGTH.pack, _CRC.pack
         for row_items in zip(*ordered) if ordered else ([()] * rows):
             if None in row_items:
                 records.append(None)
-            else:
-                records.append(frame_record(example_from_entries(row_items)))
+                continue
+            body = b"".join(row_items)
+            size = len(body)
+            example = b"".join((b"\x0a", _SMALL[size] if size < 0x80 else _varint(size), body))
+            length = pack_length(len(example))
+            length_crc, data_crc = value(length), value(example)
+            records.append(b"".join((
+                length,
+                pack_crc((((length_crc >> 15) | (length_crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF),
+                example,
+                pack_crc((((data_crc >> 15) | (data_crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF),
+            )))
         first: dict[int, RowError] = {}
         for error in errors:
             first.setdefault(error.row, error)
         return records, [first[row] for row in sorted(first)]
+
+
+_SMALL = tuple(bytes((i,)) for i in range(128))
+
+
+def _string_item(name: str, cell: str) -> bytes:
+    """``feature_entry(name, 'string', [cell])``, without the general machinery."""
+    value = cell.encode("utf-8")
+    size = len(value)
+    value_head = _SMALL[size] if size < 0x80 else _varint(size)
+    list_size = 1 + len(value_head) + size
+    list_head = _SMALL[list_size] if list_size < 0x80 else _varint(list_size)
+    feature_size = 1 + len(list_head) + list_size
+    feature_head = _SMALL[feature_size] if feature_size < 0x80 else _varint(feature_size)
+    prefix = _entry_prefix(name)
+    entry_size = len(prefix) + len(feature_head) + feature_size
+    entry_head = _SMALL[entry_size] if entry_size < 0x80 else _varint(entry_size)
+    return b"".join((b"\x0a", entry_head, prefix, feature_head, b"\x0a", list_head, b"\x0a",
+                     value_head, value))
+
+
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+_MASK_DELTA = 0xA282EAD8
+
+
+@functools.lru_cache(maxsize=64)
+def _int_list_pattern(delimiter: str) -> re.Pattern:
+    """Cells of ASCII integers separated by ``delimiter`` (spaces around allowed)."""
+    number = r"\s*[+-]?[0-9]+\s*"
+    return re.compile(f"{number}(?:{re.escape(delimiter)}{number})*")
+
+
+def _float_head(name: str) -> bytes:
+    head = _FLOAT_HEADS.get(name)
+    if head is None:
+        head = feature_entry(name, "float32", [0.0])[:-4]
+        _FLOAT_HEADS[name] = head
+    return head
 
 
 _FLOAT_HEADS: dict[str, bytes] = {}
@@ -223,8 +394,4 @@ _FLOAT_HEADS: dict[str, bytes] = {}
 
 def _float_item(name: str, value: float) -> bytes:
     """``feature_entry(name, 'float32', [value])``: a fixed head and 4 bytes."""
-    head = _FLOAT_HEADS.get(name)
-    if head is None:
-        head = feature_entry(name, "float32", [0.0])[:-4]
-        _FLOAT_HEADS[name] = head
-    return head + struct.pack("<f", value)
+    return _float_head(name) + struct.pack("<f", value)

@@ -21,7 +21,7 @@ import gzip
 import hashlib
 import io
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 import google_crc32c
@@ -32,9 +32,12 @@ __all__ = [
     "FileDigest",
     "RecordError",
     "TFRecordWriter",
+    "checkpoints",
     "frame_record",
     "iter_records",
     "masked_crc32c",
+    "digest_stream",
+    "scan_records",
     "scan_stream",
     "shard_suffix",
 ]
@@ -203,7 +206,11 @@ class RecordError(ValueError):
         self.kind = kind
         self.index = index
         self.offset = offset
+        self.detail = detail
         super().__init__(f"record {index} at byte offset {offset}: {detail}")
+
+    def __reduce__(self):  # Crosses process boundaries whole (parallel verification).
+        return RecordError, (self.kind, self.index, self.offset, self.detail)
 
 
 class _HashingReader(io.RawIOBase):
@@ -310,3 +317,75 @@ def scan_stream(source: BinaryIO, compression: str = "none") -> FileDigest:
     hashing.drain()
     crc, sha = hashing.digests()
     return FileDigest(records=records, bytes=hashing.bytes, crc32c=crc, sha256=sha)
+
+
+def scan_records(data: bytes, first_index: int = 0, base_offset: int = 0) -> int:
+    """Checks every record of a block that starts and ends at record boundaries.
+
+    The same checks as ``iter_records`` over bytes already in memory, without
+    copying records out; a shard can be checked in pieces, in parallel, when its
+    record boundaries at a few offsets are known.
+
+    Args:
+      data: whole records, back to back.
+      first_index, base_offset: the first record's index and byte offset in its
+        file, for error messages.
+
+    Returns:
+      The number of records.
+
+    Raises:
+      RecordError: naming the index and file offset of the first faulty record;
+        a block that ends inside a record is ``truncated``.
+    """
+    unpack, value, end = _HEADER.unpack_from, google_crc32c.value, len(data)
+    footer = _FOOTER.unpack_from
+    offset = index = 0
+    try:
+        while offset < end:
+            length, length_crc = unpack(data, offset)
+            crc = value(data[offset:offset + 8])
+            if (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32 != length_crc:
+                raise RecordError("length_crc", first_index + index, base_offset + offset,
+                                  "length CRC mismatch (corrupt length field)")
+            start = offset + 12
+            offset = start + length + 4
+            if offset > end:
+                raise RecordError("truncated", first_index + index, start - 12 + base_offset,
+                                  f"stream ends inside the record: {length + 4} bytes of data "
+                                  f"and CRC expected, {end - start} present")
+            crc = value(data[start:offset - 4])
+            if (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32 != footer(data, offset - 4)[0]:
+                raise RecordError("data_crc", first_index + index, start - 12 + base_offset,
+                                  "data CRC mismatch (corrupt record data)")
+            index += 1
+    except struct.error:  # Fewer than 12 bytes left for a header.
+        raise RecordError("truncated", first_index + index, base_offset + offset,
+                          f"stream ends inside the 12-byte header ({end - offset} bytes)") from None
+    return index
+
+
+def digest_stream(source: BinaryIO) -> tuple[int, str, str]:
+    """``(bytes, crc32c, sha256)`` of a whole stream, read in large blocks."""
+    hashing = _HashingReader(source)
+    hashing.drain()
+    crc, sha = hashing.digests()
+    return hashing.bytes, crc, sha
+
+
+def checkpoints(sizes: Sequence[int], every: int = 16 << 20) -> tuple[tuple[int, int], ...]:
+    """Record boundaries about every ``every`` bytes: ``((offset, index), ...)``.
+
+    ``sizes`` are framed record sizes in file order; the result leaves out the
+    file's start and end. A verifier can check the pieces between boundaries in
+    parallel (see ``scan_records``).
+    """
+    out, total, since = [], 0, 0
+    for index, size in enumerate(sizes, start=1):
+        total += int(size)
+        since += int(size)
+        if since >= every and index < len(sizes):
+            out.append((total, index))
+            since = 0
+    return tuple(out)
+

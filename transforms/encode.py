@@ -21,9 +21,16 @@ import threading
 from schemas.image_example import encode_image_example
 from schemas.images import ImageError, inspect_image
 from schemas.records import DeadLetter, ImageRef
-from schemas.tfrecord import frame_record
+from schemas.tfrecord import frame_record, scan_records
 
-__all__ = ["SMALL_FILE_BYTES", "encode_chunk", "encode_image", "helper_pool", "ready_helper_pool"]
+__all__ = [
+    "SMALL_FILE_BYTES",
+    "encode_chunk",
+    "encode_image",
+    "helper_pool",
+    "ready_helper_pool",
+    "verify_range",
+]
 
 # Below this mean file size, per-file Python work dominates a shard's cost and
 # helper processes pay off; above it the work is reading, hashing and copying,
@@ -56,6 +63,27 @@ def _read(path: str, size: int) -> bytes:
         return data
     finally:
         os.close(fd)
+
+
+def verify_range(path: str, start: int, end: int, first_index: int) -> int:
+    """Checks the records in bytes ``[start, end)`` of a shard; returns their count.
+
+    Raises:
+      RecordError: at the first faulty record (file index and offset).
+    """
+    if "://" in path:
+        from transforms import files  # pylint: disable=import-outside-toplevel
+
+        with files.open_read(path) as stream:
+            stream.seek(start)
+            data = stream.read(end - start)
+    else:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, end - start, start)
+        finally:
+            os.close(fd)
+    return scan_records(data, first_index, start)
 
 
 def _read_errors() -> tuple[type[BaseException], ...]:

@@ -26,7 +26,7 @@ from schemas.config import ConvertConfig
 from schemas.sequence import encode_sequence_example
 from schemas.sharding import assign_shards, choose_num_shards, shard_name
 from schemas.table_schema import TableSchema
-from schemas.tfrecord import TFRecordWriter, frame_record
+from schemas.tfrecord import TFRecordWriter, checkpoints, frame_record
 from transforms import files
 from transforms.tables import TableShardSpec
 
@@ -138,11 +138,13 @@ def plan_sequence_shards(spools: Sequence[SequenceSpool], config: ConvertConfig)
                     segments[-1][3] += 1
                 else:
                     segments.append([path, start, end, 1])
+            shard_sizes = [size for size, shard in zip(sizes, assignment) if shard == index]
             specs.append(TableShardSpec(
                 split, index, num_shards,
                 files.join(config.output, shard_name(split, index, num_shards, config.compression)),
                 tuple(tuple(s) for s in segments),
                 sum(end - start for _, start, end, _ in segments),
+                checkpoints(shard_sizes) if config.compression == "none" else (),
             ))
     return specs
 

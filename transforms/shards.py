@@ -32,10 +32,11 @@ from schemas.tfrecord import (
     FileDigest,
     RecordError,
     TFRecordWriter,
+    digest_stream,
     scan_stream,
 )
 from transforms import files
-from transforms.encode import SMALL_FILE_BYTES, encode_chunk, ready_helper_pool
+from transforms.encode import SMALL_FILE_BYTES, encode_chunk, ready_helper_pool, verify_range
 from transforms.images import DEAD_LETTER_DIR
 
 __all__ = ["PlanShards", "VerifyShards", "WriteShards", "plan_image_shards", "verify_shard"]
@@ -50,6 +51,8 @@ _VARINT_SLACK = 16
 _CHUNK_FILES = 64
 _CHUNK_BYTES = 4 << 20
 _PROGRESS_SECONDS = 10.0
+# Record boundaries are reported about this often, for parallel verification.
+_CHECKPOINT_BYTES = 16 << 20
 
 
 @functools.lru_cache(maxsize=4096)
@@ -224,7 +227,8 @@ class _WriteShardFn(beam.DoFn):
         labels: Counter = Counter()
         dead: list[DeadLetter] = []
         progress = _Progress(spec)
-        done = written = 0
+        done = written = last_checkpoint = 0
+        checkpoints: list[tuple[int, int]] = []
         with files.open_write(spec.path) as sink:
             writer = TFRecordWriter(sink, config.compression)
             pool, workers = self._pool_for(spec)
@@ -243,6 +247,9 @@ class _WriteShardFn(beam.DoFn):
                 writer.write_framed(framed, good)
                 written += len(framed)
                 done += len(chunk)
+                if written - last_checkpoint >= _CHECKPOINT_BYTES and done < spec.refs.count:
+                    checkpoints.append((written, writer.records))
+                    last_checkpoint = written
                 progress.update(done, written)
             digest = writer.close()
         _log.info("Wrote %s: %d records, %.1f MB in %.1f s", spec.path.rsplit("/", 1)[-1],
@@ -268,6 +275,7 @@ class _WriteShardFn(beam.DoFn):
             label_counts=tuple(sorted(labels.items())),
             bad_counts=tuple(sorted(Counter(d.error for d in dead).items())),
             dead_letter_path=dead_path,
+            checkpoints=tuple(checkpoints) if config.compression == "none" else (),
         )
 
 
@@ -282,8 +290,39 @@ class WriteShards(beam.PTransform):
         return specs | "Write" >> beam.ParDo(_WriteShardFn(self._config))
 
 
+def _scan_in_pieces(
+    path: str, expected: FileDigest, boundaries: Sequence[tuple[int, int]],
+    pool: concurrent.futures.Executor,
+) -> FileDigest:
+    """Checks the records between known boundaries in parallel, while this thread
+    reads the whole file once for its size and checksums.
+
+    Raises:
+      RecordError: at the first faulty record, or where a piece does not hold
+        the records its boundaries say.
+    """
+    edges = [(0, 0), *boundaries, (expected.bytes, expected.records)]
+    pieces = [pool.submit(verify_range, path, start, end, index)
+              for (start, index), (end, _) in zip(edges, edges[1:])]
+    with files.open_read(path) as stream:
+        size, crc, sha = digest_stream(stream)
+    records = 0
+    for (start, index), (_, next_index), piece in zip(edges, edges[1:], pieces):
+        count = piece.result()
+        if count != next_index - index:
+            raise RecordError("truncated", index + count, start,
+                              f"{count} records between byte {start} and the next boundary, "
+                              f"{next_index - index} written")
+        records += count
+    return FileDigest(records, size, crc, sha)
+
+
 def verify_shard(
-    path: str, compression: str, expected: FileDigest | None = None
+    path: str,
+    compression: str,
+    expected: FileDigest | None = None,
+    boundaries: Sequence[tuple[int, int]] = (),
+    pool: concurrent.futures.Executor | None = None,
 ) -> tuple[FileDigest | None, str]:
     """Re-reads a shard from where it is stored and checks every record.
 
@@ -291,14 +330,21 @@ def verify_shard(
       path: the shard's path or URI.
       compression: ``none`` or ``gzip``.
       expected: what the file should hold; ``None`` for a CRC scan only.
+      boundaries: ``(offset, index)`` of record boundaries the writer reported;
+        with ``pool``, the pieces between them are checked in parallel
+        (uncompressed shards only). A wrong boundary fails the check.
+      pool: where to check pieces (helper processes).
 
     Returns:
       ``(digest, error)``: the digest read back (``None`` if the file could not
       be read) and ``''`` when everything matched, else what did not.
     """
     try:
-        with files.open_read(path) as stream:
-            digest = scan_stream(stream, compression)
+        if boundaries and pool is not None and compression == "none" and expected is not None:
+            digest = _scan_in_pieces(path, expected, boundaries, pool)
+        else:
+            with files.open_read(path) as stream:
+                digest = scan_stream(stream, compression)
     except RecordError as err:
         return None, str(err)
     except (OSError, EOFError, BeamIOError) as err:
@@ -321,8 +367,9 @@ class _VerifyShardFn(beam.DoFn):
     checks finish, and all of them by the end of the bundle.
     """
 
-    def __init__(self, compression: str):
-        self._compression = compression
+    def __init__(self, config: ConvertConfig):
+        self._compression = config.compression
+        self._processes = config.encode_processes
         self._pool = None
         self._pending: list[concurrent.futures.Future] = []
 
@@ -340,7 +387,11 @@ class _VerifyShardFn(beam.DoFn):
     def _verify(self, result: ShardResult) -> ShardResult:
         expected = FileDigest(result.records, result.bytes, result.crc32c, result.sha256)
         start = time.monotonic()
-        _, error = verify_shard(result.path, self._compression, expected)
+        many_small = result.records and result.bytes < SMALL_FILE_BYTES * result.records
+        helpers = None
+        if result.checkpoints and many_small and self._processes > 0:
+            helpers = ready_helper_pool(self._processes)  # Per-record checks dominate: split them.
+        _, error = verify_shard(result.path, self._compression, expected, result.checkpoints, helpers)
         _log.info("Verified %s in %.1f s: %s", result.path.rsplit("/", 1)[-1],
                   time.monotonic() - start, error or "every record and checksum matches")
         return dataclasses.replace(result, verified=not error, verify_error=error)
@@ -371,4 +422,4 @@ class VerifyShards(beam.PTransform):
         self._config = config
 
     def expand(self, results):
-        return results | "ReRead" >> beam.ParDo(_VerifyShardFn(self._config.compression))
+        return results | "ReRead" >> beam.ParDo(_VerifyShardFn(self._config))

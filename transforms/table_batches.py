@@ -119,11 +119,19 @@ def _row_splits(task: TableTask, batch: pa.RecordBatch, cells: dict) -> list[str
     return [DEFAULT_SPLIT] * rows
 
 
-def _cells(task: TableTask, batch: pa.RecordBatch) -> dict[str, list[str]]:
-    needed = {c.name for c in task.schema.kept} | {
-        c for c in (task.split_column, task.key_column, task.sequence_key, task.sequence_order) if c
-    }
-    return {name: batch.column(name).to_pylist() for name in needed}
+def _cells(task: TableTask, batch: pa.RecordBatch, arrow_floats: bool = False) -> dict:
+    """Column name → cells as a list of strings; with ``arrow_floats``, one-value
+    float columns stay Arrow arrays (the encoder parses those in one call)."""
+    keys = {c for c in (task.split_column, task.key_column, task.sequence_key, task.sequence_order) if c}
+    cells = {name: batch.column(name).to_pylist() for name in keys}
+    for column in task.schema.kept:
+        if column.name in cells:
+            continue
+        vectorized = arrow_floats and column.type == "float" and not column.is_list \
+            and column.shape is None
+        array = batch.column(column.name)
+        cells[column.name] = array if vectorized else array.to_pylist()
+    return cells
 
 
 def _blank_rows(batch: pa.RecordBatch) -> np.ndarray:
@@ -185,7 +193,7 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
     task, encoder = _encoder(task_bytes)
     rows = batch.num_rows
     blank = _blank_rows(batch)
-    cells = _cells(task, batch)
+    cells = _cells(task, batch, arrow_floats=True)
     records, row_errors = encoder.encode(cells, rows)
     splits = _row_splits(task, batch, cells)
     status = np.full(rows, BAD, dtype=np.int16)

@@ -34,7 +34,7 @@ from schemas.records import DeadLetter, InputSummary, ShardResult
 from schemas.sharding import choose_num_shards, shard_name
 from schemas.table_encode import RowEncoder
 from schemas.table_schema import TableSchema
-from schemas.tfrecord import TFRecordWriter
+from schemas.tfrecord import TFRecordWriter, checkpoints
 from transforms import files
 from transforms.encode import ready_helper_pool
 from transforms.images import DEAD_LETTER_DIR
@@ -400,6 +400,7 @@ class TableShardSpec:
     path: str
     segments: tuple[tuple[str, int, int, int], ...]
     planned_bytes: int
+    checkpoints: tuple[tuple[int, int], ...] = ()
 
 
 def plan_table_shards(infos: Sequence[SpoolInfo], config: ConvertConfig) -> list[TableShardSpec]:
@@ -431,6 +432,7 @@ def plan_table_shards(infos: Sequence[SpoolInfo], config: ConvertConfig) -> list
                 split, index, num_shards,
                 files.join(config.output, shard_name(split, index, num_shards, config.compression)),
                 tuple(segments), int(sizes[members].sum()),
+                checkpoints(sizes[members]) if config.compression == "none" else (),
             ))
     return specs
 
@@ -525,7 +527,7 @@ class _CopyShardFn(beam.DoFn):
         yield ShardResult(
             split=spec.split, index=spec.index, num_shards=spec.num_shards, path=spec.path,
             records=digest.records, bytes=digest.bytes, crc32c=digest.crc32c,
-            sha256=digest.sha256, planned_bytes=spec.planned_bytes,
+            sha256=digest.sha256, planned_bytes=spec.planned_bytes, checkpoints=spec.checkpoints,
         )
 
 
