@@ -268,29 +268,33 @@ class RowEncoder:
         default = None if column.default is None else list(column.default)
         prefix = _entry_prefix(name)
         table = _VARINT_TABLE
+        memo: dict[str, bytes | RowError] = {}
+        use_memo = True
         items: list = []
         errors: list[RowError] = []
         for row, cell in enumerate(cells):
-            if valid(cell) is None:
-                parsed = _parse_cell(column, cell, _parse_int, default, None)
-                if isinstance(parsed, RowError):
-                    errors.append(dataclasses.replace(parsed, row=row))
-                    items.append(None)
+            item = memo.get(cell) if use_memo else None
+            if item is None:
+                values = list(map(int, cell.split(delimiter))) if valid(cell) else None
+                if values is None or (len(cell) > 18 and (min(values) < -(2**63) or max(values) >= 2**63)):
+                    parsed = _parse_cell(column, cell, _parse_int, default, None)
+                    item = parsed if isinstance(parsed, RowError) else feature_entry(name, "int64", parsed)
                 else:
-                    items.append(feature_entry(name, "int64", parsed))
-                continue
-            values = list(map(int, cell.split(delimiter)))
-            if min(values) < -(2**63) or max(values) >= 2**63:
-                errors.append(RowError(row, "bad_value",
-                                       f"column {column.name!r}: a value does not fit in int64"))
+                    packed = b"".join([table[v] if 0 <= v < 16384 else _varint(v) for v in values])
+                    inner = b"".join((b"\x0a", _varint(len(packed)), packed))
+                    feature = b"".join((b"\x1a", _varint(len(inner)), inner))
+                    entry = b"".join((prefix, _varint(len(feature)), feature))
+                    item = b"".join((b"\x0a", _varint(len(entry)), entry))
+                if use_memo:
+                    memo[cell] = item
+                    if row == 1023 and len(memo) > 256:
+                        use_memo = False
+                        memo.clear()
+            if isinstance(item, RowError):
+                errors.append(dataclasses.replace(item, row=row))
                 items.append(None)
-                continue
-            packed = b"".join([table[v] if 0 <= v < 16384 else _varint(v) for v in values])
-            list_size = len(packed)
-            inner = b"".join((b"\x0a", _varint(list_size), packed))
-            feature = b"".join((b"\x1a", _varint(len(inner)), inner))
-            entry = b"".join((prefix, _varint(len(feature)), feature))
-            items.append(b"".join((b"\x0a", _varint(len(entry)), entry)))
+            else:
+                items.append(item)
         return items, errors
 
     def encode(

@@ -195,6 +195,21 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
     blank = _blank_rows(batch)
     cells = _cells(task, batch, arrow_floats=True)
     records, row_errors = encoder.encode(cells, rows)
+    if not task.split_column and not task.splits:
+        # One split: the rows' records in order, less the blank and bad ones.
+        status = np.zeros(rows, dtype=np.int16)
+        errors = [(e.row, e.reason, e.message) for e in row_errors if not blank[e.row]]
+        for row, _, _ in errors:
+            status[row] = BAD
+            records[row] = None
+        for row in np.nonzero(blank)[0]:
+            status[row] = BLANK
+            records[row] = None
+        kept = [r for r in records if r is not None]
+        if not kept:
+            return EncodedBatch(status, [], [], [], errors)
+        return EncodedBatch(status, [DEFAULT_SPLIT], [b"".join(kept)],
+                            [np.fromiter(map(len, kept), dtype=np.int64, count=len(kept))], errors)
     splits = _row_splits(task, batch, cells)
     status = np.full(rows, BAD, dtype=np.int16)
     errors = {e.row: (e.row, e.reason, e.message) for e in row_errors}
