@@ -68,6 +68,8 @@ class EncodedBatch:
       errors: ``(row, reason, message)`` for every ``BAD`` row.
       groups: sequence mode only: sequence key → rows of this batch, each
         ``(order, row, split, values)`` with ``values`` per kept column.
+      newlines: per row, the line breaks inside its quoted cells (so the reader
+        can number lines).
     """
 
     status: np.ndarray
@@ -76,6 +78,7 @@ class EncodedBatch:
     sizes: list[np.ndarray]
     errors: list[tuple[int, str, str]]
     groups: dict[str, list] = dataclasses.field(default_factory=dict)
+    newlines: np.ndarray | None = None
 
 
 def row_split_fraction(key: str) -> float:
@@ -141,6 +144,13 @@ def _blank_rows(batch: pa.RecordBatch) -> np.ndarray:
     return blank
 
 
+def _newlines(batch: pa.RecordBatch) -> np.ndarray:
+    counts = np.zeros(batch.num_rows, dtype=np.int64)
+    for column in batch.columns:
+        counts += pc.count_substring(column, "\n").to_numpy(zero_copy_only=False)
+    return counts
+
+
 def order_key(cell: str) -> tuple:
     """How ``--sequence_order`` sorts: numbers numerically, before other text."""
     try:
@@ -179,7 +189,8 @@ def sequence_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBat
             (order, row, splits[row], tuple(values[name][row] for name in kept))
         )
         status[row] = 0
-    return EncodedBatch(status, [], [], [], [errors[row] for row in sorted(errors)], groups)
+    return EncodedBatch(status, [], [], [], [errors[row] for row in sorted(errors)], groups,
+                        _newlines(batch))
 
 
 def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch:
@@ -207,9 +218,10 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
             records[row] = None
         kept = [r for r in records if r is not None]
         if not kept:
-            return EncodedBatch(status, [], [], [], errors)
+            return EncodedBatch(status, [], [], [], errors, newlines=_newlines(batch))
         return EncodedBatch(status, [DEFAULT_SPLIT], [b"".join(kept)],
-                            [np.fromiter(map(len, kept), dtype=np.int64, count=len(kept))], errors)
+                            [np.fromiter(map(len, kept), dtype=np.int64, count=len(kept))], errors,
+                            newlines=_newlines(batch))
     splits = _row_splits(task, batch, cells)
     status = np.full(rows, BAD, dtype=np.int16)
     errors = {e.row: (e.row, e.reason, e.message) for e in row_errors}
@@ -242,4 +254,5 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
         blobs=[b"".join(p) for p in parts],
         sizes=[np.fromiter(map(len, p), dtype=np.int64, count=len(p)) for p in parts],
         errors=[errors[row] for row in sorted(errors)],
+        newlines=_newlines(batch),
     )

@@ -26,7 +26,6 @@ from collections.abc import Iterator, Sequence
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from schemas.config import ConvertConfig
@@ -220,30 +219,23 @@ class _EncodeCsvFn(beam.DoFn):
         """``(batch, embedded newlines per row, encoded)``, in order, encoded in helper
         processes when the config allows (the reader stays a batch or two ahead)."""
 
-        def prepared():
-            for batch in reader:
-                newlines = np.zeros(batch.num_rows, dtype=np.int64)
-                for column in batch.columns:
-                    newlines += pc.count_substring(column, "\n").to_numpy(zero_copy_only=False)
-                yield batch, newlines
-
         encode = sequence_table_batch if self._config.sequence_key else encode_table_batch
         processes = self._config.encode_processes
         pool = ready_helper_pool(processes) if processes > 0 else None
         if pool is None:
-            for batch, newlines in prepared():
-                yield batch, newlines, encode(task_bytes, batch)
+            for batch in reader:
+                encoded = encode(task_bytes, batch)
+                yield batch, encoded.newlines, encoded
             return
-        items = prepared()
         pending: collections.deque = collections.deque()
-        for batch, newlines in itertools.islice(items, processes + 1):
-            pending.append((batch, newlines, pool.submit(encode, task_bytes, batch)))
+        for batch in itertools.islice(reader, processes + 1):
+            pending.append((batch, pool.submit(encode, task_bytes, batch)))
         while pending:
-            batch, newlines, future = pending.popleft()
-            for next_batch, next_newlines in itertools.islice(items, 1):
-                pending.append((next_batch, next_newlines,
-                                pool.submit(encode, task_bytes, next_batch)))
-            yield batch, newlines, future.result()
+            batch, future = pending.popleft()
+            for next_batch in itertools.islice(reader, 1):
+                pending.append((next_batch, pool.submit(encode, task_bytes, next_batch)))
+            encoded = future.result()
+            yield batch, encoded.newlines, encoded
 
     def process(self, element: tuple[int, str, int]) -> Iterator[SpoolInfo]:
         file_index, path, size = element
@@ -262,7 +254,7 @@ class _EncodeCsvFn(beam.DoFn):
             return "skip"
 
         dead: list[DeadLetter] = []
-        sinks: dict[str, tuple] = {}  # split → (stream, writer, record sizes, spool path)
+        sinks: dict[str, tuple] = {}  # split → (stream, record sizes, spool path)
         rows_in = blank = 0
         try:
             counting = _QuoteCounter(files.open_read(path), config.csv_quote)
@@ -312,9 +304,9 @@ class _EncodeCsvFn(beam.DoFn):
                     if split not in sinks:
                         spool = files.join(self._spool_dir, f"{file_index:05d}-{split}.spool")
                         stream = files.open_write(spool)
-                        sinks[split] = (stream, TFRecordWriter(stream), [], spool)
-                    _, writer, all_sizes, _ = sinks[split]
-                    writer.write_framed(blob, len(sizes))
+                        sinks[split] = (stream, [], spool)
+                    stream, all_sizes, _ = sinks[split]
+                    stream.write(blob)  # Already framed; the shard's copy is what gets digested.
                     all_sizes.append(sizes)
             for line, text in tracker.rest():
                 dead.extend(self._invalid_rows(path, [(line, text)], len(header)))
@@ -323,8 +315,7 @@ class _EncodeCsvFn(beam.DoFn):
             dead.append(DeadLetter(f"{path}:{tracker.next_line}", "read", "unreadable",
                                    f"the CSV cannot be read from here on: {err}"))
         finally:
-            for stream, writer, _, _ in sinks.values():
-                writer.close()
+            for stream, _, _ in sinks.values():
                 stream.close()
         dead_path = ""
         if dead:
@@ -339,7 +330,7 @@ class _EncodeCsvFn(beam.DoFn):
                   len(dead), blank, time.monotonic() - start)
         infos = [
             SpoolInfo(split, file_index, spool, np.concatenate(sizes).astype("<i8").tobytes())
-            for split, (_, _, sizes, spool) in sorted(sinks.items())
+            for split, (_, sizes, spool) in sorted(sinks.items())
         ]
         totals = dict(rows_in=rows_in, dead=len(dead), blank=blank, bad_counts=bad,
                       dead_letter_path=dead_path, source_bytes=size)
