@@ -46,7 +46,7 @@ setuptools.setup(
     description="Apache Beam pipeline: images and CSV to verified, size-banded TFRecord shards.",
     python_requires=">=3.10",
     packages=setuptools.find_packages(include=["beam_pipeline*", "transforms*", "schemas*"]),
-    package_data={"schemas": ["proto/*.proto"]},
+    package_data={"schemas": ["proto/*.proto", "examples/*.yaml"]},
     install_requires=REQUIRED,
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["beam-tfrecords=beam_pipeline.cli:main"]},

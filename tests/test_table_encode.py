@@ -64,3 +64,15 @@ def test_bad_cells_fall_back_and_name_the_row():
     assert [r is not None for r in records] == [True, False, False, False, False]
     assert [(e.row, e.reason) for e in errors] == [
         (1, "bad_value"), (2, "missing_required"), (3, "bad_value"), (4, "bad_value")]
+
+
+@pytest.mark.parametrize("name", ["tutorial", "sensors", "shaped"])
+def test_shipped_example_schemas_load(name):
+    import os  # pylint: disable=import-outside-toplevel
+
+    import schemas  # pylint: disable=import-outside-toplevel
+
+    path = os.path.join(os.path.dirname(schemas.__file__), "examples", f"{name}.yaml")
+    with open(path, encoding="utf-8") as f:
+        schema = load_schema(f.read(), path)
+    assert schema.kept
