@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 import google_crc32c
+import numpy as np
 
 __all__ = [
     "COMPRESSIONS",
@@ -380,12 +381,11 @@ def checkpoints(sizes: Sequence[int], every: int = 16 << 20) -> tuple[tuple[int,
     file's start and end. A verifier can check the pieces between boundaries in
     parallel (see ``scan_records``).
     """
-    out, total, since = [], 0, 0
-    for index, size in enumerate(sizes, start=1):
-        total += int(size)
-        since += int(size)
-        if since >= every and index < len(sizes):
-            out.append((total, index))
-            since = 0
-    return tuple(out)
-
+    ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
+    if len(ends) < 2:
+        return ()
+    # The first record boundary at or after each multiple of ``every``.
+    targets = np.arange(every, int(ends[-1]), every)
+    after = np.unique(np.searchsorted(ends, targets))
+    after = after[after < len(ends) - 1]
+    return tuple((int(ends[i]), int(i) + 1) for i in after)
