@@ -24,6 +24,7 @@ from schemas.layouts import parse_labels_text, resolve_input
 from schemas.manifest import MANIFEST_NAME
 from schemas.table_schema import TableSchema, infer_schema, load_schema
 from transforms import files
+from transforms.encode import helper_pool
 from transforms.images import DEAD_LETTER_DIR, ListImages
 from transforms.manifest import REPORT_NAME, WriteManifest
 from transforms.sequences import BuildSequences, PlanSequenceShards
@@ -279,6 +280,8 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = ()) -> ConvertResu
     schema = table_schema(config) if config.layout == "table" else None
     prepare_output(config)
     pipeline = build_pipeline(config, options, schema)
+    if config.layout == "table" and config.encode_processes > 0:
+        helper_pool(config.encode_processes)  # Starts them now, while the runner starts.
     pipeline.run().wait_until_finish()
     report_path = files.join(config.output, REPORT_NAME)
     if not files.exists(report_path):
