@@ -159,35 +159,48 @@ class RowEncoder:
                 names.append((f"{column.feature_name}/shape", column.name, "shape"))
         self._order = sorted(names)
 
-    def _scalar_items(self, column: ColumnSpec, cells: Sequence[str]) -> tuple[list, list[RowError]]:
-        """Per-row items of a one-value column, straight from the cells.
+    @staticmethod
+    def _scalar_item(column: ColumnSpec, cell: str) -> bytes | RowError:
+        """The serialized item of one cell of a one-value column, or why it has none."""
+        name, kind = column.feature_name, column.type
+        if cell == "" or (kind != "string" and not cell.strip()):
+            default = None if column.default is None else [column.default]
+            parsed = _parse_cell(column, cell, _PARSERS[kind], default, None)
+            return parsed if isinstance(parsed, RowError) else feature_entry(name, column.dtype, parsed)
+        if kind == "string":
+            return _string_item(name, cell)
+        try:
+            value = _PARSERS[kind](cell)
+        except ValueError as err:
+            return RowError(0, "bad_value", f"column {column.name!r} ({kind}): {err}")
+        return _float_item(name, value) if kind == "float" else feature_entry(name, column.dtype, (value,))
 
-        Equal cells are encoded once while the column looks categorical; a column
-        of mostly distinct values (scores, free text) stops paying for the memo.
+    def _scalar_items(self, column: ColumnSpec, cells) -> tuple[list, list[RowError]]:
+        """Per-row items of a one-value column: each distinct cell encoded once.
+
+        Arrow finds the distinct cells (``dictionary_encode``); rows then pick
+        their item by index. Plain lists are memoised while they look categorical.
         """
-        name, dtype, kind = column.feature_name, column.dtype, column.type
-        parse = _PARSERS[kind]
-        default = None if column.default is None else [column.default]
-        memo: dict[str, bytes | RowError] = {}
-        use_memo = True
         items: list = []
         errors: list[RowError] = []
+        if isinstance(cells, pa.Array):
+            encoded = pc.dictionary_encode(cells)
+            distinct = [self._scalar_item(column, c) for c in encoded.dictionary.to_pylist()]
+            indices = encoded.indices.to_numpy(zero_copy_only=False)
+            items = [distinct[i] for i in indices.tolist()]
+            for k, item in enumerate(distinct):
+                if isinstance(item, RowError):
+                    for row in np.nonzero(indices == k)[0].tolist():
+                        errors.append(dataclasses.replace(item, row=row))
+                        items[row] = None
+            errors.sort(key=lambda e: e.row)
+            return items, errors
+        memo: dict[str, bytes | RowError] = {}
+        use_memo = True
         for row, cell in enumerate(cells):
             item = memo.get(cell) if use_memo else None
             if item is None:
-                if cell == "" or (kind != "string" and not cell.strip()):
-                    parsed = _parse_cell(column, cell, parse, default, None)
-                    item = parsed if isinstance(parsed, RowError) else feature_entry(name, dtype, parsed)
-                elif kind == "string":
-                    item = _string_item(name, cell)
-                else:
-                    try:
-                        value = parse(cell)
-                    except ValueError as err:
-                        item = RowError(0, "bad_value", f"column {column.name!r} ({kind}): {err}")
-                    else:
-                        item = _float_item(name, value) if kind == "float" else \
-                            feature_entry(name, dtype, (value,))
+                item = self._scalar_item(column, cell)
                 if use_memo:
                     memo[cell] = item
                     if row == 1023 and len(memo) > 256:
@@ -366,17 +379,18 @@ class RowEncoder:
                 fast = self._float_items(column, column_cells)
             elif column.is_list and column.shape is None and column.type == "int64":
                 fast = self._arrow_int_list_items(column, column_cells)
-            if isinstance(column_cells, pa.Array) and fast is None:
-                column_cells = column_cells.to_pylist()
             if fast is not None:
                 items[column.feature_name], column_errors = fast
             elif not column.is_list and column.shape is None and column.encoding == "flat":
                 items[column.feature_name], column_errors = self._scalar_items(column, column_cells)
-            elif column.is_list and column.type == "int64" and column.shape is None:
-                items[column.feature_name], column_errors = self._int_list_items(column, column_cells)
             else:
-                values, column_errors = parse_column(column, column_cells)
-                items.update(self._items(column, values))
+                if isinstance(column_cells, pa.Array):
+                    column_cells = column_cells.to_pylist()
+                if column.is_list and column.type == "int64" and column.shape is None:
+                    items[column.feature_name], column_errors = self._int_list_items(column, column_cells)
+                else:
+                    values, column_errors = parse_column(column, column_cells)
+                    items.update(self._items(column, values))
             errors.extend(column_errors)
         ordered = [items[name] for name, _, _ in self._order]
         records: list[bytes | None] = []
@@ -385,9 +399,8 @@ class RowEncoder:
             if None in row_items:
                 records.append(None)
                 continue
-            body = b"".join(row_items)
-            size = len(body)
-            example = b"".join((b"\x0a", _SMALL[size] if size < 0x80 else _varint(size), body))
+            size = sum(map(len, row_items))
+            example = b"".join((b"\x0a", _SMALL[size] if size < 0x80 else _varint(size), *row_items))
             length = pack_length(len(example))
             length_crc, data_crc = value(length), value(example)
             records.append(b"".join((

@@ -100,3 +100,19 @@ def test_arrow_int_lists_match_the_reference():
     arrow, _ = encoder.encode({"ids": pa.array(big), "more": pa.array(["1"] * 3)}, 3)
     lists, _ = encoder.encode({"ids": big, "more": ["1"] * 3}, 3)
     assert arrow == lists
+
+
+def test_arrow_scalar_columns_match_lists_including_errors():
+    schema = TableSchema.from_dict({"columns": [
+        {"name": "n", "type": "int64", "required": True},
+        {"name": "s", "type": "string"},
+        {"name": "b", "type": "bool", "default": False},
+    ]})
+    cells = {"n": ["1", "x", "1", "", "2"], "s": ["a", "", "a", "b", "c"], "b": ["yes", "", "no", "maybe", "1"]}
+    encoder = RowEncoder(schema, list(cells))
+    by_lists = encoder.encode(cells, 5)
+    by_arrow = encoder.encode({k: pa.array(v) for k, v in cells.items()}, 5)
+    assert by_arrow == by_lists
+    records, errors = by_arrow
+    assert [r is not None for r in records] == [True, False, True, False, True]
+    assert [(e.row, e.reason) for e in errors] == [(1, "bad_value"), (3, "missing_required")]

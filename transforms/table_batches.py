@@ -124,16 +124,15 @@ def _row_splits(task: TableTask, batch: pa.RecordBatch, cells: dict) -> list[str
 
 def _cells(task: TableTask, batch: pa.RecordBatch, arrow_floats: bool = False) -> dict:
     """Column name → cells as a list of strings; with ``arrow_floats``, one-value
-    float columns and int64 list columns stay Arrow arrays (the encoder parses
-    those in a few calls)."""
+    columns and int64 list columns stay Arrow arrays (the encoder parses those in
+    a few calls)."""
     keys = {c for c in (task.split_column, task.key_column, task.sequence_key, task.sequence_order) if c}
     cells = {name: batch.column(name).to_pylist() for name in keys}
     for column in task.schema.kept:
         if column.name in cells:
             continue
-        vectorized = arrow_floats and column.shape is None and (
-            (column.type == "float" and not column.is_list)
-            or (column.type == "int64" and column.is_list)
+        vectorized = arrow_floats and column.shape is None and column.encoding == "flat" and (
+            not column.is_list or column.type == "int64"
         )
         array = batch.column(column.name)
         cells[column.name] = array if vectorized else array.to_pylist()
