@@ -281,7 +281,8 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = ()) -> ConvertResu
     prepare_output(config)
     pipeline = build_pipeline(config, options, schema)
     if config.layout == "table" and config.encode_processes > 0:
-        helper_pool(config.encode_processes)  # Starts them now, while the runner starts.
+        # Start them, and their imports, now, while the runner starts.
+        helper_pool(config.encode_processes, preload=("transforms.table_batches",))
     pipeline.run().wait_until_finish()
     report_path = files.join(config.output, REPORT_NAME)
     if not files.exists(report_path):

@@ -143,12 +143,21 @@ def _stand_in_main():
         sys.modules["__main__"] = real
 
 
-def helper_pool(processes: int) -> concurrent.futures.ProcessPoolExecutor | None:
+def _preload(modules: tuple[str, ...]) -> None:
+    """Runs in a new helper: imports what its tasks will need, ahead of them."""
+    for module in modules:
+        importlib.import_module(module)
+
+
+def helper_pool(
+    processes: int, preload: tuple[str, ...] = ("transforms.encode",)
+) -> concurrent.futures.ProcessPoolExecutor | None:
     """The process-wide pool of helper processes, started on first call.
 
     One pool serves every shard writer in the process. Its processes are spawned
     (not forked: the runner has threads) and start at once, so calling this as
-    soon as small files are known to be coming hides their start-up.
+    soon as small files are known to be coming hides their start-up. Each
+    helper first imports ``preload``.
 
     Returns:
       The pool, or ``None`` when helper processes could not start before (see
@@ -168,7 +177,7 @@ def helper_pool(processes: int) -> concurrent.futures.ProcessPoolExecutor | None
             _warmups.clear()
             # Each submit spawns one process, now, with an empty stand-in main module.
             with _stand_in_main():
-                _warmups.extend(_pool.submit(int) for _ in range(processes))
+                _warmups.extend(_pool.submit(_preload, preload) for _ in range(processes))
         return _pool
 
 

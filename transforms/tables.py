@@ -371,10 +371,11 @@ class EncodeTables(beam.PTransform):
         """Returns a ``DoOutputsTuple``: ``.infos`` (``SpoolInfo``), and with
         ``--sequence_key`` also ``.rows`` (rows grouped by key within a batch)."""
         inputs = [(i, path, size) for i, (path, size) in enumerate(table_files(self._config))]
+        files_in = pbegin | "Files" >> beam.Create(inputs)
+        if len(inputs) > 1:  # Spread the files over workers; one file needs no shuffle.
+            files_in = files_in | "Spread" >> beam.Reshuffle()
         return (
-            pbegin
-            | "Files" >> beam.Create(inputs)
-            | "Spread" >> beam.Reshuffle()
+            files_in
             | "EncodeRows" >> beam.ParDo(
                 _EncodeCsvFn(self._config, self._schema, self._spool_dir)
             ).with_outputs(ROWS_TAG, main="infos")
