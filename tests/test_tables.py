@@ -261,3 +261,14 @@ def test_sequence_examples_round_trip(tmp_path):
     assert manifest["input"]["rows"]["accounted"] is True
     assert sorted(d["error"] for d in _dead(out)) == ["bad_value", "missing_sequence_key"]
     assert not os.listdir(os.path.join(out, "_spool"))
+
+
+def test_tsv_defaults_to_tabs_and_encoding_is_honoured(tmp_path):
+    src, out = tmp_path / "in" / "t.tsv", str(tmp_path / "out")
+    src.parent.mkdir()
+    src.write_bytes("name\tcity\nZoë\tSão Paulo, BR\n".encode("latin-1"))
+    assert main(["convert", "--input", str(src), "--encoding", "latin-1", "--output", out]) == 0
+    (record,) = _records(out)
+    assert record == {"name": ["Zoë".encode()], "city": ["São Paulo, BR".encode()]}
+    assert load_manifest(out)["schema"]["columns"][0] == {"name": "name", "type": "string",
+                                                          "required": True}
