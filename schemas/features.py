@@ -16,6 +16,7 @@ from schemas.proto import example_pb2
 __all__ = [
     "DTYPES",
     "FeatureSpec",
+    "bytes_entry_parts",
     "bytes_feature",
     "encode_example",
     "example_from_entries",
@@ -155,6 +156,27 @@ def _scalar_entry(name: str, dtype: str, value) -> bytes:
     return feature_entry(name, dtype, (value,))
 
 
+def bytes_entry_parts(name: str, value: bytes | str) -> tuple[tuple[bytes, ...], int]:
+    """``feature_entry(name, 'string', [value])`` as pieces, and their total size.
+
+    For one large value (an image): the lengths are worked out, the value is
+    not copied; joining the pieces with the rest of the record copies it once.
+    """
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    size = len(value)
+    value_head = _SMALL_VARINTS[size] if size < 0x80 else _varint(size)
+    list_size = 1 + len(value_head) + size
+    list_head = _SMALL_VARINTS[list_size] if list_size < 0x80 else _varint(list_size)
+    feature_size = 1 + len(list_head) + list_size
+    feature_head = _varint(feature_size)
+    prefix = _entry_prefix(name)
+    entry_size = len(prefix) + len(feature_head) + feature_size
+    entry_head = _varint(entry_size)
+    parts = (b"\x0a", entry_head, prefix, feature_head, b"\x0a", list_head, b"\x0a", value_head, value)
+    return parts, 1 + len(entry_head) + entry_size
+
+
 def encode_example(features: Iterable[tuple[str, str, Sequence]]) -> bytes:
     """Serializes an Example straight from values, without building messages.
 
@@ -176,21 +198,9 @@ def encode_example(features: Iterable[tuple[str, str, Sequence]]) -> bytes:
                 parts.append(entry)
                 body += len(entry)
                 continue
-            if isinstance(value, str):
-                value = value.encode("utf-8")
-            # One bytes value (an image, a file name): four lengths, one copy at the end.
-            size = len(value)
-            value_head = _SMALL_VARINTS[size] if size < 0x80 else _varint(size)
-            list_size = 1 + len(value_head) + size
-            list_head = _SMALL_VARINTS[list_size] if list_size < 0x80 else _varint(list_size)
-            feature_size = 1 + len(list_head) + list_size
-            feature_head = _varint(feature_size)
-            prefix = _entry_prefix(name)
-            entry_size = len(prefix) + len(feature_head) + feature_size
-            entry_head = _varint(entry_size)
-            parts += (b"\x0a", entry_head, prefix, feature_head, b"\x0a", list_head, b"\x0a",
-                      value_head, value)
-            body += 1 + len(entry_head) + entry_size
+            entry_parts, size = bytes_entry_parts(name, value)
+            parts += entry_parts
+            body += size
             continue
         if dtype not in _LIST_TAGS:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")

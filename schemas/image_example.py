@@ -9,7 +9,15 @@ from __future__ import annotations
 import functools
 import hashlib
 
-from schemas.features import FeatureSpec, encode_example, varint_size
+from schemas.features import (
+    FeatureSpec,
+    _scalar_entry,
+    _varint,
+    bytes_entry_parts,
+    encode_example,
+    feature_entry,
+    varint_size,
+)
 from schemas.images import ImageInfo
 
 __all__ = ["IMAGE_FEATURE_SPEC", "encode_image_example", "image_example_size", "image_feature_spec"]
@@ -37,6 +45,10 @@ def image_feature_spec(extra_features: dict[str, str] | None = None) -> FeatureS
     return FeatureSpec(entries)
 
 
+def _text_entry(name: str, text: str) -> bytes:
+    return _scalar_entry(name, "string", text) if len(text) <= 32 else feature_entry(name, "string", [text])
+
+
 def encode_image_example(
     encoded: bytes,
     info: ImageInfo,
@@ -58,6 +70,23 @@ def encode_image_example(
     Returns:
       The deterministic serialization of the Example.
     """
+    digest = hashlib.sha256(encoded).hexdigest()
+    if not extra:
+        # The usual record: nine features whose name order is fixed (see _ORDER).
+        image_parts, image_size = bytes_entry_parts("image/encoded", encoded)
+        name_parts, name_size = bytes_entry_parts("image/filename", filename)
+        key_parts, key_size = bytes_entry_parts("image/key/sha256", digest)
+        before = b"".join((
+            _scalar_entry("image/channels", "int64", info.channels),
+            _scalar_entry("image/class/label", "int64", label),
+            _text_entry("image/class/text", label_text),
+        ))
+        middle = b"".join((_scalar_entry("image/format", "string", info.format),
+                           _scalar_entry("image/height", "int64", info.height)))
+        after = _scalar_entry("image/width", "int64", info.width)
+        body = len(before) + image_size + name_size + len(middle) + key_size + len(after)
+        return b"".join((b"\x0a", _varint(body), before, *image_parts, *name_parts, middle,
+                         *key_parts, after))
     features = [
         ("image/encoded", "string", (encoded,)),
         ("image/format", "string", (info.format,)),
@@ -67,7 +96,7 @@ def encode_image_example(
         ("image/class/label", "int64", (label,)),
         ("image/class/text", "string", (label_text,)),
         ("image/filename", "string", (filename,)),
-        ("image/key/sha256", "string", (hashlib.sha256(encoded).hexdigest(),)),
+        ("image/key/sha256", "string", (digest,)),
     ]
     features.extend((name, dtype, (value,)) for name, dtype, value in extra)
     return encode_example(features)

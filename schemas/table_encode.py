@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.features import _VARINT_TABLE, _entry_prefix, _varint, feature_entry
+from schemas.features import _VARINT_TABLE, _entry_prefix, _varint, bytes_entry_parts, feature_entry
 from schemas.table_schema import ColumnSpec, TableSchema, parse_bool
 from schemas.tensors import encode_tensor
 
@@ -420,18 +420,7 @@ _SMALL = tuple(bytes((i,)) for i in range(128))
 
 def _string_item(name: str, cell: str) -> bytes:
     """``feature_entry(name, 'string', [cell])``, without the general machinery."""
-    value = cell.encode("utf-8")
-    size = len(value)
-    value_head = _SMALL[size] if size < 0x80 else _varint(size)
-    list_size = 1 + len(value_head) + size
-    list_head = _SMALL[list_size] if list_size < 0x80 else _varint(list_size)
-    feature_size = 1 + len(list_head) + list_size
-    feature_head = _SMALL[feature_size] if feature_size < 0x80 else _varint(feature_size)
-    prefix = _entry_prefix(name)
-    entry_size = len(prefix) + len(feature_head) + feature_size
-    entry_head = _SMALL[entry_size] if entry_size < 0x80 else _varint(entry_size)
-    return b"".join((b"\x0a", entry_head, prefix, feature_head, b"\x0a", list_head, b"\x0a",
-                     value_head, value))
+    return b"".join(bytes_entry_parts(name, cell)[0])
 
 
 _LENGTH = struct.Struct("<Q")

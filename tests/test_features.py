@@ -331,3 +331,19 @@ def test_image_example_size_is_exact(case, extra):
     assert image_example_size(
         encoded_size, fmt, height, width, channels, label, text, filename, extra
     ) == len(serialized)
+
+
+@pytest.mark.parametrize("text", ["cat", "", "a" * 40, "éè"])
+@pytest.mark.parametrize("dims", [(1, 1, 1), (300, 200, 3), (20000, 70000, 4)])
+def test_image_fast_path_equals_the_generic_encoder(text, dims):
+    data = bytes(range(256)) * 3
+    info = ImageInfo("png", *dims)
+    fast = encode_image_example(data, info, 7, text, "a/b.png")
+    generic = encode_example([
+        ("image/encoded", "string", [data]), ("image/format", "string", ["png"]),
+        ("image/height", "int64", [dims[0]]), ("image/width", "int64", [dims[1]]),
+        ("image/channels", "int64", [dims[2]]), ("image/class/label", "int64", [7]),
+        ("image/class/text", "string", [text]), ("image/filename", "string", ["a/b.png"]),
+        ("image/key/sha256", "string", [hashlib.sha256(data).hexdigest()]),
+    ])
+    assert fast == generic
