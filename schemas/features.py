@@ -19,7 +19,6 @@ __all__ = [
     "bytes_entry_parts",
     "bytes_feature",
     "encode_example",
-    "example_from_entries",
     "example_to_dict",
     "feature_entry",
     "float_feature",
@@ -132,7 +131,7 @@ def _list_parts(dtype: str, values: Sequence, parts: list) -> int:
 def feature_entry(name: str, dtype: str, values: Sequence) -> bytes:
     """One item of ``Features.feature``, serialized whole: tag, length, key, value.
 
-    An Example's bytes are ``example_from_entries`` of its items in name order;
+    An Example's body is its items in name order (see ``encode_example``);
     building items column by column lets a table encoder reuse equal ones.
     """
     if dtype not in _LIST_TAGS:
@@ -142,12 +141,6 @@ def feature_entry(name: str, dtype: str, values: Sequence) -> bytes:
     feature = b"".join((_LIST_TAGS[dtype], _varint(list_size), *parts))
     entry = b"".join((_entry_prefix(name), _varint(len(feature)), feature))
     return b"".join((b"\x0a", _varint(len(entry)), entry))
-
-
-def example_from_entries(entries: Sequence[bytes]) -> bytes:
-    """An Example from ``feature_entry`` items, which must be in name order."""
-    body = b"".join(entries)
-    return b"".join((b"\x0a", _varint(len(body)), body))
 
 
 @functools.lru_cache(maxsize=8192)
