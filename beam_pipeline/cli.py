@@ -173,9 +173,12 @@ def _run_verify(argv: Sequence[str], prog: str) -> int:
     p = argparse.ArgumentParser(prog=prog, description="Re-check a dataset against its manifest "
                                 "(or CRC-scan TFRecord files without one).")
     p.add_argument("location", help="dataset folder, or a glob/file of TFRecords")
+    p.add_argument("--full", action="store_true",
+                   help="on gs://, also download and re-read every shard (default: compare the "
+                   "crc32c and size GCS keeps for each object with the manifest)")
     args = p.parse_args(argv)
     try:
-        report = verify_dataset(args.location)
+        report = verify_dataset(args.location, full=args.full)
     except ValueError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_USAGE

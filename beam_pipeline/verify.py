@@ -15,7 +15,8 @@ from schemas.manifest import MANIFEST_NAME, manifest_shards, parse_manifest
 from schemas.sharding import parse_shard_name
 from schemas.tfrecord import FileDigest
 from transforms import files
-from transforms.shards import verify_shard
+from transforms.gcs import is_gcs
+from transforms.shards import storage_crc32c_check, verify_shard
 
 __all__ = ["ShardCheck", "VerifyReport", "verify_dataset"]
 
@@ -29,6 +30,7 @@ class ShardCheck:
     records: int | None = None
     bytes: int | None = None
     error: str = ""
+    how: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +51,8 @@ class VerifyReport:
         out = [f"Verifying {self.location} ({mode})"]
         for c in self.checks:
             if c.ok:
-                out.append(f"  OK    {c.path}  {c.records} records  {c.bytes} bytes")
+                how = f"  ({c.how})" if c.how and c.how != "re-read" else ""
+                out.append(f"  OK    {c.path}  {c.records} records  {c.bytes} bytes{how}")
             else:
                 out.append(f"  FAIL  {c.path}  {c.error}")
         if not self.checks:
@@ -66,19 +69,29 @@ def _compression(path: str) -> str:
     return "gzip" if path.endswith(".gz") else "none"
 
 
-def _check(path: str, expected: FileDigest | None) -> ShardCheck:
+def _check(path: str, expected: FileDigest | None, sizes: dict[str, int], full: bool) -> ShardCheck:
+    if expected is not None and is_gcs(path):
+        # GCS keeps a CRC-32C of every object: compare it without downloading.
+        _, error = storage_crc32c_check(path, expected.crc32c)
+        if not error and sizes.get(path) != expected.bytes:
+            error = f"size {sizes.get(path)} != expected {expected.bytes}"
+        if error or not full:
+            return ShardCheck(path, not error, expected.records, expected.bytes, error,
+                              how="" if error else "GCS crc32c and size match (not downloaded)")
     digest, error = verify_shard(path, _compression(path), expected)
     if digest is None or error:
         return ShardCheck(path, False, error=error)
-    return ShardCheck(path, True, digest.records, digest.bytes)
+    return ShardCheck(path, True, digest.records, digest.bytes, how="re-read")
 
 
-def verify_dataset(location: str, threads: int = 2) -> VerifyReport:
+def verify_dataset(location: str, threads: int = 2, full: bool = False) -> VerifyReport:
     """Verifies a dataset folder (or a glob or file of TFRecords without a manifest).
 
     Args:
       location: an output folder of ``convert``, any folder, glob or file.
       threads: shards checked at once.
+      full: on GCS, also re-read every shard (otherwise, with a manifest, each
+        object's stored CRC-32C and size are compared, without downloading).
     """
     manifest_path = files.join(location, MANIFEST_NAME)
     if files.exists(manifest_path):
@@ -102,7 +115,8 @@ def verify_dataset(location: str, threads: int = 2) -> VerifyReport:
             if path.endswith((".tfrecord", ".tfrecord.gz"))
         ]
         extra, with_manifest = [], False
+    sizes = dict(files.list_files(files.join(location, "*"))) if is_gcs(location) else {}
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        checks = list(pool.map(lambda job: _check(*job), jobs))
+        checks = list(pool.map(lambda job: _check(*job, sizes, full), jobs))
     checks += [ShardCheck(path, False, error=f"shard file not listed in {MANIFEST_NAME}") for path in extra]
     return VerifyReport(location, with_manifest, tuple(checks))

@@ -90,6 +90,7 @@ def _split_json(results: Sequence[ShardResult], band: ShardBand) -> dict:
                 "bytes": r.bytes,
                 "crc32c": r.crc32c,
                 "sha256": r.sha256,
+                **({"storage_crc32c": r.storage_crc32c} if r.storage_crc32c else {}),
             }
             for r in sorted(results, key=lambda r: r.index)
         ],

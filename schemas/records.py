@@ -144,6 +144,8 @@ class ShardResult:
       verify_error: what did not match ('' when verified).
       checkpoints: ``(offset, index)`` of some record boundaries, so the shard
         can be verified in pieces, in parallel (uncompressed shards only).
+      storage_crc32c: for objects on GCS, the CRC-32C the store reports (hex);
+        it must equal ``crc32c``.
     """
 
     split: str
@@ -161,6 +163,7 @@ class ShardResult:
     verified: bool = False
     verify_error: str = ""
     checkpoints: tuple[tuple[int, int], ...] = ()
+    storage_crc32c: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

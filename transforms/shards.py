@@ -37,9 +37,17 @@ from schemas.tfrecord import (
 )
 from transforms import files
 from transforms.encode import SMALL_FILE_BYTES, encode_chunk, ready_helper_pool, verify_range
+from transforms.gcs import object_crc32c
 from transforms.images import DEAD_LETTER_DIR
 
-__all__ = ["PlanShards", "VerifyShards", "WriteShards", "plan_image_shards", "verify_shard"]
+__all__ = [
+    "PlanShards",
+    "VerifyShards",
+    "WriteShards",
+    "plan_image_shards",
+    "storage_crc32c_check",
+    "verify_shard",
+]
 
 _log = logging.getLogger(__name__)
 # Dimensions assumed when sizing a record before its header is read: they change
@@ -290,6 +298,23 @@ class WriteShards(beam.PTransform):
         return specs | "Write" >> beam.ParDo(_WriteShardFn(self._config))
 
 
+def storage_crc32c_check(path: str, written_crc32c: str) -> tuple[str | None, str]:
+    """For an object on GCS: the CRC-32C the store reports, and an error unless it
+    equals the one computed while writing. ``(None, '')`` off GCS.
+
+    This proves end to end, without reading the object back, that what GCS holds
+    is what was written; the re-read that follows checks every record as well.
+    """
+    try:
+        stored = object_crc32c(path)
+    except FileNotFoundError:
+        return None, f"{path} is not in the store"
+    if stored is not None and stored != written_crc32c:
+        return stored, (f"GCS reports crc32c {stored} for the object, but {written_crc32c} "
+                        "was written: the object changed or was damaged in storage")
+    return stored, ""
+
+
 def _scan_in_pieces(
     path: str, expected: FileDigest, boundaries: Sequence[tuple[int, int]],
     pool: concurrent.futures.Executor,
@@ -387,6 +412,11 @@ class _VerifyShardFn(beam.DoFn):
     def _verify(self, result: ShardResult) -> ShardResult:
         expected = FileDigest(result.records, result.bytes, result.crc32c, result.sha256)
         start = time.monotonic()
+        stored, error = storage_crc32c_check(result.path, result.crc32c)
+        if error:
+            _log.error("Verification failed for %s: %s", result.path, error)
+            return dataclasses.replace(result, verified=False, verify_error=error,
+                                       storage_crc32c=stored or "")
         many_small = result.records and result.bytes < SMALL_FILE_BYTES * result.records
         helpers = None
         if result.checkpoints and many_small and self._processes > 0:
@@ -394,7 +424,8 @@ class _VerifyShardFn(beam.DoFn):
         _, error = verify_shard(result.path, self._compression, expected, result.checkpoints, helpers)
         _log.info("Verified %s in %.1f s: %s", result.path.rsplit("/", 1)[-1],
                   time.monotonic() - start, error or "every record and checksum matches")
-        return dataclasses.replace(result, verified=not error, verify_error=error)
+        return dataclasses.replace(result, verified=not error, verify_error=error,
+                                   storage_crc32c=stored or "")
 
     def _done(self, wait: bool) -> list[ShardResult]:
         finished = [f for f in self._pending if wait or f.done()]

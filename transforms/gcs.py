@@ -1,0 +1,138 @@
+"""``gs://`` helpers: the CRC-32C GCS reports for an object, and no credential stall
+against a storage emulator.
+
+GCS reports an object's CRC-32C as base64 of the big-endian uint32
+(``"yZRlqg=="``); the manifest stores hex (``google_crc32c``'s ``hexdigest``,
+``"c99465aa"``). ``crc32c_gcs_to_hex`` and ``crc32c_hex_to_gcs`` convert.
+
+Credentials. Beam 2.77's GCS filesystem builds a storage client per call
+(``gcsio.create_storage_client``) from ``apache_beam.internal.gcp.auth``, which
+runs ``google.auth.default()`` once per process under
+``retry.with_exponential_backoff(num_retries=4, initial_delay_secs=2)``: with no
+credentials that is 15-30 s of sleeping before it gives up and connects
+anonymously. No pipeline option changes that (``--no_auth`` is read only by the
+Dataflow runner), and no environment variable makes ``google.auth.default()``
+return anonymous credentials. ``use_anonymous_credentials()`` records Beam's
+give-up outcome (no credentials: an anonymous client) up front, so the first
+GCS call goes straight out. google-cloud-storage sends an anonymous client to
+``STORAGE_EMULATOR_HOST`` when that is set.
+
+Importing this module does that when (and only when) ``STORAGE_EMULATOR_HOST``
+is set, so ``--beam_plugin transforms.gcs`` carries it into Beam's worker
+processes. On real GCS never set ``STORAGE_EMULATOR_HOST`` (nor
+``NO_GCE_CHECK=true`` on GCE/Dataflow machines, where the metadata server *is*
+the credential source): then nothing here changes how Beam authenticates.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import threading
+
+__all__ = [
+    "EMULATOR_ENV",
+    "crc32c_gcs_to_hex",
+    "crc32c_hex_to_gcs",
+    "emulator_host",
+    "is_gcs",
+    "object_crc32c",
+    "use_anonymous_credentials",
+]
+
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+
+_lock = threading.Lock()
+_gcsio = None
+
+
+def is_gcs(path: str) -> bool:
+    """Whether ``path`` is a ``gs://`` URI."""
+    return path.startswith("gs://")
+
+
+def crc32c_hex_to_gcs(hex_digest: str) -> str:
+    """``"c99465aa"`` (8 hex digits, as ``google_crc32c.Checksum.hexdigest``) to
+    GCS's ``crc32c`` field (base64 of the 4 big-endian bytes, ``"yZRlqg=="``)."""
+    try:
+        raw = bytes.fromhex(hex_digest)
+    except ValueError:
+        raise ValueError(f"not a hex CRC-32C: {hex_digest!r}") from None
+    if len(raw) != 4:
+        raise ValueError(f"not a CRC-32C (8 hex digits): {hex_digest!r}")
+    return base64.b64encode(raw).decode("ascii")
+
+
+def crc32c_gcs_to_hex(value: str) -> str:
+    """GCS's ``crc32c`` field (base64 of the 4 big-endian bytes) to 8 lower-case hex digits."""
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"not a GCS crc32c (base64): {value!r}") from None
+    if len(raw) != 4:
+        raise ValueError(f"not a GCS crc32c (4 bytes in base64): {value!r}")
+    return raw.hex()
+
+
+def emulator_host() -> str | None:
+    """``STORAGE_EMULATOR_HOST`` (``http://127.0.0.1:PORT``), or ``None`` on real GCS."""
+    return os.environ.get(EMULATOR_ENV) or None
+
+
+def use_anonymous_credentials() -> bool:
+    """Makes Beam's GCS filesystem in this process connect anonymously at once.
+
+    Sets Beam's per-process credential cache to "none found", the outcome its
+    credential lookup reaches after its retries, so no call waits on
+    ``google.auth.default()`` or the metadata server. Credentials already
+    looked up in this process are kept. For emulators and public buckets only.
+
+    Returns:
+      Whether this call set it (``False``: the process had already looked).
+    """
+    from apache_beam.internal.gcp import auth  # pylint: disable=import-outside-toplevel
+
+    creds = auth._Credentials  # pylint: disable=protected-access
+    with creds._credentials_lock:  # pylint: disable=protected-access
+        if creds._credentials_init:  # pylint: disable=protected-access
+            return False
+        creds._credentials = None  # pylint: disable=protected-access
+        creds._credentials_init = True  # pylint: disable=protected-access
+    return True
+
+
+def _client():
+    """Beam's ``GcsIO``, one per process (it holds one storage client)."""
+    global _gcsio  # pylint: disable=global-statement
+    with _lock:
+        if _gcsio is None:
+            # pylint: disable=import-outside-toplevel
+            from apache_beam.io.gcp.gcsio import GcsIO
+            from apache_beam.options.pipeline_options import PipelineOptions
+
+            _gcsio = GcsIO(pipeline_options=PipelineOptions([]))
+        return _gcsio
+
+
+def object_crc32c(path: str) -> str | None:
+    """The CRC-32C GCS reports for a ``gs://`` object, as 8 lower-case hex digits.
+
+    ``None`` for a path that is not ``gs://`` (or an object without a crc32c).
+
+    Raises:
+      FileNotFoundError: when the object does not exist.
+    """
+    if not is_gcs(path):
+        return None
+    from google.api_core.exceptions import NotFound  # pylint: disable=import-outside-toplevel
+
+    try:
+        value = _client().checksum(path)
+    except NotFound:
+        raise FileNotFoundError(f"{path} does not exist") from None
+    return crc32c_gcs_to_hex(value) if value else None
+
+
+if emulator_host():
+    use_anonymous_credentials()
