@@ -29,7 +29,7 @@ from schemas.table_schema import dump_schema, infer_schema
 from schemas.tfrecord import COMPRESSIONS
 from transforms import files
 
-__all__ = ["main"]
+__all__ = ["config_from_args", "convert_parser", "main"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -99,6 +99,29 @@ def _dialect(args: argparse.Namespace) -> dict:
                 columns=columns, encoding=args.encoding)
 
 
+def config_from_args(args: argparse.Namespace) -> ConvertConfig:
+    """The ``ConvertConfig`` that parsed ``convert`` flags describe.
+
+    Raises:
+      ValueError: naming the flag to change.
+    """
+    return ConvertConfig(
+        input=args.input, output=args.output, layout=args.layout, labels=args.labels,
+        compression=args.compression, validate=args.validate,
+        shard_min_mb=args.shard_min_mb, shard_max_mb=args.shard_max_mb,
+        max_bad_fraction=args.max_bad_fraction, overwrite=args.overwrite,
+        read_threads=args.read_threads, encode_processes=args.encode_processes,
+        schema=args.schema, split_column=args.split_column, splits=args.splits or (),
+        key_column=args.key_column, sequence_key=args.sequence_key,
+        sequence_order=args.sequence_order, **_dialect(args),
+    )
+
+
+def convert_parser(prog: str = "beam-tfrecords convert") -> argparse.ArgumentParser:
+    """The ``convert`` flags (without Beam's), for entry points other than the CLI."""
+    return _convert_parser(prog)
+
+
 def _unknown_beam_flags(beam_args: Sequence[str], ours: Sequence[str]) -> list[str]:
     """Flags that neither we (``ours``) nor any Beam options class know, with suggestions."""
     parser = _BeamArgumentParser(allow_abbrev=False)
@@ -148,17 +171,7 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
         print(f"{prog}: error: unknown flags: {', '.join(unknown)}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        config = ConvertConfig(
-            input=args.input, output=args.output, layout=args.layout, labels=args.labels,
-            compression=args.compression, validate=args.validate,
-            shard_min_mb=args.shard_min_mb, shard_max_mb=args.shard_max_mb,
-            max_bad_fraction=args.max_bad_fraction, overwrite=args.overwrite,
-            read_threads=args.read_threads, encode_processes=args.encode_processes,
-            schema=args.schema, split_column=args.split_column, splits=args.splits or (),
-            key_column=args.key_column, sequence_key=args.sequence_key,
-            sequence_order=args.sequence_order, **_dialect(args),
-        )
-        result = convert(config, beam_args)
+        result = convert(config_from_args(args), beam_args)
     except (ConvertError, ValueError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_USAGE

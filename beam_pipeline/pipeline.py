@@ -39,7 +39,14 @@ from transforms.tables import (
     table_summary,
 )
 
-__all__ = ["ConvertError", "ConvertResult", "OutputExistsError", "build_pipeline", "convert"]
+__all__ = [
+    "ConvertError",
+    "ConvertResult",
+    "OutputExistsError",
+    "build_pipeline",
+    "convert",
+    "submit",
+]
 
 
 class ConvertError(ValueError):
@@ -261,6 +268,26 @@ def build_pipeline(
     )
     _ = results | "WriteManifest" >> WriteManifest(config, listing.summary)
     return pipeline
+
+
+def submit(config: ConvertConfig, beam_args: Sequence[str] = ()):
+    """Checks, prepares and starts a conversion without waiting for it.
+
+    For launchers that only submit (a Dataflow Flex Template): the outcome is
+    then ``OUTPUT/run_report.json``, and ``manifest.json`` when it succeeded.
+
+    Returns:
+      Beam's ``PipelineResult``.
+
+    Raises:
+      ConvertError: on options or inputs that cannot work (before anything runs).
+    """
+    options = PipelineOptions(list(beam_args))
+    config = resolve_config(config, options)
+    check_inputs(config)
+    schema = table_schema(config) if config.layout == "table" else None
+    prepare_output(config)
+    return build_pipeline(config, options, schema).run()
 
 
 def convert(config: ConvertConfig, beam_args: Sequence[str] = ()) -> ConvertResult:

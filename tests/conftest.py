@@ -19,6 +19,11 @@ from schemas.tfrecord import iter_records
 CHANNELS_BY_MODE = {"L": 1, "LA": 2, "RGB": 3, "YCbCr": 3, "RGBA": 4, "CMYK": 4}
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: a minute or more (fresh-venv install); -m 'not slow' skips it")
+
+
 def read_dataset(output: str) -> dict[str, list[dict]]:
     """Every record of every shard in ``output``, parsed, by shard file name."""
     shards = {}
