@@ -181,9 +181,8 @@ class RowEncoder:
         Arrow finds the distinct cells (``dictionary_encode``); rows then pick
         their item by index. Plain lists are memoised while they look categorical.
         """
-        items: list = []
-        errors: list[RowError] = []
         if isinstance(cells, pa.Array):
+            errors: list[RowError] = []
             encoded = pc.dictionary_encode(cells)
             distinct = [self._scalar_item(column, c) for c in encoded.dictionary.to_pylist()]
             indices = encoded.indices.to_numpy(zero_copy_only=False)
@@ -195,23 +194,7 @@ class RowEncoder:
                         items[row] = None
             errors.sort(key=lambda e: e.row)
             return items, errors
-        memo: dict[str, bytes | RowError] = {}
-        use_memo = True
-        for row, cell in enumerate(cells):
-            item = memo.get(cell) if use_memo else None
-            if item is None:
-                item = self._scalar_item(column, cell)
-                if use_memo:
-                    memo[cell] = item
-                    if row == 1023 and len(memo) > 256:
-                        use_memo = False
-                        memo.clear()
-            if isinstance(item, RowError):
-                errors.append(dataclasses.replace(item, row=row))
-                items.append(None)
-            else:
-                items.append(item)
-        return items, errors
+        return _memoised_items(cells, lambda cell: self._scalar_item(column, cell))
 
     def _items(self, column: ColumnSpec, values: ColumnValues) -> dict[str, list]:
         """Feature name → per-row serialized items (None for bad rows)."""
@@ -313,11 +296,7 @@ class RowEncoder:
                     fill = feature_entry(name, "int64", [] if column.default is None else column.default)
                 items.append(fill)
                 continue
-            packed = blob[bounds[row]:bounds[row + 1]]
-            inner = b"".join((b"\x0a", _varint(len(packed)), packed))
-            feature = b"".join((b"\x1a", _varint(len(inner)), inner))
-            entry = b"".join((prefix, _varint(len(feature)), feature))
-            items.append(b"".join((b"\x0a", _varint(len(entry)), entry)))
+            items.append(_int_list_item(prefix, blob[bounds[row]:bounds[row + 1]]))
         return items, []
 
     def _int_list_items(self, column: ColumnSpec, cells: Sequence[str]) -> tuple[list, list[RowError]]:
@@ -327,34 +306,16 @@ class RowEncoder:
         default = None if column.default is None else list(column.default)
         prefix = _entry_prefix(name)
         table = _VARINT_TABLE
-        memo: dict[str, bytes | RowError] = {}
-        use_memo = True
-        items: list = []
-        errors: list[RowError] = []
-        for row, cell in enumerate(cells):
-            item = memo.get(cell) if use_memo else None
-            if item is None:
-                values = list(map(int, cell.split(delimiter))) if valid(cell) else None
-                if values is None or (len(cell) > 18 and (min(values) < -(2**63) or max(values) >= 2**63)):
-                    parsed = _parse_cell(column, cell, _parse_int, default, None)
-                    item = parsed if isinstance(parsed, RowError) else feature_entry(name, "int64", parsed)
-                else:
-                    packed = b"".join([table[v] if 0 <= v < 16384 else _varint(v) for v in values])
-                    inner = b"".join((b"\x0a", _varint(len(packed)), packed))
-                    feature = b"".join((b"\x1a", _varint(len(inner)), inner))
-                    entry = b"".join((prefix, _varint(len(feature)), feature))
-                    item = b"".join((b"\x0a", _varint(len(entry)), entry))
-                if use_memo:
-                    memo[cell] = item
-                    if row == 1023 and len(memo) > 256:
-                        use_memo = False
-                        memo.clear()
-            if isinstance(item, RowError):
-                errors.append(dataclasses.replace(item, row=row))
-                items.append(None)
-            else:
-                items.append(item)
-        return items, errors
+
+        def item_of(cell: str) -> bytes | RowError:
+            values = list(map(int, cell.split(delimiter))) if valid(cell) else None
+            if values is None or (len(cell) > 18 and (min(values) < -(2**63) or max(values) >= 2**63)):
+                parsed = _parse_cell(column, cell, _parse_int, default, None)
+                return parsed if isinstance(parsed, RowError) else feature_entry(name, "int64", parsed)
+            return _int_list_item(prefix, b"".join([table[v] if 0 <= v < 16384 else _varint(v)
+                                                    for v in values]))
+
+        return _memoised_items(cells, item_of)
 
     def encode(
         self, cells: Mapping[str, Sequence[str]], rows: int
@@ -416,6 +377,38 @@ class RowEncoder:
 
 
 _SMALL = tuple(bytes((i,)) for i in range(128))
+
+
+def _memoised_items(cells: Sequence[str], item_of) -> tuple[list, list[RowError]]:
+    """``item_of(cell)`` per row (``None`` and an error for a bad cell); equal cells are
+    encoded once while the column looks categorical, then the memo is dropped."""
+    memo: dict[str, bytes | RowError] = {}
+    use_memo = True
+    items: list = []
+    errors: list[RowError] = []
+    for row, cell in enumerate(cells):
+        item = memo.get(cell) if use_memo else None
+        if item is None:
+            item = item_of(cell)
+            if use_memo:
+                memo[cell] = item
+                if row == 1023 and len(memo) > 256:
+                    use_memo = False
+                    memo.clear()
+        if isinstance(item, RowError):
+            errors.append(dataclasses.replace(item, row=row))
+            items.append(None)
+        else:
+            items.append(item)
+    return items, errors
+
+
+def _int_list_item(prefix: bytes, packed: bytes) -> bytes:
+    """An int64 list's feature item from its entry prefix and packed varints."""
+    inner = b"".join((b"\x0a", _varint(len(packed)), packed))
+    feature = b"".join((b"\x1a", _varint(len(inner)), inner))
+    entry = b"".join((prefix, _varint(len(feature)), feature))
+    return b"".join((b"\x0a", _varint(len(entry)), entry))
 
 
 def _string_item(name: str, cell: str) -> bytes:
