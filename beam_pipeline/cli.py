@@ -156,7 +156,7 @@ def _print_summary(report: dict) -> None:
     for path in report["shards_outside_band"]:
         print(f"warning: shard outside the size band: {path}")
     if report["status"] == "no_records":
-        print("NO RECORDS WRITTEN: no input image could be converted; no manifest was written")
+        print("NO RECORDS WRITTEN: no input image or row could be converted; no manifest was written")
     if budget["exceeded"]:
         print("ERROR BUDGET EXCEEDED: the dataset is written and verified, but too many inputs "
               "were bad; see the dead letter files")

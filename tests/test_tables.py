@@ -272,3 +272,15 @@ def test_tsv_defaults_to_tabs_and_encoding_is_honoured(tmp_path):
     assert record == {"name": ["Zoë".encode()], "city": ["São Paulo, BR".encode()]}
     assert load_manifest(out)["schema"]["columns"][0] == {"name": "name", "type": "string",
                                                           "required": True}
+
+
+def test_header_only_and_empty_csv(tmp_path, capsys):
+    header_only = tmp_path / "h.csv"
+    header_only.write_text("a,b\n")
+    assert main(["convert", "--input", str(header_only), "--output", str(tmp_path / "o1")]) == 1
+    assert "NO RECORDS WRITTEN" in capsys.readouterr().out
+    assert not os.path.exists(tmp_path / "o1" / "manifest.json")
+    empty = tmp_path / "e.csv"
+    empty.write_text("")
+    assert main(["convert", "--input", str(empty), "--output", str(tmp_path / "o2")]) == 2
+    assert "cannot read a header row (the file is empty)" in capsys.readouterr().err

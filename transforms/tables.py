@@ -76,7 +76,7 @@ def csv_header(config: ConvertConfig, path: str) -> list[str]:
     try:
         return [name.strip() for name in next(reader)]
     except (StopIteration, csv.Error) as err:
-        raise ValueError(f"{path}: cannot read a header row ({err or 'empty file'})") from None
+        raise ValueError(f"{path}: cannot read a header row ({str(err) or 'the file is empty'})") from None
 
 
 @dataclasses.dataclass(frozen=True)
