@@ -15,7 +15,7 @@ $(STAMP): setup.py
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m beam_pipeline.demo --workdir $(DEMO_DIR)
+	$(PY) -m beam_tfrecords.demo --workdir $(DEMO_DIR)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

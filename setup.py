@@ -14,6 +14,15 @@ VERSION = re.search(
     r'__version__ = "([^"]+)"', (Path(__file__).parent / "schemas" / "version.py").read_text()
 ).group(1)
 
+_FOLDERS = {"beam_tfrecords": "beam_pipeline", "beam_tfrecords.transforms": "transforms",
+            "beam_tfrecords.schemas": "schemas"}
+PACKAGE_DIR = dict(_FOLDERS)
+PACKAGES = list(_FOLDERS)
+for _name, _folder in _FOLDERS.items():
+    for _sub in setuptools.find_packages(_folder):
+        PACKAGES.append(f"{_name}.{_sub}")
+        PACKAGE_DIR[f"{_name}.{_sub}"] = f"{_folder}/{_sub.replace('.', '/')}"
+
 REQUIRED = [
     # Pinned exactly: the worker container (Dockerfile) starts from the Beam SDK
     # image of the same version, and Dataflow rejects a launcher/worker mismatch.
@@ -45,9 +54,13 @@ setuptools.setup(
     version=VERSION,
     description="Apache Beam pipeline: images and CSV to verified, size-banded TFRecord shards.",
     python_requires=">=3.10",
-    packages=setuptools.find_packages(include=["beam_pipeline*", "transforms*", "schemas*"]),
-    package_data={"schemas": ["proto/*.proto", "examples/*.yaml"]},
+    # Installed under one name of our own: the repo's beam_pipeline/ is the package
+    # beam_tfrecords (CLI, preflight, public API), transforms/ and schemas/ its
+    # subpackages. Nothing lands in site-packages under a generic top-level name.
+    packages=PACKAGES,
+    package_dir=PACKAGE_DIR,
+    package_data={"beam_tfrecords.schemas": ["proto/*.proto", "examples/*.yaml"]},
     install_requires=REQUIRED,
     extras_require=EXTRAS,
-    entry_points={"console_scripts": ["beam-tfrecords=beam_pipeline.cli:main"]},
+    entry_points={"console_scripts": ["beam-tfrecords=beam_tfrecords.cli:main"]},
 )

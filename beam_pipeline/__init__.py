@@ -1,0 +1,47 @@
+"""beam-tfrecords: images and tables to verified, size-banded TFRecord shards.
+
+Installed, this folder is the package ``beam_tfrecords``; ``transforms`` and
+``schemas`` are its subpackages. The public API is importable from the top::
+
+    from beam_tfrecords import ConvertConfig, convert, build_pipeline
+
+Names load on first use, so a helper process that imports only a codec does not
+pay for Beam.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from beam_tfrecords.schemas.version import __version__
+
+__all__ = [
+    "ConvertConfig",
+    "ConvertError",
+    "ConvertResult",
+    "__version__",
+    "build_pipeline",
+    "convert",
+    "submit",
+]
+
+_EXPORTS = {
+    "ConvertConfig": "beam_tfrecords.schemas.config",
+    "ConvertError": "beam_tfrecords.pipeline",
+    "ConvertResult": "beam_tfrecords.pipeline",
+    "build_pipeline": "beam_tfrecords.pipeline",
+    "convert": "beam_tfrecords.pipeline",
+    "submit": "beam_tfrecords.pipeline",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'beam_tfrecords' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

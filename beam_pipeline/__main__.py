@@ -1,8 +1,8 @@
-"""``python -m beam_pipeline convert|verify|inspect ...``"""
+"""``python -m beam_tfrecords convert|verify|inspect ...``"""
 
 import sys
 
 if __name__ == "__main__":
-    from beam_pipeline.cli import main
+    from beam_tfrecords.cli import main
 
     sys.exit(main())

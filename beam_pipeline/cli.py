@@ -1,6 +1,6 @@
 """The command line: ``convert``, ``verify`` and ``inspect``.
 
-``python -m beam_pipeline convert --input PATH --output DIR [flags] [Beam flags]``:
+``python -m beam_tfrecords convert --input PATH --output DIR [flags] [Beam flags]``:
 our flags are parsed here; every other flag is handed to Beam untouched, after
 checking that Beam knows it (a misspelt flag fails fast instead of being
 silently dropped). Exit status: 0 when the dataset is complete and within the
@@ -18,16 +18,15 @@ from collections.abc import Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
-from beam_pipeline.inspect import contact_sheet, describe_record, sample_records
-from beam_pipeline.pipeline import ConvertError, convert, resolve_config, sample_rows
-from beam_pipeline.verify import verify_dataset
-from schemas.config import ConvertConfig, parse_splits
-from schemas.images import VALIDATE_MODES
-from schemas.layouts import LAYOUTS
-from schemas.manifest import MANIFEST_NAME, parse_manifest
-from schemas.table_schema import dump_schema, infer_schema
-from schemas.tfrecord import COMPRESSIONS
-from transforms import files
+from beam_tfrecords.inspect import contact_sheet, describe_record, sample_records
+from beam_tfrecords.pipeline import ConvertError, convert, resolve_config, sample_rows
+from beam_tfrecords.schemas.config import LAYOUTS, VALIDATE_MODES, ConvertConfig, parse_splits
+from beam_tfrecords.schemas.manifest import MANIFEST_NAME, parse_manifest
+from beam_tfrecords.schemas.shards import COMPRESSIONS
+from beam_tfrecords.schemas.table_schema import dump_schema
+from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.plan.table_inference import infer_schema
+from beam_tfrecords.verify import verify_dataset
 
 __all__ = ["config_from_args", "convert_parser", "main"]
 
@@ -265,7 +264,7 @@ _COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m beam_pipeline`` and the ``beam-tfrecords`` script."""
+    """Entry point of ``python -m beam_tfrecords`` and the ``beam-tfrecords`` script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = "beam-tfrecords"
     if not argv or argv[0] not in _COMMANDS:

@@ -12,8 +12,8 @@ import os
 import shutil
 import sys
 
-from beam_pipeline.cli import main as cli_main
-from beam_pipeline.samples import make_class_folder_sample
+from beam_tfrecords.cli import main as cli_main
+from beam_tfrecords.samples import make_class_folder_sample
 
 __all__ = ["run_demo"]
 

@@ -13,10 +13,10 @@ import itertools
 
 from PIL import Image, ImageDraw, UnidentifiedImageError
 
-from schemas.features import example_to_dict
-from schemas.manifest import MANIFEST_NAME, manifest_shards, parse_manifest
-from schemas.tfrecord import iter_records
-from transforms import files
+from beam_tfrecords.schemas.manifest import MANIFEST_NAME, manifest_shards, parse_manifest
+from beam_tfrecords.transforms.codec.example import example_to_dict
+from beam_tfrecords.transforms.codec.tfrecord import iter_records
+from beam_tfrecords.transforms.io import files
 
 __all__ = ["contact_sheet", "describe_record", "sample_records"]
 

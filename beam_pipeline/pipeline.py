@@ -19,17 +19,18 @@ from collections.abc import Sequence
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-from schemas.config import ConvertConfig
-from schemas.layouts import parse_labels_text, resolve_input
-from schemas.manifest import MANIFEST_NAME
-from schemas.table_schema import TableSchema, infer_schema, load_schema
-from transforms import files
-from transforms.encode import helper_pool
-from transforms.images import DEAD_LETTER_DIR, ListImages
-from transforms.manifest import REPORT_NAME, WriteManifest
-from transforms.sequences import BuildSequences, PlanSequenceShards
-from transforms.shards import PlanShards, VerifyShards, WriteShards
-from transforms.tables import (
+from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.schemas.manifest import MANIFEST_NAME
+from beam_tfrecords.schemas.table_schema import TableSchema, load_schema
+from beam_tfrecords.transforms.images import DEAD_LETTER_DIR, ListImages
+from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io.helpers import helper_pool
+from beam_tfrecords.transforms.manifest import REPORT_NAME, WriteManifest
+from beam_tfrecords.transforms.plan.layouts import parse_labels_text, resolve_input
+from beam_tfrecords.transforms.plan.table_inference import infer_schema
+from beam_tfrecords.transforms.sequences import BuildSequences, PlanSequenceShards
+from beam_tfrecords.transforms.shards import PlanShards, VerifyShards, WriteShards
+from beam_tfrecords.transforms.tables import (
     SPOOL_DIR,
     EncodeTables,
     PlanTableShards,
@@ -309,7 +310,7 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = ()) -> ConvertResu
     pipeline = build_pipeline(config, options, schema)
     if config.layout == "table" and config.encode_processes > 0:
         # Start them, and their imports, now, while the runner starts.
-        helper_pool(config.encode_processes, preload=("transforms.table_batches",))
+        helper_pool(config.encode_processes, preload=("beam_tfrecords.transforms.codec.table_batches",))
     pipeline.run().wait_until_finish()
     report_path = files.join(config.output, REPORT_NAME)
     if not files.exists(report_path):

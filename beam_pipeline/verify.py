@@ -11,12 +11,12 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 
-from schemas.manifest import MANIFEST_NAME, manifest_shards, parse_manifest
-from schemas.sharding import parse_shard_name
-from schemas.tfrecord import FileDigest
-from transforms import files
-from transforms.gcs import is_gcs
-from transforms.shards import storage_crc32c_check, verify_shard
+from beam_tfrecords.schemas.manifest import MANIFEST_NAME, manifest_shards, parse_manifest
+from beam_tfrecords.schemas.shards import parse_shard_name
+from beam_tfrecords.transforms.codec.tfrecord import FileDigest
+from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io.gcs import is_gcs
+from beam_tfrecords.transforms.shards import storage_crc32c_check, verify_shard
 
 __all__ = ["ShardCheck", "VerifyReport", "verify_dataset"]
 

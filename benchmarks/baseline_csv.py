@@ -22,7 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import Metrics, MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from schemas.proto import example_pb2
+from beam_tfrecords.schemas.proto import example_pb2
 
 SHARD_BYTES = 150e6
 DROPPED = Metrics.counter("baseline_csv", "dropped_lines")

@@ -23,7 +23,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 from PIL import Image
 
-from schemas.proto import example_pb2
+from beam_tfrecords.schemas.proto import example_pb2
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp")
 SHARD_BYTES = 150e6

@@ -5,7 +5,7 @@
 
 The table (built once by ``datasets_csv.py`` as ``WORKDIR/data/csv/tabular.csv``
 with ``schema.yaml`` beside it) is read once to warm the page cache, then ours
-(``python -m beam_pipeline convert --schema``) and the baseline
+(``python -m beam_tfrecords convert --schema``) and the baseline
 (``benchmarks/baseline_csv.py``) run one after the other as subprocesses, each
 into an emptied ``WORKDIR/out/csv/<run>``. Each run is measured by
 ``bench_images.bench_run`` (wall time, peak RSS of the process tree, main
@@ -33,7 +33,7 @@ MB = bench_images.MB
 
 def ours_command(csv_path, schema_path, out_dir):
     """Returns the command line of our converter."""
-    return [sys.executable, "-m", "beam_pipeline", "convert", "--input", csv_path,
+    return [sys.executable, "-m", "beam_tfrecords", "convert", "--input", csv_path,
             "--schema", schema_path, "--output", out_dir, "--overwrite"]
 
 

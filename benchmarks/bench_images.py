@@ -5,7 +5,7 @@
 
 For each set (built once by ``datasets.py`` under ``WORKDIR/data``) the input
 is read once to warm the page cache, then ours
-(``python -m beam_pipeline convert``) and the baseline
+(``python -m beam_tfrecords convert``) and the baseline
 (``benchmarks/baseline_images.py``) run one after the other as subprocesses,
 each into an emptied ``WORKDIR/out/<set>/<run>``. For every run we measure:
 
@@ -46,7 +46,7 @@ MB = 1e6
 
 def ours_command(set_dir, out_dir):
     """Returns the command line of our converter."""
-    return [sys.executable, "-m", "beam_pipeline", "convert",
+    return [sys.executable, "-m", "beam_tfrecords", "convert",
             "--input", set_dir, "--output", out_dir, "--overwrite"]
 
 

@@ -9,8 +9,8 @@ succeeded (see docs/running_on_dataflow.md).
 import logging
 import sys
 
-from beam_pipeline.cli import config_from_args, convert_parser
-from beam_pipeline.pipeline import submit
+from beam_tfrecords.cli import config_from_args, convert_parser
+from beam_tfrecords.pipeline import submit
 
 
 def run(argv):

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from schemas.images import VALIDATE_MODES
-from schemas.layouts import LAYOUTS
-from schemas.sharding import ShardBand, is_valid_split_name
-from schemas.tfrecord import COMPRESSIONS
+from beam_tfrecords.schemas.shards import COMPRESSIONS, ShardBand, is_valid_split_name
 
-__all__ = ["ConvertConfig", "parse_splits"]
+__all__ = ["LAYOUTS", "VALIDATE_MODES", "ConvertConfig", "parse_splits"]
+
+LAYOUTS = ("auto", "class_folders", "cifar", "csv", "table")
+
+# --validate: fast structural checks without decoding, or a full decode.
+VALIDATE_MODES: tuple[str, ...] = ("structure", "decode")
 
 
 @dataclasses.dataclass(frozen=True)

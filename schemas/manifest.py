@@ -12,9 +12,9 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
-from schemas.features import FeatureSpec
-from schemas.records import ShardResult
-from schemas.sharding import ShardBand
+from beam_tfrecords.schemas.elements import ShardResult
+from beam_tfrecords.schemas.features import FeatureSpec
+from beam_tfrecords.schemas.shards import ShardBand
 
 __all__ = [
     "FORMAT_VERSION",

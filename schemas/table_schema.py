@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 
 import yaml
 
@@ -36,7 +36,6 @@ __all__ = [
     "ColumnSpec",
     "TableSchema",
     "dump_schema",
-    "infer_schema",
     "load_schema",
     "parse_bool",
 ]
@@ -45,8 +44,8 @@ COLUMN_TYPES = ("int64", "float", "bytes", "string", "bool")
 ENCODINGS = ("flat", "tensor")
 _FEATURE_DTYPE = {"int64": "int64", "float": "float32", "bytes": "string", "string": "string",
                   "bool": "int64"}
-_TRUE = frozenset({"true", "t", "yes", "y", "1"})
-_FALSE = frozenset({"false", "f", "no", "n", "0"})
+TRUE_WORDS = frozenset({"true", "t", "yes", "y", "1"})
+FALSE_WORDS = frozenset({"false", "f", "no", "n", "0"})
 _KEYS = ("name", "type", "feature", "delimiter", "shape", "encoding", "default", "required",
          "skip", "sequence")
 
@@ -58,9 +57,9 @@ def parse_bool(cell: str) -> bool:
       ValueError: for anything else.
     """
     value = cell.strip().lower()
-    if value in _TRUE:
+    if value in TRUE_WORDS:
         return True
-    if value in _FALSE:
+    if value in FALSE_WORDS:
         return False
     raise ValueError(f"{cell!r} is not a boolean (true/false, yes/no, 1/0)")
 
@@ -263,53 +262,3 @@ def dump_schema(schema: TableSchema) -> str:
     for column in schema.columns:
         lines.append("  - " + json.dumps(column.to_dict(), ensure_ascii=False))
     return "\n".join(lines) + "\n"
-
-
-# Inference ---------------------------------------------------------------------------------------
-
-_WIDENING = ("bool", "int64", "float", "string")
-
-
-def _cell_type(cell: str) -> str:
-    value = cell.strip()
-    if value.lower() in _TRUE | _FALSE and not value.lstrip("+-").isdigit():
-        return "bool"
-    try:
-        int(value)
-        return "int64" if "_" not in value else "string"
-    except ValueError:
-        pass
-    try:
-        float(value)
-        return "float" if "_" not in value else "string"
-    except ValueError:
-        return "string"
-
-
-def infer_schema(header: Sequence[str], rows: Iterable[Sequence[str]]) -> TableSchema:
-    """A schema that fits every sampled row.
-
-    Types widen int64 < float < string; a column whose every value is a boolean
-    word (true/false, yes/no, ...) is bool; 0/1 columns stay int64. A column with
-    an empty cell is optional (no default), others are required.
-    """
-    kinds: list[set[str]] = [set() for _ in header]
-    empty = [False] * len(header)
-    for row in rows:
-        for i, cell in enumerate(row[: len(header)]):
-            if cell.strip() == "":
-                empty[i] = True
-            else:
-                kinds[i].add(_cell_type(cell))
-    columns = []
-    for name, seen, has_empty in zip(header, kinds, empty):
-        if not seen:
-            kind = "string"
-        elif seen == {"bool"}:
-            kind = "bool"
-        elif "bool" in seen or "string" in seen:
-            kind = "string"
-        else:
-            kind = max(seen, key=_WIDENING.index)
-        columns.append(ColumnSpec(name=name, type=kind, required=not has_empty))
-    return TableSchema(tuple(columns))

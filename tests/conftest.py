@@ -11,10 +11,10 @@ import os
 import pytest
 from PIL import Image
 
-from beam_pipeline.pipeline import convert
-from schemas.config import ConvertConfig
-from schemas.features import example_to_dict
-from schemas.tfrecord import iter_records
+from beam_tfrecords.pipeline import convert
+from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.transforms.codec.example import example_to_dict
+from beam_tfrecords.transforms.codec.tfrecord import iter_records
 
 CHANNELS_BY_MODE = {"L": 1, "LA": 2, "RGB": 3, "YCbCr": 3, "RGBA": 4, "CMYK": 4}
 

@@ -12,9 +12,9 @@ on 127.0.0.1 at a free port, waits until it answers, and for the session sets
   every google-cloud-storage client without an explicit endpoint) talks to it;
 - ``NO_GCE_CHECK=true``: google-auth never probes the metadata server;
 - Beam's credential cache of this process set to "anonymous"
-  (``transforms.gcs.use_anonymous_credentials``), so no GCS call waits ~20 s on
+  (``transforms.io.gcs.use_anonymous_credentials``), so no GCS call waits ~20 s on
   ``google.auth.default()`` retries. Worker processes get the same by importing
-  ``transforms.gcs`` (``--beam_plugin transforms.gcs``), which does it whenever
+  ``transforms.io.gcs`` (``--beam_plugin beam_tfrecords.transforms.io.gcs``), which does it whenever
   ``STORAGE_EMULATOR_HOST`` is set.
 
 All of it is restored afterwards, and the emulator is always stopped: by the
@@ -86,7 +86,7 @@ def _reset_helper_pool() -> None:
     during this session would keep pointing at a stopped emulator. The next
     conversion spawns fresh ones.
     """
-    from transforms import encode  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.io import helpers as encode  # pylint: disable=import-outside-toplevel
 
     # pylint: disable=protected-access
     with encode._pool_lock:
@@ -190,7 +190,9 @@ class GcsEmulator:
         self._saved_creds = (creds._credentials_init, creds._credentials)  # pylint: disable=protected-access
         with creds._credentials_lock:  # pylint: disable=protected-access
             creds._credentials_init, creds._credentials = False, None  # pylint: disable=protected-access
-        from transforms import gcs as gcs_module  # pylint: disable=import-outside-toplevel
+        from beam_tfrecords.transforms.io import (
+            gcs as gcs_module,
+        )  # pylint: disable=import-outside-toplevel
 
         gcs_module._gcsio = None  # pylint: disable=protected-access  # Made before: real GCS.
         gcs_module.use_anonymous_credentials()
@@ -211,7 +213,7 @@ class GcsEmulator:
             # pylint: disable=import-outside-toplevel,protected-access
             from apache_beam.internal.gcp import auth
 
-            from transforms import gcs as gcs_module
+            from beam_tfrecords.transforms.io import gcs as gcs_module
 
             creds = auth._Credentials
             with creds._credentials_lock:

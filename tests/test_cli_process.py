@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from beam_pipeline.samples import make_class_folder_sample
+from beam_tfrecords.samples import make_class_folder_sample
 
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "beam-tfrecords")
 
@@ -16,7 +16,7 @@ def _run(*argv):
 def test_module_and_console_script_convert_and_verify(tmp_path):
     root, out = str(tmp_path / "in"), str(tmp_path / "out")
     make_class_folder_sample(root, per_class=2, splits=None)
-    converted = _run(sys.executable, "-m", "beam_pipeline", "convert", "--input", root, "--output", out)
+    converted = _run(sys.executable, "-m", "beam_tfrecords", "convert", "--input", root, "--output", out)
     assert converted.returncode == 0, converted.stderr
     assert f"manifest: {out}/manifest.json" in converted.stdout
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from beam_pipeline.cli import main
-from beam_pipeline.samples import make_class_folder_sample
-from schemas.tfrecord import iter_records
+from beam_tfrecords.cli import main
+from beam_tfrecords.samples import make_class_folder_sample
+from beam_tfrecords.transforms.codec.tfrecord import iter_records
 from tests.conftest import load_manifest, read_dataset, sha256_file
 
 MB = 1_000_000

@@ -40,14 +40,14 @@ from apache_beam.version import __version__ as BEAM_VERSION
 from google.cloud import dataflow_v1beta3
 from google.protobuf import json_format
 
-from beam_pipeline.cli import _convert_parser, _unknown_beam_flags
-from beam_pipeline.pipeline import build_pipeline, resolve_config
-from beam_pipeline.samples import (
+from beam_tfrecords.cli import _convert_parser, _unknown_beam_flags
+from beam_tfrecords.pipeline import build_pipeline, resolve_config
+from beam_tfrecords.samples import (
     make_cifar_sample,
     make_class_folder_sample,
     make_csv_manifest_sample,
 )
-from schemas.config import ConvertConfig
+from beam_tfrecords.schemas.config import ConvertConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETUP_FILE = os.path.join(REPO, "setup.py")
@@ -223,7 +223,7 @@ def _assert_ships_our_package(job) -> None:
     with tarfile.open(staged["workflow.tar.gz"]) as sdist:
         members = {m.split("/", 1)[1] for m in sdist.getnames() if "/" in m}
     for path in ("setup.py", "beam_pipeline/__init__.py", "beam_pipeline/cli.py",
-                 "transforms/__init__.py", "transforms/helper_main.py", "schemas/__init__.py",
+                 "transforms/__init__.py", "transforms/io/helper_main.py", "schemas/__init__.py",
                  "schemas/proto/__init__.py", "schemas/proto/example_pb2.py",
                  "schemas/proto/tensor_pb2.py", "schemas/examples/sensors.yaml"):
         assert path in members, f"{path} is not in the staged sdist"

@@ -1,4 +1,4 @@
-"""Tests for schemas.features and schemas.image_example: Example bytes and sizes.
+"""Tests for transforms.codec.example and transforms.codec.image_example: Example bytes and sizes.
 
 The golden serializations are written by hand from the proto3 wire format of
 tf.train.Example (schemas/proto/example.proto), not produced by our code:
@@ -18,9 +18,9 @@ import pytest
 from google.protobuf.message import DecodeError
 from PIL import Image
 
-from schemas.features import (
-    DTYPES,
-    FeatureSpec,
+from beam_tfrecords.schemas.features import DTYPES, IMAGE_FEATURE_SPEC, FeatureSpec, image_feature_spec
+from beam_tfrecords.schemas.proto import example_pb2
+from beam_tfrecords.transforms.codec.example import (
     bytes_feature,
     encode_example,
     example_to_dict,
@@ -30,14 +30,8 @@ from schemas.features import (
     serialize_example,
     varint_size,
 )
-from schemas.image_example import (
-    IMAGE_FEATURE_SPEC,
-    encode_image_example,
-    image_example_size,
-    image_feature_spec,
-)
-from schemas.images import ImageInfo, inspect_image
-from schemas.proto import example_pb2
+from beam_tfrecords.transforms.codec.image_example import encode_image_example, image_example_size
+from beam_tfrecords.transforms.codec.images import ImageInfo, inspect_image
 
 # --------------------------------------------------------------------------
 # Golden Example bytes, by hand

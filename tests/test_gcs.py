@@ -24,10 +24,10 @@ import time
 import google_crc32c
 import pytest
 
-from beam_pipeline.cli import main
-from beam_pipeline.samples import make_class_folder_sample
+from beam_tfrecords.cli import main
+from beam_tfrecords.samples import make_class_folder_sample
+from beam_tfrecords.transforms.io.gcs import crc32c_gcs_to_hex, crc32c_hex_to_gcs, object_crc32c
 from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
-from transforms.gcs import crc32c_gcs_to_hex, crc32c_hex_to_gcs, object_crc32c
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARD_FLAGS = ["--shard_min_mb", "0.01", "--shard_max_mb", "0.05"]
@@ -111,7 +111,7 @@ def test_object_crc32c_is_none_off_gcs(tmp_path):
 
 
 def test_first_gcs_call_in_driver_is_immediate(gcs):
-    """The recipe: STORAGE_EMULATOR_HOST + NO_GCE_CHECK=true + ``import transforms.gcs``."""
+    """The recipe: STORAGE_EMULATOR_HOST + NO_GCE_CHECK=true + ``import beam_tfrecords.transforms.io.gcs``."""
     from apache_beam.io.filesystems import FileSystems  # pylint: disable=import-outside-toplevel
 
     gcs.upload_bytes("gs://first-call/x", b"x")
@@ -144,7 +144,7 @@ def test_emulator_helpers_and_object_crc32c(gcs):
 def _first_call_in_fresh_process(recipe: bool) -> tuple[float, str]:
     code = textwrap.dedent(f"""
         import time
-        {"import transforms.gcs" if recipe else ""}
+        {"import beam_tfrecords.transforms.io.gcs" if recipe else ""}
         from apache_beam.io.filesystems import FileSystems
         start = time.monotonic()
         found = FileSystems.match(["gs://first-call/**"])[0].metadata_list
@@ -264,9 +264,17 @@ def test_pipeline_catches_an_object_changed_after_writing(gcs, image_tree, tmp_p
     from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline  # pylint: disable=import-outside-toplevel
     from apache_beam.testing.util import assert_that, equal_to  # pylint: disable=import-outside-toplevel
 
-    from schemas.config import ConvertConfig  # pylint: disable=import-outside-toplevel
-    from transforms.images import ListImages  # pylint: disable=import-outside-toplevel
-    from transforms.shards import PlanShards, VerifyShards, WriteShards  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.schemas.config import (
+        ConvertConfig,
+    )  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.images import (
+        ListImages,
+    )  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.shards import (
+        PlanShards,
+        VerifyShards,
+        WriteShards,
+    )  # pylint: disable=import-outside-toplevel
 
     config = ConvertConfig(input="gs://b/images", output="gs://b/out-changed", encode_processes=0)
 
@@ -341,13 +349,13 @@ def test_convert_table_gs_to_gs(gcs, table_csv, tmp_path):
 
 
 def test_convert_images_multi_processing_workers_do_not_stall(gcs, image_tree, tmp_path, caplog):
-    """Beam worker processes: ``--beam_plugin transforms.gcs`` makes each one import the recipe."""
+    """Beam worker processes: ``--beam_plugin beam_tfrecords.transforms.io.gcs`` makes each one import the recipe."""
     with caplog.at_level(logging.WARNING):
-        code, elapsed = _timed("convert gs:// multi_processing x2 (--beam_plugin transforms.gcs)",
+        code, elapsed = _timed("convert gs:// multi_processing x2 (--beam_plugin beam_tfrecords.transforms.io.gcs)",
                                main, ["convert", "--input", "gs://b/images", "--output",
                                       "gs://b/out-mp", *SHARD_FLAGS,
                                       "--direct_running_mode=multi_processing",
-                                      "--direct_num_workers=2", "--beam_plugin=transforms.gcs"])
+                                      "--direct_num_workers=2", "--beam_plugin=beam_tfrecords.transforms.io.gcs"])
     assert code == 0
     assert _credential_retries(caplog) == []
     assert elapsed < 15  # A stalled worker alone would take >= 15 s.
@@ -361,7 +369,7 @@ def test_cli_process_env_only_has_no_credential_stall(gcs, image_tree):
     env = dict(os.environ, PYTHONPATH=REPO)
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "beam_pipeline", "convert", "--input", "gs://b/images",
+        [sys.executable, "-m", "beam_tfrecords", "convert", "--input", "gs://b/images",
          "--output", "gs://b/out-cli", *SHARD_FLAGS],
         check=False, cwd=REPO, env=env, capture_output=True, text=True,
         timeout=SUBPROCESS_TIMEOUT)

@@ -1,4 +1,4 @@
-"""Tests for schemas.images: sniffing, header reading and validation."""
+"""Tests for transforms.codec.images: sniffing, header reading and validation."""
 
 import io
 import pickle
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from schemas.images import (
+from beam_tfrecords.schemas.config import VALIDATE_MODES
+from beam_tfrecords.transforms.codec.images import (
     IMAGE_EXTENSIONS,
-    VALIDATE_MODES,
     ImageError,
     ImageInfo,
     inspect_image,

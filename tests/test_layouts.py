@@ -1,4 +1,4 @@
-"""Tests for schemas.layouts: resolving inputs and listing the three layouts.
+"""Tests for transforms.plan.layouts: resolving inputs and listing the three layouts.
 
 The listing functions are pure: they get ``(path, size)`` tuples, text and a
 ``size_of`` callable, so no files are needed here.
@@ -6,8 +6,9 @@ The listing functions are pure: they get ``(path, size)`` tuples, text and a
 
 import pytest
 
-from schemas.layouts import (
-    LAYOUTS,
+from beam_tfrecords.schemas.config import LAYOUTS
+from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
+from beam_tfrecords.transforms.plan.layouts import (
     detect_layout,
     list_cifar,
     list_class_folders,
@@ -15,8 +16,7 @@ from schemas.layouts import (
     parse_labels_text,
     resolve_input,
 )
-from schemas.records import DeadLetter, ImageRef
-from schemas.sharding import stable_key
+from beam_tfrecords.transforms.plan.shards import stable_key
 
 
 def dead_errors(listing):

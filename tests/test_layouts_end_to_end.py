@@ -6,7 +6,7 @@ header, hashlib), never from the code under test.
 
 import os
 
-from beam_pipeline.samples import (
+from beam_tfrecords.samples import (
     CLASSES,
     make_cifar_sample,
     make_class_folder_sample,

@@ -32,7 +32,7 @@ import time
 import pytest
 import setuptools
 
-from beam_pipeline.samples import make_class_folder_sample
+from beam_tfrecords.samples import make_class_folder_sample
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCKERFILE = os.path.join(REPO, "Dockerfile")
@@ -178,7 +178,8 @@ def test_sdist_installs_into_a_fresh_venv_and_converts(tmp_path):
 
     work = tmp_path / "work"  # Run from outside the repo: only the installed package counts.
     work.mkdir()
-    code = "import beam_pipeline, schemas.proto.example_pb2 as p; print(beam_pipeline.__file__, p.__file__)"
+    code = ("import beam_tfrecords, beam_tfrecords.schemas.proto.example_pb2 as p; "
+            "print(beam_tfrecords.__file__, p.__file__)")
     where = _run([str(bin_dir / "python"), "-c", code], cwd=work, timeout=120)
     assert where.returncode == 0, where.stderr
     assert all(line.startswith(str(venv)) for line in where.stdout.split()), where.stdout

@@ -1,4 +1,4 @@
-"""Tests for schemas.sequence: SequenceExample bytes.
+"""Tests for transforms.codec.sequence: SequenceExample bytes.
 
 The golden serialization is written by hand from the proto3 wire format of
 tf.train.SequenceExample (schemas/proto/example.proto, TensorFlow's numbers):
@@ -16,9 +16,17 @@ import struct
 import pytest
 from google.protobuf.message import DecodeError
 
-from schemas.features import bytes_feature, encode_example, float_feature, int64_feature
-from schemas.proto import example_pb2
-from schemas.sequence import encode_sequence_example, sequence_example_to_dict
+from beam_tfrecords.schemas.proto import example_pb2
+from beam_tfrecords.transforms.codec.example import (
+    bytes_feature,
+    encode_example,
+    float_feature,
+    int64_feature,
+)
+from beam_tfrecords.transforms.codec.sequence import (
+    encode_sequence_example,
+    sequence_example_to_dict,
+)
 
 # --------------------------------------------------------------------------
 # Golden SequenceExample bytes, by hand:

@@ -1,20 +1,18 @@
-"""Tests for schemas.sharding: shard counts, shard cuts, keys and file names."""
+"""Tests for transforms.plan.shards: shard counts, shard cuts, keys and file names."""
 
 import re
 
 import numpy as np
 import pytest
 
-from schemas.sharding import (
+from beam_tfrecords.schemas.shards import (
     MB,
     ShardBand,
-    assign_shards,
-    choose_num_shards,
     is_valid_split_name,
     parse_shard_name,
     shard_name,
-    stable_key,
 )
+from beam_tfrecords.transforms.plan.shards import assign_shards, choose_num_shards, stable_key
 
 BAND = ShardBand.from_mb(100, 200)
 

@@ -3,10 +3,10 @@
 import pyarrow as pa
 import pytest
 
-from schemas.features import encode_example
-from schemas.table_encode import RowEncoder
-from schemas.table_schema import TableSchema, load_schema
-from schemas.tfrecord import frame_record
+from beam_tfrecords.schemas.table_schema import TableSchema, load_schema
+from beam_tfrecords.transforms.codec.example import encode_example
+from beam_tfrecords.transforms.codec.table_rows import RowEncoder
+from beam_tfrecords.transforms.codec.tfrecord import frame_record
 
 SCHEMA = load_schema("""
 columns:
@@ -70,7 +70,7 @@ def test_bad_cells_fall_back_and_name_the_row():
 def test_shipped_example_schemas_load(name):
     import os  # pylint: disable=import-outside-toplevel
 
-    import schemas  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords import schemas  # pylint: disable=import-outside-toplevel
 
     path = os.path.join(os.path.dirname(schemas.__file__), "examples", f"{name}.yaml")
     with open(path, encoding="utf-8") as f:

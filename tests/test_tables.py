@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from beam_pipeline.cli import main
-from schemas.tensors import decode_tensor
+from beam_tfrecords.cli import main
+from beam_tfrecords.transforms.codec.tensors import decode_tensor
 from tests.conftest import load_manifest, read_dataset, sha256_file
 
 
@@ -225,7 +225,9 @@ def test_reruns_are_byte_identical_and_shards_inside_the_band(five_mb_csv, tmp_p
 
 
 def test_sequence_examples_round_trip(tmp_path):
-    from schemas.sequence import sequence_example_to_dict  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.codec.sequence import (
+        sequence_example_to_dict,
+    )  # pylint: disable=import-outside-toplevel
 
     src_a, src_b = str(tmp_path / "in" / "a.csv"), str(tmp_path / "in" / "b.csv")
     header = ["user", "step", "country", "clicks", "page"]
@@ -243,7 +245,9 @@ def test_sequence_examples_round_trip(tmp_path):
                  "--sequence_key", "user", "--sequence_order", "step", "--output", out,
                  "--max_bad_fraction", "0.5"]) == 0
     shards = sorted(n for n in os.listdir(out) if ".tfrecord" in n)
-    from schemas.tfrecord import iter_records  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.codec.tfrecord import (
+        iter_records,
+    )  # pylint: disable=import-outside-toplevel
 
     with open(os.path.join(out, shards[0]), "rb") as f:
         parsed = [sequence_example_to_dict(r) for r in iter_records(f)]

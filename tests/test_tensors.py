@@ -1,4 +1,4 @@
-"""Tests for schemas.tensors: TensorProto bytes for tf.io.parse_tensor.
+"""Tests for transforms.codec.tensors: TensorProto bytes for tf.io.parse_tensor.
 
 What tf.io.parse_tensor(serialized, out_type) expects (TensorFlow's
 ParseTensorOp → Tensor::FromProto, tensorflow/core/framework/tensor.cc): a
@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 
-from schemas.proto import tensor_pb2
-from schemas.tensors import SUPPORTED_DTYPES, decode_tensor, encode_tensor
+from beam_tfrecords.schemas.proto import tensor_pb2
+from beam_tfrecords.transforms.codec.tensors import SUPPORTED_DTYPES, decode_tensor, encode_tensor
 
 # --------------------------------------------------------------------------
 # Golden TensorProto bytes, by hand

@@ -1,7 +1,7 @@
-"""Tests for schemas.tfrecord: framing, the checksumming writer and the reader.
+"""Tests for transforms.codec.tfrecord: framing, the checksumming writer and the reader.
 
 Golden bytes come from the TFRecord format itself (see the module docstring of
-schemas.tfrecord), computed with a bitwise CRC-32C written here, never from
+transforms.codec.tfrecord), computed with a bitwise CRC-32C written here, never from
 google_crc32c or from our writer.
 """
 
@@ -13,8 +13,8 @@ import struct
 
 import pytest
 
-from schemas.tfrecord import (
-    COMPRESSIONS,
+from beam_tfrecords.schemas.shards import COMPRESSIONS, shard_suffix
+from beam_tfrecords.transforms.codec.tfrecord import (
     RECORD_OVERHEAD,
     FileDigest,
     RecordError,
@@ -23,7 +23,6 @@ from schemas.tfrecord import (
     iter_records,
     masked_crc32c,
     scan_stream,
-    shard_suffix,
 )
 
 # --------------------------------------------------------------------------

@@ -10,13 +10,13 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_pipeline.pipeline import build_pipeline
-from beam_pipeline.samples import make_class_folder_sample
-from schemas.config import ConvertConfig
-from schemas.records import InputSummary, ShardResult
-from transforms.images import ListImages
-from transforms.manifest import REPORT_NAME, finalize
-from transforms.shards import PlanShards, VerifyShards, WriteShards
+from beam_tfrecords.pipeline import build_pipeline
+from beam_tfrecords.samples import make_class_folder_sample
+from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.schemas.elements import InputSummary, ShardResult
+from beam_tfrecords.transforms.images import ListImages
+from beam_tfrecords.transforms.manifest import REPORT_NAME, finalize
+from beam_tfrecords.transforms.shards import PlanShards, VerifyShards, WriteShards
 
 
 def _config(tmp_path, **options):

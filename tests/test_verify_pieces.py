@@ -5,9 +5,13 @@ import os
 
 import pytest
 
-from schemas.tfrecord import FileDigest, TFRecordWriter, checkpoints, frame_record
-from transforms.encode import ready_helper_pool
-from transforms.shards import verify_shard
+from beam_tfrecords.transforms.codec.tfrecord import (
+    TFRecordWriter,
+    checkpoints,
+    frame_record,
+)
+from beam_tfrecords.transforms.io.helpers import ready_helper_pool
+from beam_tfrecords.transforms.shards import verify_shard
 
 
 @pytest.fixture

@@ -13,8 +13,11 @@ from collections import Counter
 import apache_beam as beam
 from apache_beam.io.filesystem import BeamIOError
 
-from schemas.config import ConvertConfig
-from schemas.layouts import (
+from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.schemas.elements import ImageRefs, InputSummary
+from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io.helpers import SMALL_FILE_BYTES, helper_pool
+from beam_tfrecords.transforms.plan.layouts import (
     CIFAR_LABELS_FILE,
     Listing,
     detect_layout,
@@ -24,9 +27,6 @@ from schemas.layouts import (
     parse_labels_text,
     resolve_input,
 )
-from schemas.records import ImageRefs, InputSummary
-from transforms import files
-from transforms.encode import SMALL_FILE_BYTES, helper_pool
 
 __all__ = ["DEAD_LETTER_DIR", "ListImages", "list_images"]
 

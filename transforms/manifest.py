@@ -17,14 +17,13 @@ from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
 
-from schemas.config import ConvertConfig
-from schemas.features import FeatureSpec
-from schemas.image_example import image_feature_spec
-from schemas.manifest import MANIFEST_NAME, ErrorBudget, build_manifest
-from schemas.records import InputSummary, ShardResult
-from schemas.sharding import parse_shard_name
-from schemas.version import __version__
-from transforms import files
+from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.schemas.elements import InputSummary, ShardResult
+from beam_tfrecords.schemas.features import FeatureSpec, image_feature_spec
+from beam_tfrecords.schemas.manifest import MANIFEST_NAME, ErrorBudget, build_manifest
+from beam_tfrecords.schemas.shards import parse_shard_name
+from beam_tfrecords.schemas.version import __version__
+from beam_tfrecords.transforms.io import files
 
 __all__ = ["REPORT_NAME", "WriteManifest", "finalize"]
 

@@ -22,13 +22,14 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from schemas.config import ConvertConfig
-from schemas.sequence import encode_sequence_example
-from schemas.sharding import assign_shards, choose_num_shards, shard_name
-from schemas.table_schema import TableSchema
-from schemas.tfrecord import TFRecordWriter, checkpoints, frame_record
-from transforms import files
-from transforms.tables import TableShardSpec
+from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.schemas.shards import shard_name
+from beam_tfrecords.schemas.table_schema import TableSchema
+from beam_tfrecords.transforms.codec.sequence import encode_sequence_example
+from beam_tfrecords.transforms.codec.tfrecord import TFRecordWriter, checkpoints, frame_record
+from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.plan.shards import assign_shards, choose_num_shards
+from beam_tfrecords.transforms.tables import TableShardSpec
 
 __all__ = ["BuildSequences", "PlanSequenceShards", "SequenceSpool", "plan_sequence_shards"]
 

@@ -23,11 +23,11 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from schemas.config import ConvertConfig
-from schemas.image_example import image_example_size
-from schemas.records import DeadLetter, ImageRef, ImageRefs, ShardResult, ShardSpec
-from schemas.sharding import ShardBand, assign_shards, choose_num_shards, shard_name
-from schemas.tfrecord import (
+from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.schemas.elements import DeadLetter, ImageRef, ImageRefs, ShardResult, ShardSpec
+from beam_tfrecords.schemas.shards import ShardBand, shard_name
+from beam_tfrecords.transforms.codec.image_example import image_example_size
+from beam_tfrecords.transforms.codec.tfrecord import (
     RECORD_OVERHEAD,
     FileDigest,
     RecordError,
@@ -35,10 +35,16 @@ from schemas.tfrecord import (
     digest_stream,
     scan_stream,
 )
-from transforms import files
-from transforms.encode import SMALL_FILE_BYTES, encode_chunk, ready_helper_pool, verify_range
-from transforms.gcs import object_crc32c
-from transforms.images import DEAD_LETTER_DIR
+from beam_tfrecords.transforms.images import DEAD_LETTER_DIR
+from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io.gcs import object_crc32c
+from beam_tfrecords.transforms.io.helpers import (
+    SMALL_FILE_BYTES,
+    encode_chunk,
+    ready_helper_pool,
+    verify_range,
+)
+from beam_tfrecords.transforms.plan.shards import assign_shards, choose_num_shards
 
 __all__ = [
     "PlanShards",
@@ -204,7 +210,7 @@ class _WriteShardFn(beam.DoFn):
     Images are read, checked and encoded a chunk at a time by a pool, at most a
     few chunks ahead of the writer, in key order: threads, or, for shards of
     small files when ``encode_processes`` > 0, the process-wide helper pool (see
-    ``transforms.encode``), which is how the DirectRunner gets every core working.
+    ``transforms.io.helpers``), which is how the DirectRunner gets every core working.
     """
 
     def __init__(self, config: ConvertConfig):

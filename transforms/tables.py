@@ -28,16 +28,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from schemas.config import ConvertConfig
-from schemas.records import DeadLetter, InputSummary, ShardResult
-from schemas.sharding import choose_num_shards, shard_name
-from schemas.table_encode import RowEncoder
-from schemas.table_schema import TableSchema
-from schemas.tfrecord import TFRecordWriter, checkpoints
-from transforms import files
-from transforms.encode import ready_helper_pool
-from transforms.images import DEAD_LETTER_DIR
-from transforms.table_batches import (
+from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.schemas.elements import DeadLetter, InputSummary, ShardResult
+from beam_tfrecords.schemas.shards import shard_name
+from beam_tfrecords.schemas.table_schema import TableSchema
+from beam_tfrecords.transforms.codec.table_batches import (
     BAD,
     BLANK,
     EncodedBatch,
@@ -45,6 +40,12 @@ from transforms.table_batches import (
     encode_table_batch,
     sequence_table_batch,
 )
+from beam_tfrecords.transforms.codec.table_rows import RowEncoder
+from beam_tfrecords.transforms.codec.tfrecord import TFRecordWriter, checkpoints
+from beam_tfrecords.transforms.images import DEAD_LETTER_DIR
+from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io.helpers import ready_helper_pool
+from beam_tfrecords.transforms.plan.shards import choose_num_shards
 
 __all__ = ["SPOOL_DIR", "EncodeTables", "PlanTableShards", "WriteTableShards", "csv_header",
            "table_files"]

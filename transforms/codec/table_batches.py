@@ -1,6 +1,6 @@
 """One batch of CSV rows (an Arrow RecordBatch of strings) to framed records.
 
-Like ``transforms.encode``, this module loads no Beam, so the shard writers'
+Like ``transforms.io.helpers``, this module loads no Beam, so the shard writers'
 helper processes can run it: the reader sends them batches (Arrow batches
 pickle as their buffers) and gets back, per split, the batch's records as one
 blob, so neither side does per-row work to move them.
@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.sharding import is_valid_split_name
-from schemas.table_encode import RowEncoder
-from schemas.table_schema import TableSchema
+from beam_tfrecords.schemas.shards import is_valid_split_name
+from beam_tfrecords.schemas.table_schema import TableSchema
+from beam_tfrecords.transforms.codec.table_rows import RowEncoder
 
 __all__ = [
     "BAD",

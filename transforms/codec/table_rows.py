@@ -23,9 +23,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.features import _VARINT_TABLE, _entry_prefix, _varint, bytes_entry_parts, feature_entry
-from schemas.table_schema import ColumnSpec, TableSchema, parse_bool
-from schemas.tensors import encode_tensor
+from beam_tfrecords.schemas.table_schema import ColumnSpec, TableSchema, parse_bool
+from beam_tfrecords.transforms.codec.example import (
+    _VARINT_TABLE,
+    _entry_prefix,
+    _varint,
+    bytes_entry_parts,
+    feature_entry,
+)
+from beam_tfrecords.transforms.codec.tensors import encode_tensor
 
 __all__ = ["ColumnValues", "RowEncoder", "RowError", "parse_column"]
 

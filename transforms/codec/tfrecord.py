@@ -27,8 +27,9 @@ from typing import BinaryIO
 import google_crc32c
 import numpy as np
 
+from beam_tfrecords.schemas.shards import check_compression
+
 __all__ = [
-    "COMPRESSIONS",
     "RECORD_OVERHEAD",
     "FileDigest",
     "RecordError",
@@ -40,10 +41,8 @@ __all__ = [
     "digest_stream",
     "scan_records",
     "scan_stream",
-    "shard_suffix",
 ]
 
-COMPRESSIONS = ("none", "gzip")
 RECORD_OVERHEAD = 16  # 8-byte length + 4-byte length CRC + 4-byte data CRC.
 
 _MASK_DELTA = 0xA282EAD8
@@ -66,17 +65,6 @@ def frame_record(data: bytes) -> bytes:
     return b"".join(
         (length, _FOOTER.pack(masked_crc32c(length)), data, _FOOTER.pack(masked_crc32c(data)))
     )
-
-
-def shard_suffix(compression: str) -> str:
-    """Returns the file suffix for a compression: ``.tfrecord`` or ``.tfrecord.gz``."""
-    _check_compression(compression)
-    return ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
-
-
-def _check_compression(compression: str) -> None:
-    if compression not in COMPRESSIONS:
-        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +123,7 @@ class TFRecordWriter:
     """
 
     def __init__(self, sink: BinaryIO, compression: str = "none"):
-        _check_compression(compression)
+        check_compression(compression)
         self._hashing = _HashingWriter(sink)
         self._records = 0
         self._closed = False
@@ -308,7 +296,7 @@ def scan_stream(source: BinaryIO, compression: str = "none") -> FileDigest:
         decompressed stream).
       OSError, EOFError: when a gzip stream is corrupt or truncated.
     """
-    _check_compression(compression)
+    check_compression(compression)
     hashing = _HashingReader(source)
     buffered = io.BufferedReader(hashing, buffer_size=_READ_CHUNK)
     stream: BinaryIO = gzip.GzipFile(fileobj=buffered, mode="rb") if compression == "gzip" else buffered

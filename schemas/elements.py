@@ -33,7 +33,7 @@ class ImageRef:
 
     Attributes:
       split: the split it belongs to (``train``, ``test``, ...).
-      key: stable ordering key (see ``schemas.sharding.stable_key``).
+      key: stable ordering key (see ``transforms.plan.shards.stable_key``).
       filename: path relative to the input root, '/'-separated; stored as
         ``image/filename``.
       path: where to read it (local path or URI).

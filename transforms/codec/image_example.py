@@ -9,8 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 
-from schemas.features import (
-    FeatureSpec,
+from beam_tfrecords.transforms.codec.example import (
     _scalar_entry,
     _varint,
     bytes_entry_parts,
@@ -18,31 +17,9 @@ from schemas.features import (
     feature_entry,
     varint_size,
 )
-from schemas.images import ImageInfo
+from beam_tfrecords.transforms.codec.images import ImageInfo
 
-__all__ = ["IMAGE_FEATURE_SPEC", "encode_image_example", "image_example_size", "image_feature_spec"]
-
-IMAGE_FEATURE_SPEC = FeatureSpec(
-    {
-        "image/encoded": ("string", []),
-        "image/format": ("string", []),
-        "image/height": ("int64", []),
-        "image/width": ("int64", []),
-        "image/channels": ("int64", []),
-        "image/class/label": ("int64", []),
-        "image/class/text": ("string", []),
-        "image/filename": ("string", []),
-        "image/key/sha256": ("string", []),
-    }
-)
-
-
-def image_feature_spec(extra_features: dict[str, str] | None = None) -> FeatureSpec:
-    """The image features plus scalar extras (``{name: dtype}``, e.g. CSV columns)."""
-    entries = {name: (dtype, shape) for name, dtype, shape in IMAGE_FEATURE_SPEC.entries()}
-    for name, dtype in (extra_features or {}).items():
-        entries[name] = (dtype, [])
-    return FeatureSpec(entries)
+__all__ = ["encode_image_example", "image_example_size"]
 
 
 def _text_entry(name: str, text: str) -> bytes:

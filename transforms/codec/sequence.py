@@ -7,7 +7,7 @@ one Feature per time step. TensorFlow reads it with
 
 Everything here is pure: no Beam, no I/O. Serialization is deterministic (map
 entries ordered by name) and reuses the Example encoder of
-:mod:`schemas.features`: a SequenceExample's ``context`` is field 1 of type
+:mod:`transforms.codec.example`: a SequenceExample's ``context`` is field 1 of type
 Features, exactly like ``Example.features``, so an encoded Example *is* the
 context field.
 """
@@ -16,15 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from schemas.features import (
+from beam_tfrecords.schemas.features import DTYPES
+from beam_tfrecords.schemas.proto import example_pb2
+from beam_tfrecords.transforms.codec.example import (
     _LIST_TAGS,
-    DTYPES,
     _entry_prefix,
     _list_parts,
     _varint,
     encode_example,
 )
-from schemas.proto import example_pb2
 
 __all__ = ["encode_sequence_example", "sequence_example_to_dict"]
 
@@ -55,7 +55,7 @@ def encode_sequence_example(
 
     Args:
       context: ``(name, dtype, values)`` triples, as for
-        :func:`schemas.features.encode_example`; dtype is one of ``DTYPES``.
+        :func:`transforms.codec.example.encode_example`; dtype is one of ``DTYPES``.
       feature_lists: ``(name, dtype, steps)`` triples; ``steps`` is a sequence
         of value lists, one per time step, all of ``dtype``. ``[]`` is a
         feature list with no steps.

@@ -26,8 +26,8 @@ import math
 
 import numpy as np
 
-from schemas.features import _varint
-from schemas.proto import tensor_pb2
+from beam_tfrecords.schemas.proto import tensor_pb2
+from beam_tfrecords.transforms.codec.example import _varint
 
 __all__ = ["SUPPORTED_DTYPES", "decode_tensor", "encode_tensor"]
 

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from PIL import Image
 
+from beam_tfrecords.schemas.config import VALIDATE_MODES
+
 __all__ = [
     "IMAGE_EXTENSIONS",
-    "VALIDATE_MODES",
     "ImageError",
     "ImageInfo",
     "inspect_image",
@@ -30,7 +31,6 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     {".jpg", ".jpeg", ".jpe", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff"}
 )
 
-VALIDATE_MODES: tuple[str, ...] = ("structure", "decode")
 
 # Exceptions Pillow raises for bad content, on open or on load. Image.open turns
 # plugin SyntaxError/IndexError/TypeError/struct.error into UnidentifiedImageError

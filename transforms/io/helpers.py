@@ -10,18 +10,18 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import concurrent.futures.process
-import logging
 import contextlib
 import importlib
+import logging
 import multiprocessing
 import os
 import sys
 import threading
 
-from schemas.image_example import encode_image_example
-from schemas.images import ImageError, inspect_image
-from schemas.records import DeadLetter, ImageRef
-from schemas.tfrecord import frame_record, scan_records
+from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
+from beam_tfrecords.transforms.codec.image_example import encode_image_example
+from beam_tfrecords.transforms.codec.images import ImageError, inspect_image
+from beam_tfrecords.transforms.codec.tfrecord import frame_record, scan_records
 
 __all__ = [
     "SMALL_FILE_BYTES",
@@ -49,7 +49,7 @@ _warmups: list[concurrent.futures.Future] = []
 def _read(path: str, size: int) -> bytes:
     """The file's bytes; ``size`` (from the listing) lets a local read be one call."""
     if "://" in path:
-        from transforms import files  # pylint: disable=import-outside-toplevel
+        from beam_tfrecords.transforms.io import files  # pylint: disable=import-outside-toplevel
 
         return files.read_bytes(path)
     fd = os.open(path, os.O_RDONLY)
@@ -72,7 +72,7 @@ def verify_range(path: str, start: int, end: int, first_index: int) -> int:
       RecordError: at the first faulty record (file index and offset).
     """
     if "://" in path:
-        from transforms import files  # pylint: disable=import-outside-toplevel
+        from beam_tfrecords.transforms.io import files  # pylint: disable=import-outside-toplevel
 
         with files.open_read(path) as stream:
             stream.seek(start)
@@ -134,9 +134,9 @@ def encode_chunk(chunk: list[ImageRef], validate: str) -> tuple[bytes, list[int 
 
 @contextlib.contextmanager
 def _stand_in_main():
-    """Makes ``transforms.helper_main`` the ``__main__`` that spawned children load."""
+    """Makes ``transforms.io.helper_main`` the ``__main__`` that spawned children load."""
     real = sys.modules["__main__"]
-    sys.modules["__main__"] = importlib.import_module("transforms.helper_main")
+    sys.modules["__main__"] = importlib.import_module("beam_tfrecords.transforms.io.helper_main")
     try:
         yield
     finally:
@@ -150,7 +150,7 @@ def _preload(modules: tuple[str, ...]) -> None:
 
 
 def helper_pool(
-    processes: int, preload: tuple[str, ...] = ("transforms.encode",)
+    processes: int, preload: tuple[str, ...] = ("beam_tfrecords.transforms.io.helpers",)
 ) -> concurrent.futures.ProcessPoolExecutor | None:
     """The process-wide pool of helper processes, started on first call.
 

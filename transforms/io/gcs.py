@@ -18,7 +18,7 @@ GCS call goes straight out. google-cloud-storage sends an anonymous client to
 ``STORAGE_EMULATOR_HOST`` when that is set.
 
 Importing this module does that when (and only when) ``STORAGE_EMULATOR_HOST``
-is set, so ``--beam_plugin transforms.gcs`` carries it into Beam's worker
+is set, so ``--beam_plugin beam_tfrecords.transforms.io.gcs`` carries it into Beam's worker
 processes. On real GCS never set ``STORAGE_EMULATOR_HOST`` (nor
 ``NO_GCE_CHECK=true`` on GCE/Dataflow machines, where the metadata server *is*
 the credential source): then nothing here changes how Beam authenticates.

@@ -23,13 +23,14 @@ import posixpath
 import re
 from collections.abc import Callable, Iterable, Sequence
 
-from schemas.images import is_image_filename
-from schemas.records import DeadLetter, ImageRef
-from schemas.sharding import is_valid_split_name, stable_key
+from beam_tfrecords.schemas.config import LAYOUTS
+from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
+from beam_tfrecords.schemas.shards import is_valid_split_name
+from beam_tfrecords.transforms.codec.images import is_image_filename
+from beam_tfrecords.transforms.plan.shards import stable_key
 
 __all__ = [
     "DEFAULT_SPLIT",
-    "LAYOUTS",
     "SPLIT_NAMES",
     "Listing",
     "detect_layout",
@@ -40,7 +41,6 @@ __all__ = [
     "resolve_input",
 ]
 
-LAYOUTS = ("auto", "class_folders", "cifar", "csv", "table")
 SPLIT_NAMES = frozenset({"train", "validation", "test"})
 DEFAULT_SPLIT = "train"
 CIFAR_LABELS_FILE = "labels.txt"

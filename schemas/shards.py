@@ -1,0 +1,92 @@
+"""The shard contract: the size band, the compressions, and how shard files are named.
+
+``<split>-00000-of-00004.tfrecord`` (``.tfrecord.gz`` with gzip): readers glob these
+names, ``verify`` recognizes them, and a rerun finds an earlier run's shards by them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+__all__ = [
+    "COMPRESSIONS",
+    "MB",
+    "check_compression",
+    "ShardBand",
+    "is_valid_split_name",
+    "parse_shard_name",
+    "shard_name",
+    "shard_suffix",
+]
+
+COMPRESSIONS = ("none", "gzip")
+MB = 1_000_000
+_SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.]*")
+_SHARD_NAME = re.compile(
+    r"(?P<split>[A-Za-z0-9][A-Za-z0-9_.]*)-(?P<index>\d{5,})-of-(?P<count>\d{5,})"
+    r"\.tfrecord(?:\.gz)?"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardBand:
+    """The size every shard of a split must land in, in bytes.
+
+    A split smaller than ``min_bytes`` becomes one shard below the band.
+    """
+
+    min_bytes: int
+    max_bytes: int
+
+    def __post_init__(self):
+        if self.min_bytes <= 0:
+            raise ValueError(f"shard minimum must be positive, got {self.min_bytes} bytes")
+        if self.max_bytes < self.min_bytes:
+            raise ValueError(
+                f"shard maximum ({self.max_bytes} bytes) is below the minimum ({self.min_bytes} bytes)"
+            )
+
+    @classmethod
+    def from_mb(cls, min_mb: float, max_mb: float) -> ShardBand:
+        """A band given in megabytes (10**6 bytes)."""
+        return cls(int(min_mb * MB), int(max_mb * MB))
+
+    def holds(self, size: int) -> bool:
+        """Whether ``size`` lies inside the band."""
+        return self.min_bytes <= size <= self.max_bytes
+
+
+def shard_suffix(compression: str) -> str:
+    """Returns the file suffix for a compression: ``.tfrecord`` or ``.tfrecord.gz``."""
+    check_compression(compression)
+    return ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
+
+
+def check_compression(compression: str) -> None:
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+
+
+def is_valid_split_name(split: str) -> bool:
+    """Whether ``split`` can start a shard file name (letters, digits, '_', '.')."""
+    return bool(_SPLIT_NAME.fullmatch(split))
+
+
+def shard_name(split: str, index: int, num_shards: int, compression: str) -> str:
+    """``<split>-00000-of-00004.tfrecord`` (``.tfrecord.gz`` with gzip)."""
+    if not _SPLIT_NAME.fullmatch(split):
+        raise ValueError(
+            f"split name {split!r} cannot name a file: use letters, digits, '_' and '.'"
+        )
+    if not 0 <= index < num_shards:
+        raise ValueError(f"shard index {index} is outside 0..{num_shards - 1}")
+    return f"{split}-{index:05d}-of-{num_shards:05d}{shard_suffix(compression)}"
+
+
+def parse_shard_name(name: str) -> tuple[str, int, int] | None:
+    """``(split, index, num_shards)`` for a shard file name, else ``None``."""
+    match = _SHARD_NAME.fullmatch(name)
+    if not match or int(match["index"]) >= int(match["count"]):
+        return None
+    return match["split"], int(match["index"]), int(match["count"])
