@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 DEMO_DIR ?= /tmp/beam-tfrecords-demo
 
-.PHONY: setup demo test bench bench-csv proto clean
+.PHONY: setup demo test test-fast lint bench bench-csv proto clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,13 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# The unit and beam tiers only (markers in pytest.ini): no whole conversions, no emulator.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "unit or beam" tests
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_images.py

@@ -46,6 +46,7 @@ EXTRAS = {
         "pytest>=8",
         # Serves the GCS JSON API on loopback for the gs:// tests.
         "gcp-storage-emulator>=2024.8.3",
+        "ruff>=0.6",  # make lint
     ],
 }
 

@@ -4,6 +4,7 @@ Installed, this folder is the package ``beam_tfrecords``; ``transforms`` and
 ``schemas`` are its subpackages. The public API is importable from the top::
 
     from beam_tfrecords import ConvertConfig, convert, build_pipeline
+    from beam_tfrecords import ImagesToExamples, RowsToExamples, WriteVerifiedShards
 
 Names load on first use, so a helper process that imports only a codec does not
 pay for Beam.
@@ -19,6 +20,9 @@ __all__ = [
     "ConvertConfig",
     "ConvertError",
     "ConvertResult",
+    "ImagesToExamples",
+    "RowsToExamples",
+    "WriteVerifiedShards",
     "__version__",
     "build_pipeline",
     "convert",
@@ -29,6 +33,9 @@ _EXPORTS = {
     "ConvertConfig": "beam_tfrecords.schemas.config",
     "ConvertError": "beam_tfrecords.pipeline",
     "ConvertResult": "beam_tfrecords.pipeline",
+    "ImagesToExamples": "beam_tfrecords.transforms.images",
+    "RowsToExamples": "beam_tfrecords.transforms.tables",
+    "WriteVerifiedShards": "beam_tfrecords.transforms.shards",
     "build_pipeline": "beam_tfrecords.pipeline",
     "convert": "beam_tfrecords.pipeline",
     "submit": "beam_tfrecords.pipeline",

@@ -19,13 +19,15 @@ from collections.abc import Sequence
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
 from beam_tfrecords.inspect import contact_sheet, describe_record, sample_records
-from beam_tfrecords.pipeline import ConvertError, convert, resolve_config, sample_rows
+from beam_tfrecords.pipeline import ConvertError, convert
+from beam_tfrecords.preflight import resolve_config, sample_rows
 from beam_tfrecords.schemas.config import LAYOUTS, VALIDATE_MODES, ConvertConfig, parse_splits
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, parse_manifest
 from beam_tfrecords.schemas.shards import COMPRESSIONS
 from beam_tfrecords.schemas.table_schema import dump_schema
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.plan.table_inference import infer_schema
+from beam_tfrecords.transforms.tables import csv_header, table_files
 from beam_tfrecords.verify import verify_dataset
 
 __all__ = ["config_from_args", "convert_parser", "main"]
@@ -157,8 +159,9 @@ def _print_summary(report: dict) -> None:
     if report["status"] == "no_records":
         print("NO RECORDS WRITTEN: no input image or row could be converted; no manifest was written")
     if budget["exceeded"]:
-        print("ERROR BUDGET EXCEEDED: the dataset is written and verified, but too many inputs "
-              "were bad; see the dead letter files")
+        print("ERROR BUDGET EXCEEDED: too many inputs were bad, so nothing was published "
+              "(no manifest, no shard at a final name); see the dead letter files, fix the "
+              "inputs or raise --max_bad_fraction, and run again")
 
 
 def _run_convert(argv: Sequence[str], prog: str) -> int:
@@ -242,7 +245,11 @@ def _run_infer_schema(argv: Sequence[str], prog: str) -> int:
     try:
         config = ConvertConfig(input=args.input, output="-", layout="table", **_dialect(args))
         config = resolve_config(config, PipelineOptions([]))
-        header, rows = sample_rows(config, args.sample_rows)
+        found = table_files(config)
+        if not found:
+            raise ConvertError(f"--input: no files match {config.input}")
+        header = csv_header(config, found[0][0])
+        rows = sample_rows(config, found[0][0], header, args.sample_rows)
         text = dump_schema(infer_schema(header, rows))
     except (ConvertError, ValueError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)

@@ -20,6 +20,7 @@ __all__ = [
     "InputSummary",
     "ShardResult",
     "ShardSpec",
+    "SpoolSegments",
 ]
 
 DEAD_LETTER_STAGES = ("list", "read", "validate", "encode")
@@ -115,18 +116,43 @@ class DeadLetter:
 
 @dataclasses.dataclass(frozen=True)
 class ShardSpec:
-    """One shard to write: its place in the split and its records in key order."""
+    """One shard to write: its place in the split and where its records come from.
+
+    Attributes:
+      split, index, num_shards: the shard's place; ``name`` is its file name.
+      planned_bytes: the bytes the plan expects it to hold.
+      records: what the record source reads, in order: ``ImageRefs`` for images,
+        ``SpoolSegments`` for records already framed in spool files, or a tuple
+        of serialized records (``WriteVerifiedShards``, after the shuffle).
+      checkpoints: ``(offset, index)`` of record boundaries known in advance
+        (for parallel verification); the writer adds its own when empty.
+    """
 
     split: str
     index: int
     num_shards: int
-    path: str
-    refs: ImageRefs
+    name: str
     planned_bytes: int
+    records: object
+    checkpoints: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self):
         if not 0 <= self.index < self.num_shards:
             raise ValueError(f"shard index {self.index} outside 0..{self.num_shards - 1}")
+        if "/" in self.name:
+            raise ValueError(f"a shard name is a file name, not a path: {self.name!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpoolSegments:
+    """Byte ranges of spool files that hold a shard's framed records, in order:
+    ``((spool_path, start, end, records), ...)``."""
+
+    segments: tuple[tuple[str, int, int, int], ...]
+
+    @property
+    def count(self) -> int:
+        return sum(records for *_, records in self.segments)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +160,9 @@ class ShardResult:
     """What was written to one shard, and what re-reading it found.
 
     Attributes:
-      split, index, num_shards, path: which shard.
+      split, index, num_shards: which shard.
+      path: its final path; ``temp_path``: where it was written and verified,
+        before the commit moved it to ``path``.
       records, bytes, crc32c, sha256: as computed while writing.
       planned_bytes: the size the plan expected.
       label_counts: ``((label_text, count), ...)`` of records written.
@@ -146,6 +174,7 @@ class ShardResult:
         can be verified in pieces, in parallel (uncompressed shards only).
       storage_crc32c: for objects on GCS, the CRC-32C the store reports (hex);
         it must equal ``crc32c``.
+      temp_path: see ``path``.
     """
 
     split: str
@@ -164,6 +193,7 @@ class ShardResult:
     verify_error: str = ""
     checkpoints: tuple[tuple[int, int], ...] = ()
     storage_crc32c: str = ""
+    temp_path: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,8 @@ from beam_tfrecords.schemas.shards import ShardBand
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "DEAD_LETTER_DIR",
+    "REPORT_NAME",
     "ErrorBudget",
     "ShardEntry",
     "build_manifest",
@@ -28,6 +30,9 @@ __all__ = [
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+# The rest of an output folder: one JSON line per bad input, and the last run's report.
+DEAD_LETTER_DIR = "dead_letter"
+REPORT_NAME = "run_report.json"
 
 
 @dataclasses.dataclass(frozen=True)

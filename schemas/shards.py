@@ -14,6 +14,8 @@ __all__ = [
     "MB",
     "check_compression",
     "ShardBand",
+    "ShardTarget",
+    "WORK_DIR",
     "is_valid_split_name",
     "parse_shard_name",
     "shard_name",
@@ -21,6 +23,9 @@ __all__ = [
 ]
 
 COMPRESSIONS = ("none", "gzip")
+# The hidden folder of an output where runs keep their lock and unfinished shards;
+# readers that glob ``OUT/*.tfrecord`` never see inside it.
+WORK_DIR = ".beam-tfrecords"
 MB = 1_000_000
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.]*")
 _SHARD_NAME = re.compile(
@@ -90,3 +95,39 @@ def parse_shard_name(name: str) -> tuple[str, int, int] | None:
     if not match or int(match["index"]) >= int(match["count"]):
         return None
     return match["split"], int(match["index"]), int(match["count"])
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardTarget:
+    """Where a run's shards go: written and verified under a temporary name in
+    the output's work folder, then moved to their final names by the commit.
+
+    Attributes:
+      output: the output folder (local path or URI).
+      compression: ``none`` or ``gzip``.
+      run_id: this run's id; it names the temporary folder.
+    """
+
+    output: str
+    compression: str = "none"
+    run_id: str = "run"
+
+    def __post_init__(self):
+        check_compression(self.compression)
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.run_id):
+            raise ValueError(f"run_id {self.run_id!r}: use letters, digits, '_', '.', '-'")
+
+    @property
+    def temp_dir(self) -> str:
+        """This run's temporary folder: ``OUT/.beam-tfrecords/tmp-<run_id>``."""
+        return _join(self.output, WORK_DIR, f"tmp-{self.run_id}")
+
+    def final_path(self, name: str) -> str:
+        return _join(self.output, name)
+
+    def temp_path(self, name: str) -> str:
+        return _join(self.temp_dir, name)
+
+
+def _join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/") if len(base) > 1 else base, *parts])

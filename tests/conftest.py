@@ -19,9 +19,21 @@ from beam_tfrecords.transforms.codec.tfrecord import iter_records
 CHANNELS_BY_MODE = {"L": 1, "LA": 2, "RGB": 3, "YCbCr": 3, "RGBA": 4, "CMYK": 4}
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "slow: a minute or more (fresh-venv install); -m 'not slow' skips it")
+TIERS = ("unit", "beam", "e2e", "emulator")  # Registered, with slow, in pytest.ini.
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test has exactly one tier marker, or is ``slow``: none may go unmarked."""
+    problems = []
+    for item in items:
+        tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+        if len(tiers) > 1 or not (tiers or item.get_closest_marker("slow")):
+            problems.append(f"  {item.nodeid}: {', '.join(tiers) or 'no tier marker'}")
+    if problems:
+        raise pytest.UsageError(
+            f"each test needs exactly one tier marker of {', '.join(TIERS)} (or slow); mark the "
+            "module with pytestmark = pytest.mark.<tier> or the test with @pytest.mark.<tier>:\n"
+            + "\n".join(problems))
 
 
 def read_dataset(output: str) -> dict[str, list[dict]]:

@@ -4,7 +4,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from beam_tfrecords.samples import make_class_folder_sample
+
+pytestmark = pytest.mark.e2e
 
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "beam-tfrecords")
 

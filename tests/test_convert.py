@@ -14,6 +14,8 @@ from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.transforms.codec.tfrecord import iter_records
 from tests.conftest import load_manifest, read_dataset, sha256_file
 
+pytestmark = pytest.mark.e2e
+
 MB = 1_000_000
 
 
@@ -141,19 +143,22 @@ def test_bad_inputs_go_to_the_dead_letter_within_budget(tmp_path, capsys):
     assert "bad inputs: 4 of 44" in capsys.readouterr().out
 
 
-def test_bad_inputs_beyond_budget_fail_the_run_after_writing(tmp_path, capsys):
+def test_bad_inputs_beyond_budget_fail_the_run_and_publish_nothing(tmp_path, capsys):
     root, out = str(tmp_path / "in"), str(tmp_path / "out")
     _make_bad_inputs(root)
     code = main(["convert", "--input", root, "--output", out])  # Default budget: 1%.
     assert code == 1
     assert "ERROR BUDGET EXCEEDED" in capsys.readouterr().out
-    # Everything was still written, verified and reported.
-    manifest = load_manifest(out)
-    assert manifest["error_budget"]["exceeded"] is True
-    assert manifest["splits"]["train"]["records"] == 40
+    # A manifest means complete and within budget: none here, and no shard at a final
+    # name; the dead letters and the report say what went wrong.
+    assert not os.path.exists(os.path.join(out, "manifest.json"))
+    assert not [name for name in os.listdir(out) if ".tfrecord" in name]
+    assert not os.path.exists(os.path.join(out, ".beam-tfrecords"))
     assert len(_dead_letters(out)) == 4
     with open(os.path.join(out, "run_report.json"), encoding="utf-8") as f:
-        assert json.load(f)["status"] == "error_budget_exceeded"
+        report = json.load(f)
+    assert report["status"] == "error_budget_exceeded"
+    assert report["records"] == 40 and report["error_budget"]["exceeded"] is True
 
 
 def _record_offsets(path):

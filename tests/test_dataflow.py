@@ -41,7 +41,8 @@ from google.cloud import dataflow_v1beta3
 from google.protobuf import json_format
 
 from beam_tfrecords.cli import _convert_parser, _unknown_beam_flags
-from beam_tfrecords.pipeline import build_pipeline, resolve_config
+from beam_tfrecords.pipeline import build_pipeline
+from beam_tfrecords.preflight import resolve_config
 from beam_tfrecords.samples import (
     make_cifar_sample,
     make_class_folder_sample,
@@ -239,6 +240,7 @@ def _assert_ships_our_package(job) -> None:
 # --- one job per input kind ----------------------------------------------------------
 
 
+@pytest.mark.beam
 def test_image_class_folders_job(tmp_path, offline):
     make_class_folder_sample(str(tmp_path / "in"), per_class=1)
     config = ConvertConfig(input=str(tmp_path / "in"), output=f"{BUCKET}/out/folders")
@@ -248,6 +250,7 @@ def test_image_class_folders_job(tmp_path, offline):
     assert _container_images(job) == {DEFAULT_IMAGE}
 
 
+@pytest.mark.beam
 def test_image_cifar_job(tmp_path, offline):
     make_cifar_sample(str(tmp_path / "in"), counts={"train": 4, "test": 2})
     config = ConvertConfig(input=str(tmp_path / "in"), output=f"{BUCKET}/out/cifar",
@@ -257,6 +260,7 @@ def test_image_cifar_job(tmp_path, offline):
     _assert_ships_our_package(job)
 
 
+@pytest.mark.beam
 def test_image_csv_manifest_job(tmp_path, offline):
     make_csv_manifest_sample(str(tmp_path / "in"), n=4)
     config = ConvertConfig(input=str(tmp_path / "in" / "manifest.csv"),
@@ -269,6 +273,7 @@ def test_image_csv_manifest_job(tmp_path, offline):
     _assert_ships_our_package(job)
 
 
+@pytest.mark.beam
 def test_csv_table_job(tmp_path, offline):
     src = tmp_path / "in" / "table.csv"
     src.parent.mkdir()
@@ -284,6 +289,7 @@ def test_csv_table_job(tmp_path, offline):
     _assert_ships_our_package(job)
 
 
+@pytest.mark.beam
 def test_csv_table_sequence_job(tmp_path, offline):
     src = tmp_path / "in" / "sensors.csv"
     src.parent.mkdir()
@@ -310,6 +316,7 @@ IMAGE_JOB_FLAGS = [
 ]
 
 
+@pytest.mark.beam
 def test_custom_container_job_carries_worker_settings(tmp_path, offline):
     """With ``--sdk_container_image`` (our Dockerfile's image, package preinstalled)
     and no ``--setup_file``, nothing of ours is staged and every step runs in the
@@ -333,6 +340,7 @@ def test_custom_container_job_carries_worker_settings(tmp_path, offline):
     assert environment.service_account_email.startswith("beam-tfrecords@")
 
 
+@pytest.mark.unit
 def test_documented_convert_commands_use_only_known_flags():
     """Every flag of a ``beam-tfrecords convert`` command in docs/running_on_dataflow.md
     is ours or Beam's (the CLI refuses any other before it starts)."""
@@ -380,6 +388,7 @@ def _metadata() -> dict:
         return json.load(f)
 
 
+@pytest.mark.unit
 def test_flex_template_metadata_is_a_valid_spec():
     metadata = _metadata()
     # Parses as Dataflow's own TemplateMetadata message: no unknown keys, valid enums.
@@ -391,6 +400,7 @@ def test_flex_template_metadata_is_a_valid_spec():
         assert param["label"] and param["helpText"], param["name"]
 
 
+@pytest.mark.unit
 def test_flex_template_parameters_match_the_convert_flags():
     parser = _convert_parser("beam-tfrecords convert")
     actions = {a.option_strings[0][2:]: a for a in parser._actions if a.option_strings}  # pylint: disable=protected-access
@@ -423,6 +433,7 @@ def test_flex_template_parameters_match_the_convert_flags():
             assert getattr(args, actions[name].dest) == actions[name].default, name
 
 
+@pytest.mark.beam
 def test_flex_template_entry_point_submits_the_same_job(tmp_path, offline):
     spec = importlib.util.spec_from_file_location(
         "flex_main", os.path.join(os.path.dirname(SETUP_FILE), "dataflow", "flex_main.py"))

@@ -33,6 +33,8 @@ from beam_tfrecords.transforms.codec.example import (
 from beam_tfrecords.transforms.codec.image_example import encode_image_example, image_example_size
 from beam_tfrecords.transforms.codec.images import ImageInfo, inspect_image
 
+pytestmark = pytest.mark.unit
+
 # --------------------------------------------------------------------------
 # Golden Example bytes, by hand
 # --------------------------------------------------------------------------
@@ -164,7 +166,7 @@ def test_example_to_dict_feature_without_kind_is_empty_list():
 
 
 def test_example_to_dict_rejects_garbage():
-    with pytest.raises(DecodeError):
+    with pytest.raises(DecodeError, match=r"Error parsing message with type 'beam_tfrecords\.v1\.Example'"):
         example_to_dict(b"\x0a\x05\x01")  # length 5, one byte present
 
 

@@ -74,6 +74,7 @@ def _module_wall_time():
 # -- crc32c: GCS base64 <-> manifest hex (no emulator) -----------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("data", [b"", b"123456789", b"\x00" * 33, bytes(range(256)) * 7])
 def test_crc32c_hex_and_gcs_base64_round_trip(data):
     hex_digest = _hex_crc32c(data)
@@ -83,6 +84,7 @@ def test_crc32c_hex_and_gcs_base64_round_trip(data):
     assert crc32c_gcs_to_hex(crc32c_hex_to_gcs(hex_digest)) == hex_digest
 
 
+@pytest.mark.unit
 def test_crc32c_known_value():
     # CRC-32C("123456789") = 0xE3069283, GCS reports base64 of e3 06 92 83.
     assert crc32c_hex_to_gcs("e3069283") == "4waSgw=="
@@ -90,18 +92,21 @@ def test_crc32c_known_value():
     assert crc32c_hex_to_gcs("E3069283") == "4waSgw=="
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", ["", "e30692", "e306928300", "xyz12345"])
 def test_crc32c_hex_rejects_malformed(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"not a (hex )?CRC-32C"):
         crc32c_hex_to_gcs(bad)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", ["", "4waS", "4waSgwAA", "not base64!"])
 def test_crc32c_gcs_rejects_malformed(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a GCS crc32c"):
         crc32c_gcs_to_hex(bad)
 
 
+@pytest.mark.unit
 def test_object_crc32c_is_none_off_gcs(tmp_path):
     assert object_crc32c(str(tmp_path / "x.tfrecord")) is None
     assert object_crc32c("s3://bucket/x") is None
@@ -110,6 +115,7 @@ def test_object_crc32c_is_none_off_gcs(tmp_path):
 # -- the emulator and its helpers ---------------------------------------------------
 
 
+@pytest.mark.emulator
 def test_first_gcs_call_in_driver_is_immediate(gcs):
     """The recipe: STORAGE_EMULATOR_HOST + NO_GCE_CHECK=true + ``import beam_tfrecords.transforms.io.gcs``."""
     from apache_beam.io.filesystems import FileSystems  # pylint: disable=import-outside-toplevel
@@ -120,6 +126,7 @@ def test_first_gcs_call_in_driver_is_immediate(gcs):
     assert elapsed < 5
 
 
+@pytest.mark.emulator
 def test_emulator_helpers_and_object_crc32c(gcs):
     data = b"hello gcs emulator\n" * 100
     gcs.upload_bytes("gs://helpers/a/b.bin", data)
@@ -135,9 +142,9 @@ def test_emulator_helpers_and_object_crc32c(gcs):
     assert object_crc32c("gs://helpers/a/b.bin") == _hex_crc32c(b"changed")
     assert int(gcs.object_metadata("gs://helpers/a/b.bin")["generation"]) != int(meta["generation"])
 
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="gs://helpers/missing does not exist"):
         object_crc32c("gs://helpers/missing")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="^gs://helpers/missing$"):
         gcs.overwrite_object("gs://helpers/missing", b"x")
 
 
@@ -158,6 +165,7 @@ def _first_call_in_fresh_process(recipe: bool) -> tuple[float, str]:
     return float(elapsed), proc.stderr
 
 
+@pytest.mark.emulator
 def test_first_gcs_call_in_fresh_process_is_immediate(gcs):
     gcs.upload_bytes("gs://first-call/x", b"x")
     elapsed, stderr = _first_call_in_fresh_process(recipe=True)
@@ -168,6 +176,7 @@ def test_first_gcs_call_in_fresh_process_is_immediate(gcs):
 
 @pytest.mark.skipif(not os.environ.get("GCS_MEASURE_STALL"),
                     reason="costs 15-30 s; set GCS_MEASURE_STALL=1 to measure the stall")
+@pytest.mark.emulator
 def test_first_gcs_call_in_fresh_process_without_recipe_stalls(gcs):
     gcs.upload_bytes("gs://first-call/x", b"x")
     elapsed, stderr = _first_call_in_fresh_process(recipe=False)
@@ -210,6 +219,7 @@ def image_tree(gcs_emulator, tmp_path_factory):
     return local
 
 
+@pytest.mark.emulator
 def test_convert_images_gs_to_gs(gcs, image_tree, tmp_path):
     start = time.monotonic()
     code, _ = _timed("convert gs://b/images -> gs://b/out-images", main, [
@@ -228,6 +238,7 @@ def test_convert_images_gs_to_gs(gcs, image_tree, tmp_path):
     assert manifest["splits"]["train"]["records"] == 8
 
 
+@pytest.mark.emulator
 def test_verify_on_gcs_catches_a_changed_shard(gcs, image_tree, tmp_path, capsys):
     code = main(["convert", "--input", "gs://b/images", "--output", "gs://b/out-corrupt",
                  *SHARD_FLAGS])
@@ -253,12 +264,13 @@ def _rewrite_last_byte(result):
     """Someone rewrites the object between the write and the check."""
     from google.cloud import storage  # pylint: disable=import-outside-toplevel
 
-    bucket, name = result.path[len("gs://"):].split("/", 1)
+    bucket, name = result.temp_path[len("gs://"):].split("/", 1)
     blob = storage.Client.create_anonymous_client().bucket(bucket).blob(name)
     blob.upload_from_string(blob.download_as_bytes()[:-1] + b"\x00")
     return result
 
 
+@pytest.mark.emulator
 def test_pipeline_catches_an_object_changed_after_writing(gcs, image_tree, tmp_path):
     import apache_beam as beam  # pylint: disable=import-outside-toplevel
     from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline  # pylint: disable=import-outside-toplevel
@@ -267,27 +279,26 @@ def test_pipeline_catches_an_object_changed_after_writing(gcs, image_tree, tmp_p
     from beam_tfrecords.schemas.config import (
         ConvertConfig,
     )  # pylint: disable=import-outside-toplevel
-    from beam_tfrecords.transforms.images import (
-        ListImages,
-    )  # pylint: disable=import-outside-toplevel
-    from beam_tfrecords.transforms.shards import (
-        PlanShards,
-        VerifyShards,
-        WriteShards,
-    )  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.schemas.shards import ShardTarget
+    from beam_tfrecords.transforms.images import ImageRecords, ListImages, PlanImageShards
+    from beam_tfrecords.transforms.shards import VerifyShards, WriteShards
 
     config = ConvertConfig(input="gs://b/images", output="gs://b/out-changed", encode_processes=0)
 
     with BeamTestPipeline() as p:
         verdicts = (
-            (p | ListImages(config)).refs | PlanShards(config) | WriteShards(config)
-            | beam.Map(_rewrite_last_byte) | VerifyShards(config)
+            (p | ListImages(config.input, config.layout, None, config.output)).refs
+            | PlanImageShards(config.band)
+            | WriteShards(ShardTarget(config.output, run_id="test"), ImageRecords())
+            | beam.Map(_rewrite_last_byte) | VerifyShards()
             | beam.Map(lambda r: (r.verified, r.verify_error.startswith("GCS reports crc32c"),
                                   r.storage_crc32c != r.crc32c))
         )
         assert_that(verdicts, equal_to([(False, True, True)]))
 
 
+@pytest.mark.emulator
 def test_overwrite_and_stale_shards_on_gcs(gcs, image_tree):
     out = "gs://b/out-rerun"
     assert main(["convert", "--input", "gs://b/images", "--output", out, *SHARD_FLAGS]) == 0
@@ -302,6 +313,7 @@ def test_overwrite_and_stale_shards_on_gcs(gcs, image_tree):
     assert main(["verify", out]) == 0
 
 
+@pytest.mark.emulator
 def test_dead_letter_on_gcs(gcs, image_tree):
     gcs.upload_tree(image_tree, "gs://b/images-bad")
     gcs.upload_bytes("gs://b/images-bad/circles/broken.jpg", b"not a jpeg at all")
@@ -330,6 +342,7 @@ def table_csv(gcs_emulator, tmp_path_factory):
     return local
 
 
+@pytest.mark.emulator
 def test_convert_table_gs_to_gs(gcs, table_csv, tmp_path):
     start = time.monotonic()
     code, _ = _timed("convert gs://b/table.csv -> gs://b/out-table", main, [
@@ -339,7 +352,7 @@ def test_convert_table_gs_to_gs(gcs, table_csv, tmp_path):
     assert main(["verify", "gs://b/out-table"]) == 0
     print(f"[timing] whole gs:// table run (convert + verify): {time.monotonic() - start:.2f} s")
     # The spool files are scratch: none is left in the output.
-    assert not [p for p in gcs.list("gs://b/out-table/") if "/_spool/" in p]
+    assert not [p for p in gcs.list("gs://b/out-table/") if "/.beam-tfrecords/" in p]
 
     local_out = str(tmp_path / "out-table")
     code = main(["convert", "--input", table_csv, "--output", local_out, *SHARD_FLAGS])
@@ -348,6 +361,7 @@ def test_convert_table_gs_to_gs(gcs, table_csv, tmp_path):
     assert manifest["splits"]["train"]["records"] == 20
 
 
+@pytest.mark.emulator
 def test_convert_images_multi_processing_workers_do_not_stall(gcs, image_tree, tmp_path, caplog):
     """Beam worker processes: ``--beam_plugin beam_tfrecords.transforms.io.gcs`` makes each one import the recipe."""
     with caplog.at_level(logging.WARNING):
@@ -364,6 +378,7 @@ def test_convert_images_multi_processing_workers_do_not_stall(gcs, image_tree, t
     _check_against_local(gcs, "gs://b/out-mp", local_out)
 
 
+@pytest.mark.emulator
 def test_cli_process_env_only_has_no_credential_stall(gcs, image_tree):
     """A user's command line against the emulator: environment variables only."""
     env = dict(os.environ, PYTHONPATH=REPO)

@@ -19,6 +19,8 @@ from beam_tfrecords.transforms.codec.images import (
     is_image_filename,
 )
 
+pytestmark = pytest.mark.unit
+
 W, H = 30, 20  # deliberately not square, to catch width/height swaps
 
 
@@ -130,7 +132,7 @@ def test_accepts_bytes_like(wrap):
 
 
 def test_rejects_str():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="data must be bytes-like, not str"):
         inspect_image("not bytes")
 
 
@@ -266,7 +268,7 @@ BAD_IMAGES = {
 @pytest.mark.parametrize("name", sorted(BAD_IMAGES))
 def test_bad_images_raise_with_reason(name, validate):
     build, reason = BAD_IMAGES[name]
-    with pytest.raises(ImageError) as excinfo:
+    with pytest.raises(ImageError, match=f"^{reason}: ") as excinfo:
         inspect_image(build(), validate=validate)
     assert excinfo.value.reason == reason
     assert excinfo.value.message
@@ -305,7 +307,7 @@ def test_jpeg_cut_after_embedded_thumbnail_is_truncated():
     assert inspect_image(data).format == "jpeg"
     cut = data[: 2 + len(segment)]  # ends with the thumbnail's FFD9
     assert cut.endswith(b"\xff\xd9")
-    with pytest.raises(ImageError) as excinfo:
+    with pytest.raises(ImageError, match=r"JPEG ends before the start of scan \(SOS\)") as excinfo:
         inspect_image(cut)
     assert excinfo.value.reason == "truncated_jpeg"
 
@@ -321,7 +323,7 @@ def _jpeg_with_garbage_scan():
 def test_decode_mode_catches_garbage_entropy_data():
     data = _jpeg_with_garbage_scan()
     assert inspect_image(data, validate="structure") == ImageInfo("jpeg", H, W, 3)
-    with pytest.raises(ImageError) as excinfo:
+    with pytest.raises(ImageError, match="JPEG pixel data cannot be decoded") as excinfo:
         inspect_image(data, validate="decode")
     assert excinfo.value.reason == "decode_error"
 
@@ -334,7 +336,7 @@ def _with_jpeg_size(data, width, height):
 def test_decompression_bomb_is_a_decode_error():
     data = _with_jpeg_size(_jpeg(), 30_000, 30_000)
     assert inspect_image(data) == ImageInfo("jpeg", 30_000, 30_000, 3)  # header only
-    with pytest.raises(ImageError) as excinfo:
+    with pytest.raises(ImageError, match="JPEG is too large to decode safely") as excinfo:
         inspect_image(data, validate="decode")
     assert excinfo.value.reason == "decode_error"
 
@@ -357,7 +359,7 @@ def test_gif_transparency_only_counts_before_first_image():
 
 @pytest.mark.parametrize("mode", ["fast", "", "STRUCTURE", None])
 def test_bad_validate_mode(mode):
-    with pytest.raises(ValueError) as excinfo:
+    with pytest.raises(ValueError, match="validate must be one of 'structure', 'decode'; got ") as excinfo:
         inspect_image(_png(), validate=mode)
     assert not isinstance(excinfo.value, ImageError)
     assert "structure" in str(excinfo.value) and "decode" in str(excinfo.value)
@@ -374,7 +376,7 @@ def test_image_error_attributes_and_pickling():
 
 def test_image_info_is_frozen():
     info = inspect_image(_png())
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="cannot assign to field 'width'"):
         info.width = 1
 
 

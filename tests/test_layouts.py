@@ -18,6 +18,8 @@ from beam_tfrecords.transforms.plan.layouts import (
 )
 from beam_tfrecords.transforms.plan.shards import stable_key
 
+pytestmark = pytest.mark.unit
+
 
 def dead_errors(listing):
     """``{source: error}`` of the listing's dead letters (all at stage 'list')."""
@@ -67,7 +69,7 @@ def test_resolve_input(path, layout, expected):
     "path, layout", [("data/root", "folders"), ("data/root", ""), ("data/*.csv", "csv")]
 )
 def test_resolve_input_rejects(path, layout):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="layout must be one of|a CSV manifest is one file, not a glob"):
         resolve_input(path, layout)
 
 
@@ -216,9 +218,9 @@ def test_class_folders_labels_order_and_unknown_class():
 def test_class_folders_empty_and_outside_root():
     listing = list_class_folders("/d", [])
     assert (listing.refs, listing.vocabulary, listing.ignored, listing.dead_letters) == ([], [], 0, [])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"/other/cat/1\.jpg is not under the input root /d"):
         list_class_folders("/d", [("/other/cat/1.jpg", 1)])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"/dd/cat/1\.jpg is not under the input root /d"):
         list_class_folders("/d", [("/dd/cat/1.jpg", 1)])  # a sibling with the same prefix
 
 
@@ -271,7 +273,7 @@ def test_cifar_split_that_cannot_name_a_file_is_dead_letter():
 
 @pytest.mark.parametrize("labels_text", ["", "cat\ncat\n"])
 def test_cifar_bad_labels_file(labels_text):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="holds no class names|appears twice in the labels file"):
         list_cifar("/c", CIFAR, labels_text)
 
 
@@ -423,5 +425,5 @@ def test_csv_duplicate_column_is_refused(header):
     column it also puts the name twice in ImageRef.extra (one feature in the
     Example, two in image_example_size)."""
     cells = ",".join(["a.jpg", "0"] + [str(i) for i in range(header.count(",") - 1)])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"m\.csv: the CSV header names columns \[.*\] more than once"):
         list_csv_manifest("m.csv", f"{header}\n{cells}\n", lambda p: 1)

@@ -6,6 +6,8 @@ header, hashlib), never from the code under test.
 
 import os
 
+import pytest
+
 from beam_tfrecords.samples import (
     CLASSES,
     make_cifar_sample,
@@ -13,6 +15,8 @@ from beam_tfrecords.samples import (
     make_csv_manifest_sample,
 )
 from tests.conftest import expected_features, load_manifest, read_dataset
+
+pytestmark = pytest.mark.e2e
 
 
 def _records_by_filename(output):

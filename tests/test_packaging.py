@@ -81,6 +81,7 @@ def _beam_pin() -> str:
     return pins[0]
 
 
+@pytest.mark.unit
 def test_dockerfile_base_image_matches_the_beam_pin():
     (base,) = _instructions("FROM")
     pin = _beam_pin()
@@ -90,6 +91,7 @@ def test_dockerfile_base_image_matches_the_beam_pin():
     assert apache_beam.__version__ == pin
 
 
+@pytest.mark.unit
 def test_dockerfile_copies_only_existing_paths_and_everything_the_build_needs():
     sources = _copy_sources()
     for src in sources:
@@ -101,6 +103,7 @@ def test_dockerfile_copies_only_existing_paths_and_everything_the_build_needs():
     assert not missing, f"the Dockerfile does not COPY {missing}"
 
 
+@pytest.mark.unit
 def test_dockerfile_keeps_the_beam_entrypoint_and_installs_the_package():
     (entrypoint,) = _instructions("ENTRYPOINT")
     assert json.loads(entrypoint) == ["/opt/apache/beam/boot"]
@@ -149,6 +152,7 @@ def _assert_sdist_complete(sdist: str) -> None:
     assert not missing, f"the sdist lacks {missing}"
 
 
+@pytest.mark.unit
 def test_sdist_holds_every_package_the_protos_and_the_examples(tmp_path):
     _assert_sdist_complete(_build_sdist(tmp_path))
 

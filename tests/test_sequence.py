@@ -28,6 +28,8 @@ from beam_tfrecords.transforms.codec.sequence import (
     sequence_example_to_dict,
 )
 
+pytestmark = pytest.mark.unit
+
 # --------------------------------------------------------------------------
 # Golden SequenceExample bytes, by hand:
 #   context {"id": int64 [7]}, feature_lists {"x": float32 [[1.0], [2.5]]}
@@ -216,7 +218,7 @@ def test_sequence_example_to_dict_edge_cases():
     message.context.feature["e"].SetInParent()  # A Feature with no list set.
     message.feature_lists.feature_list["l"].feature.add()
     assert sequence_example_to_dict(message.SerializeToString()) == ({"e": []}, {"l": [[]]})
-    with pytest.raises(DecodeError):
+    with pytest.raises(DecodeError, match=r"Error parsing message with type 'beam_tfrecords\.v1\.SequenceExample'"):
         sequence_example_to_dict(b"\x12\x05\x01")  # length 5, one byte present
 
 

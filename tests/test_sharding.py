@@ -14,6 +14,8 @@ from beam_tfrecords.schemas.shards import (
 )
 from beam_tfrecords.transforms.plan.shards import assign_shards, choose_num_shards, stable_key
 
+pytestmark = pytest.mark.unit
+
 BAND = ShardBand.from_mb(100, 200)
 
 
@@ -43,7 +45,7 @@ def test_band_from_mb_and_holds():
 
 @pytest.mark.parametrize("low, high", [(0, 10), (-1, 10), (10, 9)])
 def test_band_rejects_bad_bounds(low, high):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"must be positive|is below the minimum"):
         ShardBand(low, high)
 
 
@@ -164,7 +166,7 @@ def test_assign_shards_table(sizes, n, expected):
 
 @pytest.mark.parametrize("n", [0, -1])
 def test_assign_shards_rejects_fewer_than_one_shard(n):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="num_shards must be at least 1"):
         assign_shards([1, 2], n)
 
 
@@ -252,7 +254,7 @@ def test_valid_split_names(name):
 )
 def test_invalid_split_names(name):
     assert not is_valid_split_name(name)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape(f"split name {name!r} cannot name a file")):
         shard_name(name, 0, 1, "none")
 
 
@@ -273,12 +275,12 @@ def test_shard_name_round_trip(split, index, count, compression, name):
 
 @pytest.mark.parametrize("index, count", [(-1, 4), (4, 4), (0, 0)])
 def test_shard_name_index_out_of_range(index, count):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=rf"shard index {index} is outside 0\.\.{count - 1}"):
         shard_name("train", index, count, "none")
 
 
 def test_shard_name_bad_compression():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"compression must be one of \('none', 'gzip'\), got 'zip'"):
         shard_name("train", 0, 1, "zip")
 
 

@@ -8,6 +8,8 @@ from beam_tfrecords.transforms.codec.example import encode_example
 from beam_tfrecords.transforms.codec.table_rows import RowEncoder
 from beam_tfrecords.transforms.codec.tfrecord import frame_record
 
+pytestmark = pytest.mark.unit
+
 SCHEMA = load_schema("""
 columns:
   - {name: f, type: float, required: true}

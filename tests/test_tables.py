@@ -13,6 +13,8 @@ from beam_tfrecords.cli import main
 from beam_tfrecords.transforms.codec.tensors import decode_tensor
 from tests.conftest import load_manifest, read_dataset, sha256_file
 
+pytestmark = pytest.mark.e2e
+
 
 def _write_csv(path, header, rows, delimiter=",", **kwargs):
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -72,7 +74,7 @@ def test_every_type_list_and_default(tmp_path):
     assert features["opt"] == {"dtype": "int64", "shape": [None]}
     assert features["tokens"] == {"dtype": "string", "shape": [None]}
     assert features["f"] == {"dtype": "float32", "shape": []}
-    assert not os.listdir(os.path.join(out, "_spool"))  # Spools are removed.
+    assert not os.path.exists(os.path.join(out, ".beam-tfrecords"))  # Spools and lock are removed.
 
 
 def test_quoting_edge_cases_and_several_files(tmp_path):
@@ -264,7 +266,7 @@ def test_sequence_examples_round_trip(tmp_path):
     assert manifest["input"]["rows"]["in_sequences"] == 4
     assert manifest["input"]["rows"]["accounted"] is True
     assert sorted(d["error"] for d in _dead(out)) == ["bad_value", "missing_sequence_key"]
-    assert not os.listdir(os.path.join(out, "_spool"))
+    assert not os.path.exists(os.path.join(out, ".beam-tfrecords"))
 
 
 def test_tsv_defaults_to_tabs_and_encoding_is_honoured(tmp_path):

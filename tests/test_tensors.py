@@ -30,6 +30,8 @@ from google.protobuf.message import DecodeError
 from beam_tfrecords.schemas.proto import tensor_pb2
 from beam_tfrecords.transforms.codec.tensors import SUPPORTED_DTYPES, decode_tensor, encode_tensor
 
+pytestmark = pytest.mark.unit
+
 # --------------------------------------------------------------------------
 # Golden TensorProto bytes, by hand
 # --------------------------------------------------------------------------
@@ -335,5 +337,5 @@ def test_decode_rejects(data, match):
 
 
 def test_decode_rejects_garbage():
-    with pytest.raises(DecodeError):
+    with pytest.raises(DecodeError, match=r"Error parsing message with type 'beam_tfrecords\.v1\.TensorProto'"):
         decode_tensor(b"\x22\x05\x01")  # tensor_content of 5 bytes, one present

@@ -25,6 +25,8 @@ from beam_tfrecords.transforms.codec.tfrecord import (
     scan_stream,
 )
 
+pytestmark = pytest.mark.unit
+
 # --------------------------------------------------------------------------
 # Reference CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), bit by bit.
 # --------------------------------------------------------------------------
@@ -162,19 +164,19 @@ def test_writer_does_not_close_sink_and_close_is_idempotent():
     first = writer.close()
     assert not sink.closed
     assert writer.close() == first
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"write\(\) on a closed TFRecordWriter"):
         writer.write(b"more")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"write_framed\(\) on a closed TFRecordWriter"):
         writer.write_framed(frame_record(b"more"))
 
 
 @pytest.mark.parametrize("compression", ["zlib", "", "GZIP", None])
 def test_bad_compression_is_refused(compression):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"compression must be one of \('none', 'gzip'\), got "):
         TFRecordWriter(io.BytesIO(), compression)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"compression must be one of \('none', 'gzip'\), got "):
         scan_stream(io.BytesIO(b""), compression)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"compression must be one of \('none', 'gzip'\), got "):
         shard_suffix(compression)
 
 
@@ -243,7 +245,7 @@ def test_reader_empty_stream_has_no_records():
 def test_flipped_data_byte_is_data_crc(k):
     data = _stream()
     data[_offset(k) + 12 + len(RECORDS[k]) // 2] ^= 0x01
-    with pytest.raises(RecordError) as err:
+    with pytest.raises(RecordError, match="data CRC mismatch") as err:
         _read_all(data)
     assert (err.value.kind, err.value.index, err.value.offset) == ("data_crc", k, _offset(k))
     assert f"record {k}" in str(err.value)
@@ -256,7 +258,7 @@ def test_flipped_data_byte_is_data_crc(k):
 def test_flipped_data_crc_byte_is_data_crc(k):
     data = _stream()
     data[_offset(k) + 12 + len(RECORDS[k])] ^= 0x80
-    with pytest.raises(RecordError) as err:
+    with pytest.raises(RecordError, match="data CRC mismatch") as err:
         _read_all(data)
     assert (err.value.kind, err.value.index, err.value.offset) == ("data_crc", k, _offset(k))
 
@@ -266,7 +268,7 @@ def test_flipped_data_crc_byte_is_data_crc(k):
 def test_flipped_header_byte_is_length_crc(k, pos):
     data = _stream()
     data[_offset(k) + pos] ^= 0x04
-    with pytest.raises(RecordError) as err:
+    with pytest.raises(RecordError, match="length CRC mismatch") as err:
         _read_all(data)
     assert (err.value.kind, err.value.index, err.value.offset) == ("length_crc", k, _offset(k))
 
@@ -275,7 +277,7 @@ def test_flipped_header_byte_is_length_crc(k, pos):
 def test_cut_inside_record_body_is_truncated(k):
     data = _stream()
     cut = _offset(k) + 12 + (len(RECORDS[k]) + 4) // 2
-    with pytest.raises(RecordError) as err:
+    with pytest.raises(RecordError, match="stream ends inside the record:") as err:
         _read_all(data[:cut])
     assert (err.value.kind, err.value.index, err.value.offset) == ("truncated", k, _offset(k))
 
@@ -284,7 +286,7 @@ def test_cut_inside_record_body_is_truncated(k):
 @pytest.mark.parametrize("into_header", [1, 8, 11])
 def test_cut_inside_header_is_truncated(k, into_header):
     data = _stream()
-    with pytest.raises(RecordError) as err:
+    with pytest.raises(RecordError, match="stream ends inside the 12-byte header") as err:
         _read_all(data[: _offset(k) + into_header])
     assert (err.value.kind, err.value.index, err.value.offset) == ("truncated", k, _offset(k))
 
@@ -297,7 +299,7 @@ def test_cut_at_record_boundary_is_a_shorter_valid_stream():
 def test_cut_in_last_crc_is_truncated():
     data = _stream()
     k = len(RECORDS) - 1
-    with pytest.raises(RecordError) as err:
+    with pytest.raises(RecordError, match="stream ends inside the record:") as err:
         _read_all(data[:-1])
     assert (err.value.kind, err.value.index) == ("truncated", k)
 
@@ -312,7 +314,7 @@ def test_reader_yields_one_record_at_a_time():
     it = iter_records(io.BytesIO(bytes(_stream()[: _offset(2) + 5])))  # record 2 is cut
     assert next(it) == RECORDS[0]
     assert next(it) == RECORDS[1]
-    with pytest.raises(RecordError):
+    with pytest.raises(RecordError, match="stream ends inside the 12-byte header"):
         next(it)
 
 
@@ -342,10 +344,10 @@ def test_scan_stream_reports_corruption_with_decompressed_offset():
     data = _stream()
     data[_offset(2) + 14] ^= 0xFF
     stored = gzip.compress(bytes(data), mtime=0)
-    with pytest.raises(RecordError) as err:
+    with pytest.raises(RecordError, match="data CRC mismatch") as err:
         scan_stream(io.BytesIO(stored), "gzip")
     assert (err.value.kind, err.value.index, err.value.offset) == ("data_crc", 2, _offset(2))
-    with pytest.raises(RecordError) as err:
+    with pytest.raises(RecordError, match="data CRC mismatch") as err:
         scan_stream(io.BytesIO(bytes(data)), "none")
     assert (err.value.kind, err.value.index, err.value.offset) == ("data_crc", 2, _offset(2))
 
@@ -354,10 +356,10 @@ def test_scan_stream_reports_corruption_with_decompressed_offset():
 def test_scan_stream_on_truncated_gzip_raises_eof(keep):
     stored, _, _ = _write(RECORDS * 10, "gzip")
     cut = int(len(stored) * keep) if isinstance(keep, float) else keep
-    with pytest.raises(EOFError):
+    with pytest.raises(EOFError, match="Compressed file ended before the end-of-stream marker"):
         scan_stream(io.BytesIO(stored[:cut]), "gzip")
 
 
 def test_scan_stream_of_uncompressed_stream_read_as_gzip_raises():
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="Not a gzipped file"):
         scan_stream(io.BytesIO(GOLDEN_HELLO_THEN_EMPTY), "gzip")

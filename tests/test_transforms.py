@@ -6,6 +6,7 @@ import json
 import os
 
 import apache_beam as beam
+import pytest
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
@@ -14,9 +15,11 @@ from beam_tfrecords.pipeline import build_pipeline
 from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.elements import InputSummary, ShardResult
-from beam_tfrecords.transforms.images import ListImages
-from beam_tfrecords.transforms.manifest import REPORT_NAME, finalize
-from beam_tfrecords.transforms.shards import PlanShards, VerifyShards, WriteShards
+from beam_tfrecords.schemas.manifest import REPORT_NAME
+from beam_tfrecords.schemas.shards import ShardTarget
+from beam_tfrecords.transforms.images import ImageRecords, ListImages, PlanImageShards
+from beam_tfrecords.transforms.manifest import CommitSettings, finalize
+from beam_tfrecords.transforms.shards import VerifyShards, WriteShards
 
 
 def _config(tmp_path, **options):
@@ -24,13 +27,22 @@ def _config(tmp_path, **options):
                          encode_processes=0, **options)
 
 
+def _list(config):
+    return ListImages(config.input, config.layout, config.labels, config.output)
+
+
+def _write(config):
+    return WriteShards(ShardTarget(config.output, config.compression, "test"), ImageRecords())
+
+
+@pytest.mark.beam
 def test_plan_shards_places_every_image_once(tmp_path):
     written = make_class_folder_sample(str(tmp_path / "in"), per_class=5)
     config = _config(tmp_path, shard_min_mb=0.05, shard_max_mb=0.1)
     with BeamTestPipeline() as p:
-        specs = p | ListImages(config)
-        planned = specs.refs | PlanShards(config)
-        placed = planned | beam.FlatMap(lambda s: [r.filename for r in s.refs.unpack()])
+        specs = p | _list(config)
+        planned = specs.refs | PlanImageShards(config.band)
+        placed = planned | beam.FlatMap(lambda s: [r.filename for r in s.records.unpack()])
         assert_that(placed, equal_to(written), label="EveryImageOnce")
         names = planned | beam.Map(lambda s: (s.split, s.index, s.num_shards))
         counts = (
@@ -42,12 +54,13 @@ def test_plan_shards_places_every_image_once(tmp_path):
         assert_that(counts, equal_to([True, True, True]), label="IndexesComplete")
 
 
+@pytest.mark.beam
 def test_verify_step_catches_a_shard_changed_after_writing(tmp_path):
     make_class_folder_sample(str(tmp_path / "in"), per_class=3, splits=None)
     config = _config(tmp_path)
 
     def corrupt(result):
-        with open(result.path, "r+b") as f:
+        with open(result.temp_path, "r+b") as f:
             f.seek(result.bytes // 2)
             byte = f.read(1)
             f.seek(result.bytes // 2)
@@ -56,12 +69,13 @@ def test_verify_step_catches_a_shard_changed_after_writing(tmp_path):
 
     with BeamTestPipeline() as p:
         results = (
-            p | ListImages(config)
-        ).refs | PlanShards(config) | WriteShards(config) | beam.Map(corrupt) | VerifyShards(config)
+            p | _list(config)
+        ).refs | PlanImageShards(config.band) | _write(config) | beam.Map(corrupt) | VerifyShards()
         verdicts = results | beam.Map(lambda r: (r.verified, "CRC mismatch" in r.verify_error))
         assert_that(verdicts, equal_to([(False, True)]))
 
 
+@pytest.mark.unit
 def test_finalize_writes_no_manifest_when_a_shard_failed(tmp_path):
     config = _config(tmp_path)
     os.makedirs(config.output)
@@ -71,7 +85,8 @@ def test_finalize_writes_no_manifest_when_a_shard_failed(tmp_path):
                               verified=False, verify_error="record 3 at byte offset 99: data CRC mismatch")
     summary = InputSummary(root=config.input, layout="class_folders", input_files=20,
                            input_bytes=2000, ignored_files=0, vocabulary=("a",))
-    report = finalize(config, [good, bad], summary)
+    settings = CommitSettings(ShardTarget(config.output), config.band, config.max_bad_fraction)
+    report = finalize(settings, [good, bad], summary)
     assert report["status"] == "verification_failed"
     assert report["manifest"] is None
     assert report["verification_failures"] == [{"path": bad.path, "error": bad.verify_error}]
@@ -80,6 +95,7 @@ def test_finalize_writes_no_manifest_when_a_shard_failed(tmp_path):
         assert json.load(f)["status"] == "verification_failed"
 
 
+@pytest.mark.beam
 def test_pipeline_counters(tmp_path):
     make_class_folder_sample(str(tmp_path / "in"), per_class=4, splits=None)
     with open(tmp_path / "in" / "circles" / "bad.png", "wb") as f:

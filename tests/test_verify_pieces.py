@@ -13,6 +13,8 @@ from beam_tfrecords.transforms.codec.tfrecord import (
 from beam_tfrecords.transforms.io.helpers import ready_helper_pool
 from beam_tfrecords.transforms.shards import verify_shard
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def shard(tmp_path):

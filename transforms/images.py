@@ -1,4 +1,6 @@
-"""ListImages: find the images of a dataset and label them, without reading them.
+"""Images: list and label them (``ListImages``), plan their shards from metadata
+(``PlanImageShards``), read and encode them while a shard is written
+(``ImageRecords``), and, for users' own pipelines, ``ImagesToExamples``.
 
 The listing is metadata only (path, size, split, label), so it costs memory in
 proportion to the file count. It runs in one worker, as a file match does;
@@ -7,16 +9,31 @@ everything after it is spread over shards.
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import logging
+import time
 from collections import Counter
+from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystem import BeamIOError
 
-from beam_tfrecords.schemas.config import ConvertConfig
-from beam_tfrecords.schemas.elements import ImageRefs, InputSummary
+from beam_tfrecords.schemas.elements import DeadLetter, ImageRef, ImageRefs, InputSummary, ShardSpec
+from beam_tfrecords.schemas.shards import ShardBand, shard_name
+from beam_tfrecords.transforms.codec.image_example import image_example_size
+from beam_tfrecords.transforms.codec.tfrecord import RECORD_OVERHEAD
 from beam_tfrecords.transforms.io import files
-from beam_tfrecords.transforms.io.helpers import SMALL_FILE_BYTES, helper_pool
+from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
+from beam_tfrecords.transforms.io.faults import hold_point
+from beam_tfrecords.transforms.io.helpers import (
+    SMALL_FILE_BYTES,
+    encode_chunk,
+    helper_pool,
+    image_example,
+    ordered_map,
+    ready_helper_pool,
+)
 from beam_tfrecords.transforms.plan.layouts import (
     CIFAR_LABELS_FILE,
     Listing,
@@ -27,23 +44,46 @@ from beam_tfrecords.transforms.plan.layouts import (
     parse_labels_text,
     resolve_input,
 )
+from beam_tfrecords.transforms.plan.shards import cut_shards, stable_key
+from beam_tfrecords.transforms.shards import Chunk, RecordSource
 
-__all__ = ["DEAD_LETTER_DIR", "ListImages", "list_images"]
+__all__ = [
+    "ImageRecords",
+    "ImagesToExamples",
+    "ListImages",
+    "PlanImageShards",
+    "estimated_record_size",
+    "list_images",
+    "plan_image_shards",
+]
 
-DEAD_LETTER_DIR = "dead_letter"
 SUMMARY_TAG = "summary"
+DEAD_LETTER_TAG = "dead_letter"
 _log = logging.getLogger(__name__)
+# Dimensions assumed when sizing a record before its header is read: they change
+# the estimate by a few bytes per record.
+_TYPICAL_SIDE = 1024
+_TYPICAL_CHANNELS = 3
+# Length varints that grow with the file size and name: 4 entries, 4 extra bytes each at most.
+_VARINT_SLACK = 16
+_CHUNK_FILES = 64
+_CHUNK_BYTES = 4 << 20
 
 
-def list_images(config: ConvertConfig) -> Listing:
-    """Lists and labels the images that ``config.input`` names.
+def list_images(input_path: str, layout: str = "auto", labels_path: str | None = None) -> Listing:
+    """Lists and labels the images that ``input_path`` names.
+
+    Args:
+      input_path: a folder, a glob or a CSV manifest.
+      layout: ``auto``, ``class_folders``, ``cifar`` or ``csv``.
+      labels_path: a labels file (class names in label order), or ``None``.
 
     Raises:
       ValueError: when the labels file or CSV manifest cannot be used (these are
-        caught before the pipeline runs; see ``beam_pipeline.convert``).
+        caught before the pipeline runs, by the preflight).
     """
-    layout, root, pattern = resolve_input(config.input, config.layout)
-    labels = parse_labels_text(files.read_text(config.labels)) if config.labels else None
+    layout, root, pattern = resolve_input(input_path, layout)
+    labels = parse_labels_text(files.read_text(labels_path)) if labels_path else None
     if layout == "csv":
         under_root = dict(files.list_files(files.join(root, "**")))
 
@@ -56,7 +96,7 @@ def list_images(config: ConvertConfig) -> Listing:
                 return None
             return found[0][1] if found else None
 
-        return list_csv_manifest(config.input, files.read_text(config.input), size_of, labels)
+        return list_csv_manifest(input_path, files.read_text(input_path), size_of, labels)
     found = files.list_files(pattern)
     if layout == "auto":
         layout = detect_layout(root, (path for path, _ in found))
@@ -66,33 +106,28 @@ def list_images(config: ConvertConfig) -> Listing:
     return list_class_folders(root, found, labels)
 
 
-def _write_dead_letters(output: str, name: str, letters) -> str:
-    """Writes dead letters as JSON lines; returns the path relative to ``output``."""
-    if not letters:
-        return ""
-    relative = f"{DEAD_LETTER_DIR}/{name}.jsonl"
-    files.write_bytes(files.join(output, relative),
-                      "".join(d.to_json_line() for d in letters).encode("utf-8"))
-    return relative
-
-
 class _ListImagesFn(beam.DoFn):
     """Impulse → one ``ImageRefs`` of all images (main) and one ``InputSummary``
     (tagged ``summary``)."""
 
-    def __init__(self, config: ConvertConfig):
-        self._config = config
+    def __init__(self, input_path: str, layout: str, labels_path: str | None, output: str,
+                 helper_processes: int):
+        self._input = input_path
+        self._layout = layout
+        self._labels = labels_path
+        self._output = output
+        self._processes = helper_processes
 
     def process(self, _):
-        config = self._config
-        listing = list_images(config)
-        if config.encode_processes > 0 and listing.refs and (
+        hold_point("listing")
+        listing = list_images(self._input, self._layout, self._labels)
+        if self._processes > 0 and listing.refs and (
             sum(r.size for r in listing.refs) < SMALL_FILE_BYTES * len(listing.refs)
         ):
             # Small files: start the shard writers' helper processes while planning runs.
-            helper_pool(config.encode_processes)
-        _, root, _ = resolve_input(config.input, config.layout)
-        dead_path = _write_dead_letters(config.output, "listing", listing.dead_letters)
+            helper_pool(self._processes)
+        _, root, _ = resolve_input(self._input, self._layout)
+        dead_path = write_dead_letters(self._output, "listing", listing.dead_letters)
         bad = Counter(d.error for d in listing.dead_letters)
         images = len(listing.refs) + len(listing.dead_letters)
         _log.info(
@@ -119,20 +154,253 @@ class _ListImagesFn(beam.DoFn):
 
 
 class ListImages(beam.PTransform):
-    """Lists the images of ``config.input``.
+    """Lists and labels the images of a dataset, without reading them.
+
+    Args:
+      input_path: a folder, a glob or a CSV manifest.
+      layout: ``auto``, ``class_folders``, ``cifar`` or ``csv``.
+      labels_path: a labels file, or ``None``.
+      output: the output folder (inputs refused while listing are dead-lettered there).
+      helper_processes: helper processes the shard writers will use (started early).
 
     Returns a ``DoOutputsTuple``: ``.refs`` holds one ``ImageRefs`` element;
     ``.summary`` holds one ``InputSummary``.
     """
 
-    def __init__(self, config: ConvertConfig):
+    def __init__(self, input_path: str, layout: str, labels_path: str | None, output: str,
+                 helper_processes: int = 0):
         super().__init__()
-        self._config = config
+        self._fn = _ListImagesFn(input_path, layout, labels_path, output, helper_processes)
 
     def expand(self, pbegin):
         return (
             pbegin
             | "Impulse" >> beam.Create([None])
-            | "ListAndLabel"
-            >> beam.ParDo(_ListImagesFn(self._config)).with_outputs(SUMMARY_TAG, main="refs")
+            | "ListAndLabel" >> beam.ParDo(self._fn).with_outputs(SUMMARY_TAG, main="refs")
         )
+
+
+
+@functools.lru_cache(maxsize=4096)
+def _record_overhead(label: int, label_text: str, extra: tuple) -> int:
+    """Record size less the file's bytes and name, at their varints' widest."""
+    return RECORD_OVERHEAD + _VARINT_SLACK + image_example_size(
+        0, "jpeg", _TYPICAL_SIDE, _TYPICAL_SIDE, _TYPICAL_CHANNELS, label, label_text, "", extra
+    )
+
+
+def estimated_record_size(ref: ImageRef) -> int:
+    """Framed size of the record an image becomes, before its header is read.
+
+    At most a few bytes above the true size (see ``image_example_size`` for the
+    exact figure), which is all a plan needs.
+    """
+    overhead = _record_overhead(ref.label, ref.label_text, ref.extra)
+    return overhead + ref.size + len(ref.filename.encode("utf-8"))
+
+
+def plan_image_shards(images: ImageRefs, band: ShardBand, compression: str) -> list[ShardSpec]:
+    """Cuts each split, in key order, into shards of nearly equal bytes.
+
+    Args:
+      images: every image of every split.
+      band: the shard size band.
+      compression: ``none`` or ``gzip`` (names the files; sizes are planned on
+        uncompressed bytes, since encoded images barely compress).
+
+    Returns:
+      One spec per shard, split by split, in index order.
+    """
+    by_split: dict[str, list[ImageRef]] = {}
+    for ref in images.unpack():
+        by_split.setdefault(ref.split, []).append(ref)
+    specs = []
+    start = time.monotonic()
+    for split in sorted(by_split):
+        items = sorted(by_split[split], key=lambda r: (r.key, r.filename))
+        sizes = [estimated_record_size(r) for r in items]
+        num_shards, shard_of = cut_shards(sizes, band)
+        members: list[list[int]] = [[] for _ in range(num_shards)]
+        for position, index in enumerate(shard_of.tolist()):
+            members[index].append(position)
+        for index, positions in enumerate(members):
+            specs.append(ShardSpec(
+                split=split,
+                index=index,
+                num_shards=num_shards,
+                name=shard_name(split, index, num_shards, compression),
+                planned_bytes=sum(sizes[p] for p in positions),
+                records=ImageRefs.pack([items[p] for p in positions]),
+            ))
+    _log.info("Planned %d shards for %d images in %.1f s", len(specs),
+              sum(s.records.count for s in specs), time.monotonic() - start)
+    return specs
+
+
+class PlanImageShards(beam.PTransform):
+    """``ImageRefs`` → one ``ShardSpec`` per shard, spread over workers."""
+
+    def __init__(self, band: ShardBand, compression: str = "none"):
+        super().__init__()
+        self._band = band
+        self._compression = compression
+
+    def expand(self, refs):
+        return (
+            refs
+            | "CutSplits" >> beam.FlatMap(plan_image_shards, self._band, self._compression)
+            # One element per shard: spread them so each worker writes some.
+            | "Spread" >> beam.Reshuffle()
+        )
+
+
+def _chunks(items: Sequence[ImageRef]) -> Iterator[list[ImageRef]]:
+    """Consecutive runs of at most _CHUNK_FILES files and about _CHUNK_BYTES bytes."""
+    chunk, size = [], 0
+    for item in items:
+        if chunk and (len(chunk) >= _CHUNK_FILES or size + item.size > _CHUNK_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(item)
+        size += item.size
+    if chunk:
+        yield chunk
+
+
+class ImageRecords(RecordSource):
+    """A shard's images, read, checked and encoded a chunk at a time.
+
+    A pool works at most a few chunks ahead of the writer, in key order: threads,
+    or, for shards of small files when ``helper_processes`` > 0, the process-wide
+    helper pool (see ``transforms.io.helpers``), which is how the DirectRunner
+    gets every core working.
+
+    Args:
+      validate: ``structure`` or ``decode``.
+      read_threads: threads reading and checking images.
+      helper_processes: helper processes for shards of small files (0: none).
+    """
+
+    def __init__(self, validate: str = "structure", read_threads: int = 4, helper_processes: int = 0):
+        self._validate = validate
+        self._read_threads = read_threads
+        self._processes = helper_processes
+        self._threads = None
+
+    def setup(self) -> None:
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            self._read_threads, thread_name_prefix="read-image")
+
+    def teardown(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_threads": None}
+
+    def _pool_for(self, spec: ShardSpec) -> tuple[concurrent.futures.Executor, int]:
+        """The pool for this shard's files, and how many tasks it runs at once."""
+        if self._processes > 0 and spec.planned_bytes < SMALL_FILE_BYTES * spec.records.count:
+            pool = ready_helper_pool(self._processes)
+            if pool is not None:
+                return pool, self._processes
+        return self._threads, self._read_threads
+
+    def chunks(self, spec: ShardSpec) -> Iterator[Chunk]:
+        pool, workers = self._pool_for(spec)
+        chunks = list(_chunks(spec.records.unpack()))
+        encode = functools.partial(encode_chunk, validate=self._validate)
+        for chunk, (framed, outcomes) in zip(chunks, ordered_map(pool, encode, chunks, workers + 2)):
+            dead, labels = [], []
+            for ref, outcome in zip(chunk, outcomes):
+                if isinstance(outcome, DeadLetter):
+                    dead.append(outcome)
+                else:
+                    labels.append(ref.label_text or str(ref.label))
+            yield Chunk(framed, len(labels), tuple(dead), tuple(labels), len(chunk))
+
+
+class _ImageToExampleFn(beam.DoFn):
+    """path | (path, label) → ``(key, Example bytes, plan size)``; bad images tagged
+    ``dead_letter``."""
+
+    def __init__(self, root: str | None, split: str, labels: Sequence[str] | None, validate: str):
+        self._root = root.rstrip("/") + "/" if root else None
+        self._split = split
+        self._labels = list(labels) if labels is not None else None
+        self._index = {name: i for i, name in enumerate(self._labels or ())}
+        self._validate = validate
+
+    def _label(self, path: str, given) -> tuple[int, str] | str:
+        if given is None:  # Class-per-folder: the parent folder names the class.
+            given = path.rsplit("/", 2)[-2] if path.count("/") else ""
+        if isinstance(given, int) and not isinstance(given, bool):
+            text = self._labels[given] if self._labels and 0 <= given < len(self._labels) else ""
+            return given, text
+        if isinstance(given, str) and given in self._index:
+            return self._index[given], given
+        return f"class {given!r} is not in the labels {self._labels}"
+
+    def process(self, element) -> Iterator:
+        path, given = (element, None) if isinstance(element, str) else element
+        if self._root and path.startswith(self._root):
+            relative = path[len(self._root):]
+        else:
+            relative = path.rsplit("/", 1)[-1]
+        label = self._label(path, given)
+        if isinstance(label, str):
+            beam.metrics.Metrics.counter("images", "dead_letter").inc()
+            yield beam.pvalue.TaggedOutput(
+                DEAD_LETTER_TAG, DeadLetter(path, "list", "unknown_class", label))
+            return
+        try:
+            data = files.read_bytes(path)
+        except (OSError, BeamIOError) as err:
+            beam.metrics.Metrics.counter("images", "dead_letter").inc()
+            yield beam.pvalue.TaggedOutput(
+                DEAD_LETTER_TAG, DeadLetter(path, "read", "read_error", f"cannot read the file: {err}"))
+            return
+        ref = ImageRef(self._split, stable_key(self._split, relative), relative, path, len(data),
+                       label[0], label[1])
+        example = image_example(ref, data, self._validate)
+        if isinstance(example, DeadLetter):
+            beam.metrics.Metrics.counter("images", "dead_letter").inc()
+            yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, example)
+            return
+        yield ref.key, example, estimated_record_size(ref)
+
+
+class ImagesToExamples(beam.PTransform):
+    """Image paths (or ``(path, label)``) → ``(key, serialized tf.train.Example, plan_size)``.
+
+    Each record holds the same features as the CLI writes (``image/encoded`` with
+    the file's own bytes, format, height, width, channels, label, class text,
+    file name relative to ``root``, SHA-256), so
+    ``paths | ImagesToExamples(root=...) | WriteVerifiedShards(out)`` gives the
+    CLI's shards: keys are the CLI's ordering keys and ``plan_size`` the size the
+    CLI plans an image at.
+
+    Args:
+      root: the folder ``image/filename`` is relative to (default: the file name).
+      split: the split (part of the ordering key).
+      labels: class names in label order; a label given as a name, or taken from
+        the parent folder's name when none is given, is its index here.
+      validate: ``structure`` or ``decode``.
+
+    Returns the examples. Images that cannot be read, checked or labelled are
+    counted (metric ``images/dead_letter``) and go to ``.dead_letter``, a
+    PCollection of ``DeadLetter`` (source, stage, reason) set when the transform
+    is applied: write it wherever your pipeline keeps rejects.
+    """
+
+    def __init__(self, root: str | None = None, split: str = "train",
+                 labels: Sequence[str] | None = None, validate: str = "structure"):
+        super().__init__()
+        self._fn = _ImageToExampleFn(root, split, labels, validate)
+        self.dead_letter = None
+
+    def expand(self, paths):
+        outputs = paths | "Encode" >> beam.ParDo(self._fn).with_outputs(DEAD_LETTER_TAG, main="examples")
+        self.dead_letter = outputs[DEAD_LETTER_TAG]
+        return outputs.examples

@@ -1,9 +1,12 @@
-"""WriteManifest: the last step, which decides whether the dataset is complete.
+"""Commit: the last step, which decides whether the dataset is published.
 
-It sees every shard's result at once (small metadata). When every shard was
-proved, it writes ``manifest.json`` and then removes shards an earlier run left
-under other names. Whatever happened, it writes ``run_report.json``, which the
-launcher reads to print the summary and choose its exit status.
+It sees every shard's result at once (small metadata). Only when every shard was
+proved, some record was written and the error budget held does it move the
+shards to their final names and write ``manifest.json`` (see
+``transforms.io.commit`` for the order), then remove shards an earlier run left
+under other names. Whatever happened, it removes the run's temporary folder and
+writes ``run_report.json``, which the launcher reads to print the summary and
+choose its exit status.
 """
 
 from __future__ import annotations
@@ -17,49 +20,84 @@ from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
 
-from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.elements import InputSummary, ShardResult
 from beam_tfrecords.schemas.features import FeatureSpec, image_feature_spec
-from beam_tfrecords.schemas.manifest import MANIFEST_NAME, ErrorBudget, build_manifest
-from beam_tfrecords.schemas.shards import parse_shard_name
+from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME, ErrorBudget, build_manifest
+from beam_tfrecords.schemas.shards import ShardBand, ShardTarget
 from beam_tfrecords.schemas.version import __version__
 from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io.commit import publish, release_lock, remove_folder
 
-__all__ = ["REPORT_NAME", "WriteManifest", "finalize"]
+__all__ = ["Commit", "CommitSettings", "finalize"]
 
-REPORT_NAME = "run_report.json"
 _log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitSettings:
+    """What the commit step needs to know.
+
+    Attributes:
+      target: where the shards are (temporary names) and go (final names).
+      band: the shard size band (the manifest flags shards outside it).
+      max_bad_fraction: the error budget.
+      options: ``((name, value), ...)`` recorded in the manifest as the options.
+      overwrite: whether an existing ``manifest.json`` may be replaced (the CLI
+        checks this before running; a user's pipeline is checked here).
+      release_lock: the run id whose lock on the output to release at the end
+        ('' when the run took none).
+    """
+
+    target: ShardTarget
+    band: ShardBand
+    max_bad_fraction: float
+    options: tuple[tuple[str, object], ...] = ()
+    overwrite: bool = True
+    release_lock: str = ""
 
 
 def _json_bytes(value: dict) -> bytes:
     return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def _remove_stale_shards(output: str, keep: set[str]) -> list[str]:
-    """Deletes shard files in ``output`` that are not in ``keep``; returns their names."""
-    stale = [
-        path for path, _ in files.list_files(files.join(output, "*"))
-        if parse_shard_name(path.rsplit("/", 1)[-1]) and path not in keep
-    ]
-    files.delete_files(stale)
-    return [path.rsplit("/", 1)[-1] for path in stale]
+def _feature_spec(summary: InputSummary) -> FeatureSpec:
+    if summary.layout in ("table", "records"):
+        return FeatureSpec({name: (dtype, list(shape)) for name, dtype, shape in summary.features})
+    return image_feature_spec(dict(summary.extra_features))
 
 
-def finalize(config: ConvertConfig, results: Sequence[ShardResult], summary: InputSummary) -> dict:
-    """Writes the manifest (if every shard was proved) and the run report.
+def _rows(summary: InputSummary, written: int, dead: int) -> dict:
+    rows = {"in": summary.rows_in}
+    if summary.sequence_features:
+        rows.update(in_sequences=summary.rows_grouped, sequences_written=written)
+        accounted = summary.rows_in == summary.rows_grouped + dead
+    else:
+        rows["written"] = written
+        accounted = summary.rows_in == written + dead
+    rows.update(dead_lettered=dead, blank_skipped=summary.blank_rows, accounted=accounted)
+    return rows
+
+
+def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: InputSummary) -> dict:
+    """Publishes the dataset (if every shard was proved and the budget held) and
+    writes the run report.
 
     Returns:
-      The run report: ``status`` is ``ok``, ``error_budget_exceeded``,
-      ``verification_failed`` or ``no_records`` (no manifest for the last two).
+      The run report: ``status`` is ``ok``, or, with nothing published,
+      ``verification_failed`` (a shard did not write or verify),
+      ``no_records``, ``error_budget_exceeded`` or ``output_exists``. In memory
+      only, ``manifest_json`` holds the published manifest.
     """
+    target = settings.target
     results = sorted(results, key=lambda r: (r.split, r.index))
     bad: Counter = Counter(dict(summary.bad_counts))
     for result in results:
         bad.update(dict(result.bad_counts))
     written = sum(r.records for r in results)
+    dead = sum(bad.values())
     # The budget counts inputs: rows for a table (a sequence holds many), else records.
-    inputs = summary.rows_in if summary.layout == "table" else written + sum(bad.values())
-    budget = ErrorBudget(config.max_bad_fraction, sum(bad.values()), inputs)
+    inputs = summary.rows_in if summary.layout == "table" else written + dead
+    budget = ErrorBudget(settings.max_bad_fraction, dead, inputs)
     failures = [{"path": r.path, "error": r.verify_error} for r in results if not r.verified]
     dead_letter_files = sorted(
         p for p in [summary.dead_letter_path, *summary.dead_letter_paths,
@@ -67,7 +105,7 @@ def finalize(config: ConvertConfig, results: Sequence[ShardResult], summary: Inp
     )
     report = {
         "status": "ok",
-        "output": config.output,
+        "output": target.output,
         "manifest": None,
         "records": written,
         "bytes": sum(r.bytes for r in results),
@@ -86,43 +124,32 @@ def finalize(config: ConvertConfig, results: Sequence[ShardResult], summary: Inp
         "bytes": summary.input_bytes,
         "ignored_files": summary.ignored_files,
     }
-    dead = sum(bad.values())
     if summary.layout == "table":
-        rows = {"in": summary.rows_in}
-        if summary.sequence_features:
-            rows.update(in_sequences=summary.rows_grouped, sequences_written=written)
-            accounted = summary.rows_in == summary.rows_grouped + dead
-        else:
-            rows["written"] = written
-            accounted = summary.rows_in == written + dead
-        rows.update(dead_lettered=dead, blank_skipped=summary.blank_rows, accounted=accounted)
-        input_json["rows"] = report["rows"] = rows
-        feature_spec = FeatureSpec({name: (dtype, list(shape)) for name, dtype, shape in summary.features})
-    else:
-        feature_spec = image_feature_spec(dict(summary.extra_features))
+        input_json["rows"] = report["rows"] = _rows(summary, written, dead)
+    manifest_path = files.join(target.output, MANIFEST_NAME)
     if failures:
         report["status"] = "verification_failed"
     elif written == 0:
         # Nothing to describe: an empty dataset must not look like a finished one.
         report["status"] = "no_records"
+    elif budget.exceeded:
+        report["status"] = "error_budget_exceeded"
+    elif not settings.overwrite and files.exists(manifest_path):
+        report["status"] = "output_exists"
     else:
-        prefix = config.output.rstrip("/") + "/"
-        relative = [
-            dataclasses.replace(r, path=r.path[len(prefix):] if r.path.startswith(prefix) else r.path)
-            for r in results
-        ]
+        relative = [dataclasses.replace(r, path=r.path.rsplit("/", 1)[-1]) for r in results]
         manifest = build_manifest(
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             tool_version=__version__,
-            options=config.to_json(),
+            options=dict(settings.options),
             input_summary=input_json,
             results=relative,
             vocabulary=summary.vocabulary,
-            feature_spec=feature_spec,
+            feature_spec=_feature_spec(summary),
             bad_counts=bad,
             dead_letter_files=dead_letter_files,
             budget=budget,
-            band=config.band,
+            band=settings.band,
         )
         if summary.schema:
             manifest["schema"] = json.loads(summary.schema)
@@ -130,47 +157,53 @@ def finalize(config: ConvertConfig, results: Sequence[ShardResult], summary: Inp
             manifest["sequence_features"] = FeatureSpec(
                 {name: (dtype, list(shape)) for name, dtype, shape in summary.sequence_features}
             ).to_json()
-        manifest_path = files.join(config.output, MANIFEST_NAME)
-        files.write_bytes(manifest_path, _json_bytes(manifest))
-        report["manifest"] = manifest_path
+        published = publish(target.output, target.temp_dir,
+                            [(r.temp_path or r.path, r.path) for r in results], _json_bytes(manifest))
+        report["manifest"] = published.manifest_path
+        report["manifest_json"] = manifest
         report["shards_outside_band"] = [
             path for split in manifest["splits"].values() for path in split["shards_outside_band"]
         ]
-        report["removed_stale_shards"] = _remove_stale_shards(
-            config.output, {r.path for r in results}
-        )
-        if budget.exceeded:
-            report["status"] = "error_budget_exceeded"
-    files.delete_files(list(summary.spools))
-    files.write_bytes(files.join(config.output, REPORT_NAME), _json_bytes(report))
+        report["removed_stale_shards"] = list(published.removed_stale_shards)
+    if report["manifest"] is None:
+        remove_folder(target.temp_dir)  # Nothing of a failed run reaches a final name.
+    for spool in summary.spools:  # Spools outside the temporary folder (none on our paths).
+        files.delete_files([spool])
+    files.write_bytes(files.join(target.output, REPORT_NAME),
+                      _json_bytes({k: v for k, v in report.items() if k != "manifest_json"}))
+    if settings.release_lock:
+        release_lock(target.output, settings.release_lock)
     return report
 
 
-class _FinalizeFn(beam.DoFn):
+class _CommitFn(beam.DoFn):
     """``[ShardResult, ...]`` + side input ``InputSummary`` → the run report."""
 
-    def __init__(self, config: ConvertConfig):
-        self._config = config
+    def __init__(self, settings: CommitSettings):
+        self._settings = settings
 
     def process(self, results: list[ShardResult], summary: InputSummary) -> Iterator[dict]:
-        report = finalize(self._config, results, summary)
+        report = finalize(self._settings, results, summary)
         _log.info("Run finished: %s", report["status"])
         yield report
 
 
-class WriteManifest(beam.PTransform):
-    """Collects every ``ShardResult`` and finishes the dataset."""
+class Commit(beam.PTransform):
+    """Collects every ``ShardResult`` and finishes the dataset; yields the run report.
 
-    def __init__(self, config: ConvertConfig, summary):
+    Args:
+      settings: see ``CommitSettings``.
+      summary: a PCollection of one ``InputSummary`` (what was read and refused).
+    """
+
+    def __init__(self, settings: CommitSettings, summary):
         super().__init__()
-        self._config = config
+        self._settings = settings
         self._summary = summary
 
     def expand(self, results):
         return (
             results
             | "Collect" >> beam.combiners.ToList()
-            | "Finish" >> beam.ParDo(
-                _FinalizeFn(self._config), beam.pvalue.AsSingleton(self._summary)
-            )
+            | "Finish" >> beam.ParDo(_CommitFn(self._settings), beam.pvalue.AsSingleton(self._summary))
         )

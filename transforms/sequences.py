@@ -23,13 +23,13 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_tfrecords.schemas.config import ConvertConfig
-from beam_tfrecords.schemas.shards import shard_name
+from beam_tfrecords.schemas.elements import ShardSpec, SpoolSegments
+from beam_tfrecords.schemas.shards import ShardBand, shard_name
 from beam_tfrecords.schemas.table_schema import TableSchema
 from beam_tfrecords.transforms.codec.sequence import encode_sequence_example
 from beam_tfrecords.transforms.codec.tfrecord import TFRecordWriter, checkpoints, frame_record
 from beam_tfrecords.transforms.io import files
-from beam_tfrecords.transforms.plan.shards import assign_shards, choose_num_shards
-from beam_tfrecords.transforms.tables import TableShardSpec
+from beam_tfrecords.transforms.plan.shards import cut_shards
 
 __all__ = ["BuildSequences", "PlanSequenceShards", "SequenceSpool", "plan_sequence_shards"]
 
@@ -115,7 +115,8 @@ class BuildSequences(beam.PTransform):
         )
 
 
-def plan_sequence_shards(spools: Sequence[SequenceSpool], config: ConvertConfig) -> list[TableShardSpec]:
+def plan_sequence_shards(spools: Sequence[SequenceSpool], band: ShardBand,
+                         compression: str) -> list[ShardSpec]:
     """Per split, records sorted by key hash, cut into shards of nearly equal bytes."""
     entries: dict[str, list[tuple[str, str, int, int]]] = {}  # split → (key, spool, start, end)
     for spool in spools:
@@ -127,31 +128,28 @@ def plan_sequence_shards(spools: Sequence[SequenceSpool], config: ConvertConfig)
     for split in sorted(entries):
         records = sorted(entries[split])
         sizes = [end - start for _, _, start, end in records]
-        num_shards = choose_num_shards(sum(sizes), config.band)
-        assignment = assign_shards(sizes, num_shards)
+        num_shards, shard_of = cut_shards(sizes, band)
+        segments: list[list[list]] = [[] for _ in range(num_shards)]
+        shard_sizes: list[list[int]] = [[] for _ in range(num_shards)]
+        for (_, path, start, end), index in zip(records, shard_of.tolist()):
+            run = segments[index]
+            if run and run[-1][0] == path and run[-1][2] == start:
+                run[-1][2] = end
+                run[-1][3] += 1
+            else:
+                run.append([path, start, end, 1])
+            shard_sizes[index].append(end - start)
         for index in range(num_shards):
-            segments: list[list] = []
-            for (_, path, start, end), shard in zip(records, assignment):
-                if shard != index:
-                    continue
-                if segments and segments[-1][0] == path and segments[-1][2] == start:
-                    segments[-1][2] = end
-                    segments[-1][3] += 1
-                else:
-                    segments.append([path, start, end, 1])
-            shard_sizes = [size for size, shard in zip(sizes, assignment) if shard == index]
-            specs.append(TableShardSpec(
-                split, index, num_shards,
-                files.join(config.output, shard_name(split, index, num_shards, config.compression)),
-                tuple(tuple(s) for s in segments),
-                sum(end - start for _, start, end, _ in segments),
-                checkpoints(shard_sizes) if config.compression == "none" else (),
+            specs.append(ShardSpec(
+                split, index, num_shards, shard_name(split, index, num_shards, compression),
+                sum(shard_sizes[index]), SpoolSegments(tuple(tuple(s) for s in segments[index])),
+                checkpoints(shard_sizes[index]) if compression == "none" else (),
             ))
     return specs
 
 
 class PlanSequenceShards(beam.PTransform):
-    """``SequenceSpool``s → ``TableShardSpec`` per shard, and the rows grouped."""
+    """``SequenceSpool``s → ``ShardSpec`` per shard, and the rows grouped."""
 
     def __init__(self, config: ConvertConfig):
         super().__init__()
@@ -161,7 +159,7 @@ class PlanSequenceShards(beam.PTransform):
         collected = spools | "Collect" >> beam.combiners.ToList()
         specs = (
             collected
-            | "Cut" >> beam.FlatMap(plan_sequence_shards, self._config)
+            | "Cut" >> beam.FlatMap(plan_sequence_shards, self._config.band, self._config.compression)
             | "Spread" >> beam.Reshuffle()
         )
         grouped = collected | "CountRows" >> beam.Map(

@@ -1,21 +1,30 @@
-"""PlanShards, WriteShards, VerifyShards: from image references to proved shards.
+"""The shard engine: one writer, one verifier, and the public ``WriteVerifiedShards``.
 
-Only metadata is planned and moved between steps; payloads are streamed by the
-one DoFn call that writes a shard, one small batch of files at a time, so peak
-memory does not grow with the dataset.
+Every input kind ends here. A plan (``ShardSpec`` per shard, cut by
+``plan.shards.cut_shards``) says which records each shard holds; a
+``RecordSource`` turns a spec into framed records (images read and encoded,
+byte ranges copied out of spools, or records that came through a shuffle);
+``WriteShards`` streams them into the shard's temporary file while digesting it;
+``VerifyShards`` re-reads each file from storage and proves it; the commit step
+(``transforms.manifest``) publishes the shards and the manifest.
+
+Only metadata is planned and moved between steps on the CLI's paths; payloads
+are streamed by the one DoFn call that writes a shard, so peak memory does not
+grow with the dataset.
 """
 
 from __future__ import annotations
 
-import collections
+import bisect
 import concurrent.futures
 import dataclasses
-import functools
-import itertools
+import hashlib
 import logging
 import time
+import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystem import BeamIOError
@@ -23,166 +32,161 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_tfrecords.schemas.config import ConvertConfig
-from beam_tfrecords.schemas.elements import DeadLetter, ImageRef, ImageRefs, ShardResult, ShardSpec
-from beam_tfrecords.schemas.shards import ShardBand, shard_name
-from beam_tfrecords.transforms.codec.image_example import image_example_size
+from beam_tfrecords.schemas.elements import (
+    DeadLetter,
+    InputSummary,
+    ShardResult,
+    ShardSpec,
+    SpoolSegments,
+)
+from beam_tfrecords.schemas.shards import (
+    COMPRESSIONS,
+    ShardBand,
+    ShardTarget,
+    is_valid_split_name,
+    shard_name,
+)
 from beam_tfrecords.transforms.codec.tfrecord import (
     RECORD_OVERHEAD,
     FileDigest,
     RecordError,
     TFRecordWriter,
     digest_stream,
+    frame_record,
     scan_stream,
 )
-from beam_tfrecords.transforms.images import DEAD_LETTER_DIR
 from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
+from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.gcs import object_crc32c
-from beam_tfrecords.transforms.io.helpers import (
-    SMALL_FILE_BYTES,
-    encode_chunk,
-    ready_helper_pool,
-    verify_range,
-)
-from beam_tfrecords.transforms.plan.shards import assign_shards, choose_num_shards
+from beam_tfrecords.transforms.io.helpers import SMALL_FILE_BYTES, ready_helper_pool, verify_range
+from beam_tfrecords.transforms.plan.shards import cut_shards
 
 __all__ = [
-    "PlanShards",
+    "Chunk",
+    "FramedRecords",
+    "RecordSource",
+    "SpoolCopy",
     "VerifyShards",
     "WriteShards",
-    "plan_image_shards",
+    "WriteVerifiedShards",
     "storage_crc32c_check",
     "verify_shard",
+    "write_shard",
 ]
 
 _log = logging.getLogger(__name__)
-# Dimensions assumed when sizing a record before its header is read: they change
-# the estimate by a few bytes per record.
-_TYPICAL_SIDE = 1024
-_TYPICAL_CHANNELS = 3
-# Length varints that grow with the file size and name: 4 entries, 4 extra bytes each at most.
-_VARINT_SLACK = 16
-_CHUNK_FILES = 64
-_CHUNK_BYTES = 4 << 20
 _PROGRESS_SECONDS = 10.0
 # Record boundaries are reported about this often, for parallel verification.
 _CHECKPOINT_BYTES = 16 << 20
+_CHUNK_BYTES = 4 << 20
+_COPY_BYTES = 1 << 20
+# A shard whose storage fails is written (or re-read) this many times in all,
+# waiting 1 s, 2 s, ... between attempts.
+_ATTEMPTS = 3
+_BACKOFF_SECONDS = 1.0
 
 
-@functools.lru_cache(maxsize=4096)
-def _record_overhead(label: int, label_text: str, extra: tuple) -> int:
-    """Record size less the file's bytes and name, at their varints' widest."""
-    return RECORD_OVERHEAD + _VARINT_SLACK + image_example_size(
-        0, "jpeg", _TYPICAL_SIDE, _TYPICAL_SIDE, _TYPICAL_CHANNELS, label, label_text, "", extra
-    )
+def _storage_errors() -> tuple[type[BaseException], ...]:
+    """What a storage call raises when the store, not the data, is at fault."""
+    errors: tuple[type[BaseException], ...] = (OSError, BeamIOError)
+    try:
+        from google.api_core.exceptions import GoogleAPIError  # pylint: disable=import-outside-toplevel
+    except ImportError:  # pragma: no cover - a GCP extra of Beam.
+        return errors
+    return (*errors, GoogleAPIError)
 
 
-def estimated_record_size(ref: ImageRef) -> int:
-    """Framed size of the record an image becomes, before its header is read.
+STORAGE_ERRORS = _storage_errors()
 
-    At most a few bytes above the true size (see ``image_example_size`` for the
-    exact figure), which is all a plan needs.
+
+class Chunk(NamedTuple):
+    """A piece of a shard, as a record source produces it.
+
+    Attributes:
+      framed: framed records (or, for a spool copy, part of them), in order.
+      records: records that end inside this piece.
+      dead: inputs refused while making this piece (dead letters).
+      labels: the class text of each record written (for per-class counts).
+      inputs: inputs consumed (for progress).
     """
-    overhead = _record_overhead(ref.label, ref.label_text, ref.extra)
-    return overhead + ref.size + len(ref.filename.encode("utf-8"))
+
+    framed: bytes
+    records: int
+    dead: tuple[DeadLetter, ...] = ()
+    labels: tuple[str, ...] = ()
+    inputs: int = 0
 
 
-def plan_image_shards(
-    images: ImageRefs, band: ShardBand, output: str, compression: str
-) -> list[ShardSpec]:
-    """Cuts each split, in key order, into shards of nearly equal bytes.
+class RecordSource:
+    """How the records of a shard are produced; one per writer, set up per worker.
 
-    Args:
-      images: every image of every split.
-      band: the shard size band.
-      output: the output folder.
-      compression: ``none`` or ``gzip`` (names the files; sizes are planned on
-        uncompressed bytes, since encoded images barely compress).
-
-    Returns:
-      One spec per shard, split by split, in index order.
+    ``aligned`` says whether every chunk ends on a record boundary (the writer
+    then notes boundaries for parallel verification by itself).
     """
-    by_split: dict[str, list[ImageRef]] = collections.defaultdict(list)
-    for ref in images.unpack():
-        by_split[ref.split].append(ref)
-    specs = []
-    start = time.monotonic()
-    for split in sorted(by_split):
-        items = sorted(by_split[split], key=lambda r: (r.key, r.filename))
-        sizes = [estimated_record_size(r) for r in items]
-        num_shards = choose_num_shards(sum(sizes), band)
-        assignment = assign_shards(sizes, num_shards)
-        grouped = itertools.groupby(zip(assignment, items, sizes), key=lambda t: t[0])
-        members = {index: list(group) for index, group in grouped}
-        for index in range(num_shards):
-            group = members.get(index, [])
-            specs.append(
-                ShardSpec(
-                    split=split,
-                    index=index,
-                    num_shards=num_shards,
-                    path=files.join(output, shard_name(split, index, num_shards, compression)),
-                    refs=ImageRefs.pack([item for _, item, _ in group]),
-                    planned_bytes=sum(size for _, _, size in group),
-                )
-            )
-    _log.info("Planned %d shards for %d images in %.1f s", len(specs),
-              sum(s.refs.count for s in specs), time.monotonic() - start)
-    return specs
+
+    aligned = True
+
+    def setup(self) -> None:
+        """Creates per-worker resources (pools, clients)."""
+
+    def teardown(self) -> None:
+        """Releases them."""
+
+    def count(self, spec: ShardSpec) -> int:
+        """Inputs the spec names (for progress)."""
+        return getattr(spec.records, "count", 0)
+
+    def chunks(self, spec: ShardSpec) -> Iterator[Chunk]:
+        """The shard's records, in order."""
+        raise NotImplementedError
 
 
-class PlanShards(beam.PTransform):
-    """``ImageRefs`` → one ``ShardSpec`` per shard, spread over workers."""
+class FramedRecords(RecordSource):
+    """``spec.records`` is a sequence of serialized records: frame them in order."""
 
-    def __init__(self, config: ConvertConfig):
-        super().__init__()
-        self._config = config
+    def count(self, spec: ShardSpec) -> int:
+        return len(spec.records)
 
-    def expand(self, refs):
-        config = self._config
-        return (
-            refs
-            | "CutSplits" >> beam.FlatMap(
-                plan_image_shards, config.band, config.output, config.compression
-            )
-            # One element per shard: spread them so each worker writes some.
-            | "Spread" >> beam.Reshuffle()
-        )
-
-
-def _chunks(items: Sequence[ImageRef]) -> Iterator[list[ImageRef]]:
-    """Consecutive runs of at most _CHUNK_FILES files and about _CHUNK_BYTES bytes."""
-    chunk, size = [], 0
-    for item in items:
-        if chunk and (len(chunk) >= _CHUNK_FILES or size + item.size > _CHUNK_BYTES):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(item)
-        size += item.size
-    if chunk:
-        yield chunk
+    def chunks(self, spec: ShardSpec) -> Iterator[Chunk]:
+        parts, size = [], 0
+        for record in spec.records:
+            framed = frame_record(record)
+            parts.append(framed)
+            size += len(framed)
+            if size >= _CHUNK_BYTES:
+                yield Chunk(b"".join(parts), len(parts), inputs=len(parts))
+                parts, size = [], 0
+        if parts:
+            yield Chunk(b"".join(parts), len(parts), inputs=len(parts))
 
 
-def _ordered_map(
-    pool: concurrent.futures.Executor, fn: Callable, items: Iterable, window: int
-) -> Iterator:
-    """``map(fn, items)`` on a pool, in order, with at most ``window`` in flight."""
-    pending: collections.deque = collections.deque()
-    iterator = iter(items)
-    for item in itertools.islice(iterator, window):
-        pending.append(pool.submit(fn, item))
-    while pending:
-        done = pending.popleft()
-        for item in itertools.islice(iterator, 1):
-            pending.append(pool.submit(fn, item))
-        yield done.result()
+class SpoolCopy(RecordSource):
+    """``spec.records`` is ``SpoolSegments``: copy those byte ranges of framed records."""
+
+    aligned = False
+
+    def chunks(self, spec: ShardSpec) -> Iterator[Chunk]:
+        segments: SpoolSegments = spec.records
+        for spool, begin, end, records in segments.segments:
+            with files.open_read(spool) as source:
+                source.seek(begin)
+                left = end - begin
+                while left > 0:
+                    block = source.read(min(_COPY_BYTES, left))
+                    if not block:
+                        raise OSError(f"{spool} ends before byte {end}")
+                    left -= len(block)
+                    done = records if left == 0 else 0
+                    yield Chunk(block, done, inputs=done)
 
 
 class _Progress:
     """Logs records, rate and ETA of one shard every few seconds."""
 
-    def __init__(self, spec: ShardSpec):
+    def __init__(self, spec: ShardSpec, total: int):
         self._spec = spec
+        self._total = total
         self.start = self._last = time.monotonic()
 
     def update(self, done: int, written_bytes: int) -> None:
@@ -190,118 +194,142 @@ class _Progress:
         if now - self._last < _PROGRESS_SECONDS:
             return
         self._last = now
-        total = self._spec.refs.count
         rate = done / max(now - self.start, 1e-9)
         _log.info(
-            "%s shard %d/%d: %d/%d records, %.0f records/s, %.1f MB/s, ETA %.0f s",
-            self._spec.split, self._spec.index + 1, self._spec.num_shards, done, total, rate,
-            written_bytes / max(now - self.start, 1e-9) / 1e6, (total - done) / max(rate, 1e-9),
+            "%s shard %d/%d: %d/%d inputs, %.0f/s, %.1f MB/s, ETA %.0f s",
+            self._spec.split, self._spec.index + 1, self._spec.num_shards, done, self._total, rate,
+            written_bytes / max(now - self.start, 1e-9) / 1e6,
+            (self._total - done) / max(rate, 1e-9),
         )
 
 
-def _stem(path: str) -> str:
-    name = path.rsplit("/", 1)[-1]
-    return name.split(".tfrecord", 1)[0]
+@dataclasses.dataclass
+class _Written:
+    digest: FileDigest
+    labels: Counter
+    dead: list[DeadLetter]
+    checkpoints: tuple[tuple[int, int], ...]
+
+
+def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSource) -> _Written:
+    labels: Counter = Counter()
+    dead: list[DeadLetter] = []
+    progress = _Progress(spec, source.count(spec))
+    done = written = last_checkpoint = 0
+    checkpoints: list[tuple[int, int]] = []
+    with files.open_write(temp) as sink:
+        writer = TFRecordWriter(sink, compression)
+        for number, chunk in enumerate(source.chunks(spec)):
+            dead.extend(chunk.dead)
+            labels.update(chunk.labels)
+            writer.write_framed(chunk.framed, chunk.records)
+            written += len(chunk.framed)
+            done += chunk.inputs
+            if (source.aligned and written - last_checkpoint >= _CHECKPOINT_BYTES):
+                checkpoints.append((written, writer.records))
+                last_checkpoint = written
+            if number == 1:
+                hold_point("mid_write")
+            progress.update(done, written)
+        digest = writer.close()
+    if checkpoints and checkpoints[-1] == (digest.bytes, digest.records):
+        checkpoints.pop()  # The end of the file is not a boundary to check between.
+    _log.info("Wrote %s: %d records, %.1f MB in %.1f s", spec.name, digest.records,
+              digest.bytes / 1e6, time.monotonic() - progress.start)
+    return _Written(digest, labels, dead, tuple(checkpoints))
+
+
+def write_shard(spec: ShardSpec, target: ShardTarget, source: RecordSource,
+                attempts: int = _ATTEMPTS) -> ShardResult:
+    """Writes one shard under its temporary name; the one writer of every input kind.
+
+    A storage error retries the whole shard (``attempts`` in all, with backoff);
+    bad inputs go to ``OUT/dead_letter/<shard>.jsonl``.
+
+    Returns:
+      The shard as written (not yet verified). When storage kept failing, a result
+      with ``verified=False`` and the error, so the run fails naming the shard.
+    """
+    temp = target.temp_path(spec.name)
+    final = target.final_path(spec.name)
+    error: BaseException | None = None
+    for attempt in range(1, attempts + 1):
+        try:
+            written = _write_once(spec, temp, target.compression, source)
+            break
+        except STORAGE_ERRORS as err:
+            error = err
+            if attempt < attempts:
+                wait = _BACKOFF_SECONDS * 2 ** (attempt - 1)
+                _log.warning("Writing %s failed (attempt %d of %d), retrying in %.0f s: %s",
+                             temp, attempt, attempts, wait, err)
+                time.sleep(wait)
+    else:
+        message = f"cannot write {temp} (tried {attempts} times): {error}"
+        _log.error("%s", message)
+        return ShardResult(spec.split, spec.index, spec.num_shards, final, 0, 0, "", "",
+                           spec.planned_bytes, verified=False, verify_error=message, temp_path=temp)
+    stem = spec.name.split(".tfrecord", 1)[0]
+    dead_path = write_dead_letters(target.output, stem, written.dead)
+    beam.metrics.Metrics.counter("write", "records").inc(written.digest.records)
+    beam.metrics.Metrics.counter("write", "dead_letter").inc(len(written.dead))
+    beam.metrics.Metrics.counter("write", "bytes").inc(written.digest.bytes)
+    digest = written.digest
+    compressed = target.compression != "none"
+    return ShardResult(
+        split=spec.split,
+        index=spec.index,
+        num_shards=spec.num_shards,
+        path=final,
+        records=digest.records,
+        bytes=digest.bytes,
+        crc32c=digest.crc32c,
+        sha256=digest.sha256,
+        planned_bytes=spec.planned_bytes,
+        label_counts=tuple(sorted(written.labels.items())),
+        bad_counts=tuple(sorted(Counter(d.error for d in written.dead).items())),
+        dead_letter_path=dead_path,
+        checkpoints=() if compressed else (spec.checkpoints or written.checkpoints),
+        temp_path=temp,
+    )
 
 
 class _WriteShardFn(beam.DoFn):
-    """``ShardSpec`` → ``ShardResult``: streams the shard's images into its file.
+    """``ShardSpec`` → ``ShardResult``, records from ``source``."""
 
-    Images are read, checked and encoded a chunk at a time by a pool, at most a
-    few chunks ahead of the writer, in key order: threads, or, for shards of
-    small files when ``encode_processes`` > 0, the process-wide helper pool (see
-    ``transforms.io.helpers``), which is how the DirectRunner gets every core working.
-    """
-
-    def __init__(self, config: ConvertConfig):
-        self._config = config
-        self._threads = None
+    def __init__(self, target: ShardTarget, source: RecordSource):
+        self._target = target
+        self._source = source
 
     def setup(self):
-        self._threads = concurrent.futures.ThreadPoolExecutor(
-            self._config.read_threads, thread_name_prefix="read-image"
-        )
+        self._source.setup()
 
     def teardown(self):
-        if self._threads is not None:
-            self._threads.shutdown(wait=True)
-            self._threads = None
-
-    def _pool_for(self, spec: ShardSpec) -> tuple[concurrent.futures.Executor, int]:
-        """The pool for this shard's files, and how many tasks it runs at once."""
-        config = self._config
-        if config.encode_processes > 0 and spec.planned_bytes < SMALL_FILE_BYTES * spec.refs.count:
-            pool = ready_helper_pool(config.encode_processes)
-            if pool is not None:
-                return pool, config.encode_processes
-        return self._threads, config.read_threads
+        self._source.teardown()
 
     def process(self, spec: ShardSpec) -> Iterator[ShardResult]:
-        config = self._config
-        labels: Counter = Counter()
-        dead: list[DeadLetter] = []
-        progress = _Progress(spec)
-        done = written = last_checkpoint = 0
-        checkpoints: list[tuple[int, int]] = []
-        with files.open_write(spec.path) as sink:
-            writer = TFRecordWriter(sink, config.compression)
-            pool, workers = self._pool_for(spec)
-            chunks = list(_chunks(spec.refs.unpack()))
-            encode = functools.partial(encode_chunk, validate=config.validate)
-            for chunk, (framed, outcomes) in zip(
-                chunks, _ordered_map(pool, encode, chunks, workers + 2)
-            ):
-                good = 0
-                for ref, outcome in zip(chunk, outcomes):
-                    if isinstance(outcome, DeadLetter):
-                        dead.append(outcome)
-                    else:
-                        good += 1
-                        labels[ref.label_text or str(ref.label)] += 1
-                writer.write_framed(framed, good)
-                written += len(framed)
-                done += len(chunk)
-                if written - last_checkpoint >= _CHECKPOINT_BYTES and done < spec.refs.count:
-                    checkpoints.append((written, writer.records))
-                    last_checkpoint = written
-                progress.update(done, written)
-            digest = writer.close()
-        _log.info("Wrote %s: %d records, %.1f MB in %.1f s", spec.path.rsplit("/", 1)[-1],
-                  digest.records, digest.bytes / 1e6, time.monotonic() - progress.start)
-        dead_path = ""
-        if dead:
-            dead_path = f"{DEAD_LETTER_DIR}/{_stem(spec.path)}.jsonl"
-            files.write_bytes(files.join(config.output, dead_path),
-                              "".join(d.to_json_line() for d in dead).encode("utf-8"))
-        beam.metrics.Metrics.counter("write", "records").inc(digest.records)
-        beam.metrics.Metrics.counter("write", "dead_letter").inc(len(dead))
-        beam.metrics.Metrics.counter("write", "bytes").inc(digest.bytes)
-        yield ShardResult(
-            split=spec.split,
-            index=spec.index,
-            num_shards=spec.num_shards,
-            path=spec.path,
-            records=digest.records,
-            bytes=digest.bytes,
-            crc32c=digest.crc32c,
-            sha256=digest.sha256,
-            planned_bytes=spec.planned_bytes,
-            label_counts=tuple(sorted(labels.items())),
-            bad_counts=tuple(sorted(Counter(d.error for d in dead).items())),
-            dead_letter_path=dead_path,
-            checkpoints=tuple(checkpoints) if config.compression == "none" else (),
-        )
+        yield write_shard(spec, self._target, self._source)
 
 
 class WriteShards(beam.PTransform):
-    """``ShardSpec`` → ``ShardResult`` (as written, not yet verified)."""
+    """``ShardSpec`` → ``ShardResult``: each shard written under its temporary name.
 
-    def __init__(self, config: ConvertConfig):
+    Args:
+      target: the output folder, compression and run.
+      source: how a spec becomes records (``FramedRecords``, ``SpoolCopy``, or an
+        input kind's own, such as images read and encoded).
+    """
+
+    def __init__(self, target: ShardTarget, source: RecordSource):
         super().__init__()
-        self._config = config
+        self._target = target
+        self._source = source
 
     def expand(self, specs):
-        return specs | "Write" >> beam.ParDo(_WriteShardFn(self._config))
+        return specs | "Write" >> beam.ParDo(_WriteShardFn(self._target, self._source))
+
+
+# --- verification ------------------------------------------------------------------
 
 
 def storage_crc32c_check(path: str, written_crc32c: str) -> tuple[str | None, str]:
@@ -395,12 +423,13 @@ class _VerifyShardFn(beam.DoFn):
 
     Re-reading runs on a background thread, so a shard is checked while the
     writer, fused before this step, writes the next one; results come out as
-    checks finish, and all of them by the end of the bundle.
+    checks finish, and all of them by the end of the bundle. A shard whose
+    write already failed passes through unchanged.
     """
 
-    def __init__(self, config: ConvertConfig):
-        self._compression = config.compression
-        self._processes = config.encode_processes
+    def __init__(self, compression: str, helper_processes: int):
+        self._compression = compression
+        self._processes = helper_processes
         self._pool = None
         self._pending: list[concurrent.futures.Future] = []
 
@@ -415,21 +444,40 @@ class _VerifyShardFn(beam.DoFn):
     def start_bundle(self):
         self._pending = []
 
-    def _verify(self, result: ShardResult) -> ShardResult:
+    def _verify_once(self, result: ShardResult, path: str) -> tuple[str | None, str]:
         expected = FileDigest(result.records, result.bytes, result.crc32c, result.sha256)
-        start = time.monotonic()
-        stored, error = storage_crc32c_check(result.path, result.crc32c)
+        stored, error = storage_crc32c_check(path, result.crc32c)
         if error:
-            _log.error("Verification failed for %s: %s", result.path, error)
-            return dataclasses.replace(result, verified=False, verify_error=error,
-                                       storage_crc32c=stored or "")
+            return stored, error
         many_small = result.records and result.bytes < SMALL_FILE_BYTES * result.records
         helpers = None
         if result.checkpoints and many_small and self._processes > 0:
             helpers = ready_helper_pool(self._processes)  # Per-record checks dominate: split them.
-        _, error = verify_shard(result.path, self._compression, expected, result.checkpoints, helpers)
-        _log.info("Verified %s in %.1f s: %s", result.path.rsplit("/", 1)[-1],
-                  time.monotonic() - start, error or "every record and checksum matches")
+        hold_point("mid_verify")
+        _, error = verify_shard(path, self._compression, expected, result.checkpoints, helpers)
+        return stored, error
+
+    def _verify(self, result: ShardResult) -> ShardResult:
+        if result.verify_error:
+            return result
+        path = result.temp_path or result.path
+        start = time.monotonic()
+        for attempt in range(1, _ATTEMPTS + 1):
+            stored, error = self._verify_once(result, path)
+            # A read that failed, or anything odd on a remote store, is read again:
+            # a flaky connection must not fail a good shard. A local mismatch is final.
+            retry = error.startswith("cannot read") or (error and not files.is_local(path))
+            if not retry or attempt == _ATTEMPTS:
+                break
+            wait = _BACKOFF_SECONDS * 2 ** (attempt - 1)
+            _log.warning("Verifying %s failed (attempt %d of %d), re-reading in %.0f s: %s",
+                         path, attempt, _ATTEMPTS, wait, error)
+            time.sleep(wait)
+        if error:
+            _log.error("Verification failed for %s: %s", path, error)
+        else:
+            _log.info("Verified %s in %.1f s: every record and checksum matches",
+                      path.rsplit("/", 1)[-1], time.monotonic() - start)
         return dataclasses.replace(result, verified=not error, verify_error=error,
                                    storage_crc32c=stored or "")
 
@@ -452,11 +500,218 @@ class _VerifyShardFn(beam.DoFn):
 
 
 class VerifyShards(beam.PTransform):
-    """Re-reads each written shard from storage and proves it against the writer."""
+    """Re-reads each written shard from storage and proves it against the writer.
 
-    def __init__(self, config: ConvertConfig):
+    Args:
+      compression: ``none`` or ``gzip``.
+      helper_processes: helper processes that may check pieces of shards of many
+        small records in parallel (0: none).
+    """
+
+    def __init__(self, compression: str = "none", helper_processes: int = 0):
         super().__init__()
-        self._config = config
+        self._compression = compression
+        self._processes = helper_processes
 
     def expand(self, results):
-        return results | "ReRead" >> beam.ParDo(_VerifyShardFn(self._config))
+        return results | "ReRead" >> beam.ParDo(_VerifyShardFn(self._compression, self._processes))
+
+
+# --- WriteVerifiedShards: the engine for a user's own pipeline --------------------
+
+
+def _ordering_key(key) -> bytes:
+    if isinstance(key, bytes):
+        return key
+    if isinstance(key, str):
+        return key.encode("utf-8")
+    raise TypeError(f"a record's key must be str or bytes, got {type(key).__name__}")
+
+
+def _keyed(element, split: str) -> tuple[str, bytes, bytes, int]:
+    """``bytes`` | ``(key, bytes)`` | ``(key, bytes, plan_size)`` → ``(split, key, record, size)``."""
+    if isinstance(element, bytes):
+        record, key, size = element, hashlib.sha256(element).digest(), None
+    elif isinstance(element, tuple) and len(element) in (2, 3) and isinstance(element[1], bytes):
+        key, record = _ordering_key(element[0]), element[1]
+        size = element[2] if len(element) == 3 else None
+    else:
+        raise TypeError("WriteVerifiedShards takes serialized records (bytes), (key, bytes) or "
+                        f"(key, bytes, plan_size); got {type(element).__name__}")
+    return split, key, record, int(size) if size is not None else len(record) + RECORD_OVERHEAD
+
+
+def _plan_splits(sizes: Sequence[tuple[str, bytes, int]], band: ShardBand) -> dict:
+    """``{split: (num_shards, first_keys)}`` from every record's ``(split, key, size)``.
+
+    Records are cut in key order; equal keys are one unit, so a key never spans
+    two shards and each shard starts at the first key listed for it.
+    """
+    by_split: dict[str, dict[bytes, int]] = {}
+    for split, key, size in sizes:
+        units = by_split.setdefault(split, {})
+        units[key] = units.get(key, 0) + size
+    plan = {}
+    for split, units in sorted(by_split.items()):
+        keys = sorted(units)
+        num_shards, shard_of = cut_shards([units[k] for k in keys], band)
+        first_keys = [b""] * num_shards
+        seen = set()
+        for key, index in zip(keys, shard_of.tolist()):
+            if index not in seen:
+                seen.add(index)
+                first_keys[index] = key
+        plan[split] = (num_shards, tuple(first_keys))
+    return plan
+
+
+def _assign(element: tuple[str, bytes, bytes, int], plan: Mapping) -> tuple:
+    split, key, record, _ = element
+    num_shards, first_keys = plan[split]
+    index = max(0, bisect.bisect_right(first_keys, key) - 1)
+    return (split, index), (key, record)
+
+
+class _WriteGroupFn(beam.DoFn):
+    """``((split, index), [(key, record), ...])`` → ``ShardResult``: records sorted by key."""
+
+    def __init__(self, target: ShardTarget):
+        self._target = target
+        self._source = FramedRecords()
+
+    def process(self, element, plan: Mapping) -> Iterator[ShardResult]:
+        (split, index), members = element
+        records = tuple(record for _, record in sorted(members))
+        num_shards = plan[split][0]
+        spec = ShardSpec(split, index, num_shards,
+                         shard_name(split, index, num_shards, self._target.compression),
+                         sum(len(r) + RECORD_OVERHEAD for r in records), records)
+        yield write_shard(spec, self._target, self._source)
+
+
+class _EmptyShardsFn(beam.DoFn):
+    """Shards the plan names that no record reached (possible only with many equal
+    keys): written empty, so every name ``-of-N`` exists."""
+
+    def __init__(self, target: ShardTarget):
+        self._target = target
+
+    def process(self, written: list, plan: Mapping) -> Iterator[ShardResult]:
+        have = {(r.split, r.index) for r in written}
+        for split, (num_shards, _) in sorted(plan.items()):
+            for index in range(num_shards):
+                if (split, index) not in have:
+                    spec = ShardSpec(split, index, num_shards,
+                                     shard_name(split, index, num_shards, self._target.compression),
+                                     0, ())
+                    yield write_shard(spec, self._target, FramedRecords())
+
+
+class WriteVerifiedShards(beam.PTransform):
+    """Ends a pipeline with band-sized, verified TFRecord shards and a manifest.
+
+    Takes a PCollection of serialized records (``bytes``), of ``(key, bytes)`` (the
+    key, ``str`` or ``bytes``, orders records within the split, so the output is
+    the same on every run), or of ``(key, bytes, plan_size)`` (cut the shards as if
+    each record had ``plan_size`` bytes, e.g. to match a plan made before the
+    records existed); or a dict ``{split: PCollection}`` for several splits. Bare
+    records are ordered by their SHA-256.
+
+    Shards are named like the CLI's (``<split>-00000-of-00004.tfrecord``), written
+    under a temporary name in ``OUT/.beam-tfrecords/``, re-read and proved, then
+    moved to their final names, and ``manifest.json`` is written last. Returns a
+    PCollection with one element: the manifest (a dict). When a shard cannot be
+    written or proved, nothing is published and the pipeline fails with a
+    ``RuntimeError`` naming the shard; ``OUT/run_report.json`` says the same.
+
+    Memory: records reach their shard through a GroupByKey, so on Dataflow they
+    go through the shuffle service; on the DirectRunner everything grouped is held
+    in memory at once (the whole dataset), as with Beam's own ``WriteToTFRecord``
+    with a fixed shard count. For datasets larger than memory on one machine, use
+    the CLI, which plans from metadata and streams payloads. Planning collects
+    one ``(split, key, size)`` per record in one worker (~100 bytes each).
+
+    Args:
+      output: the output folder (local path or ``gs://``).
+      split: the split name, for a single PCollection.
+      shard_min_mb, shard_max_mb: the size band (MB = 10**6 bytes).
+      compression: ``none`` or ``gzip``.
+      overwrite: replace a dataset already in ``output`` (default: fail).
+      features: ``{name: (dtype, shape)}`` to record in the manifest (optional).
+    """
+
+    def __init__(self, output: str, split: str = "train", shard_min_mb: float = 100.0,
+                 shard_max_mb: float = 200.0, compression: str = "none", overwrite: bool = False,
+                 features: Mapping[str, tuple[str, Sequence]] | None = None):
+        super().__init__()
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}; got {compression!r}")
+        if not is_valid_split_name(split):
+            raise ValueError(f"split {split!r} cannot name a shard file; use letters, digits, '_', '.'")
+        self._band = ShardBand.from_mb(shard_min_mb, shard_max_mb)
+        self._target = ShardTarget(output, compression, f"wvs-{uuid.uuid4().hex[:12]}")
+        self._split = split
+        self._overwrite = overwrite
+        self._features = dict(features or {})
+        self._options = {"split": split, "shard_min_mb": shard_min_mb,
+                         "shard_max_mb": shard_max_mb, "compression": compression}
+
+    def expand(self, records):
+        # pylint: disable=import-outside-toplevel
+        from beam_tfrecords.transforms.manifest import Commit, CommitSettings
+
+        inputs = records if isinstance(records, dict) else {self._split: records}
+        for split in inputs:
+            if not is_valid_split_name(split):
+                raise ValueError(f"split {split!r} cannot name a shard file")
+        pipeline = next(iter(inputs.values())).pipeline
+        keyed = [
+            pcoll | f"Key[{split}]" >> beam.Map(_keyed, split)
+            for split, pcoll in sorted(inputs.items())
+        ]
+        flat = keyed[0] if len(keyed) == 1 else tuple(keyed) | "AllSplits" >> beam.Flatten()
+        plan = (
+            flat
+            | "Sizes" >> beam.Map(lambda e: (e[0], e[1], e[3]))
+            | "CollectSizes" >> beam.combiners.ToList()
+            | "Cut" >> beam.Map(_plan_splits, self._band)
+        )
+        plan_side = beam.pvalue.AsSingleton(plan)
+        written = (
+            flat
+            | "Assign" >> beam.Map(_assign, plan_side)
+            | "GroupByShard" >> beam.GroupByKey()
+            | "Write" >> beam.ParDo(_WriteGroupFn(self._target), plan_side)
+        )
+        empty = (
+            written
+            | "CollectWritten" >> beam.combiners.ToList()
+            | "WriteEmpty" >> beam.ParDo(_EmptyShardsFn(self._target), plan_side)
+        )
+        verified = (
+            (written, empty)
+            | "AllShards" >> beam.Flatten()
+            | "VerifyShards" >> VerifyShards(self._target.compression)
+        )
+        summary = pipeline | "Summary" >> beam.Create([InputSummary(
+            root="", layout="records", input_files=0, input_bytes=0, ignored_files=0,
+            vocabulary=(), features=tuple(sorted(
+                (name, dtype, tuple(shape)) for name, (dtype, shape) in self._features.items())),
+        )])
+        settings = CommitSettings(self._target, self._band, max_bad_fraction=0.0,
+                                  options=tuple(sorted(self._options.items())),
+                                  overwrite=self._overwrite)
+        return (
+            verified
+            | "Commit" >> Commit(settings, summary)
+            | "Manifest" >> beam.Map(_manifest_or_raise)
+        )
+
+
+def _manifest_or_raise(report: dict) -> dict:
+    """The published manifest; a run that published nothing fails the pipeline."""
+    if report.get("manifest_json") is None:
+        failures = "; ".join(f"{f['path']}: {f['error']}" for f in report["verification_failures"])
+        raise RuntimeError(f"WriteVerifiedShards published nothing ({report['status']}) in "
+                           f"{report['output']}" + (f": {failures}" if failures else ""))
+    return report["manifest_json"]

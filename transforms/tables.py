@@ -11,9 +11,9 @@ order, so a rerun gives the same bytes.
 
 from __future__ import annotations
 
-import collections
 import csv
 import dataclasses
+import functools
 import io
 import itertools
 import json
@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from beam_tfrecords.schemas.config import ConvertConfig
-from beam_tfrecords.schemas.elements import DeadLetter, InputSummary, ShardResult
-from beam_tfrecords.schemas.shards import shard_name
+from beam_tfrecords.schemas.elements import DeadLetter, InputSummary, ShardSpec, SpoolSegments
+from beam_tfrecords.schemas.shards import ShardBand, shard_name
 from beam_tfrecords.schemas.table_schema import TableSchema
 from beam_tfrecords.transforms.codec.table_batches import (
     BAD,
@@ -41,19 +41,17 @@ from beam_tfrecords.transforms.codec.table_batches import (
     sequence_table_batch,
 )
 from beam_tfrecords.transforms.codec.table_rows import RowEncoder
-from beam_tfrecords.transforms.codec.tfrecord import TFRecordWriter, checkpoints
-from beam_tfrecords.transforms.images import DEAD_LETTER_DIR
+from beam_tfrecords.transforms.codec.tfrecord import checkpoints
 from beam_tfrecords.transforms.io import files
-from beam_tfrecords.transforms.io.helpers import ready_helper_pool
-from beam_tfrecords.transforms.plan.shards import choose_num_shards
+from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
+from beam_tfrecords.transforms.io.faults import hold_point
+from beam_tfrecords.transforms.io.helpers import ordered_map, ready_helper_pool
+from beam_tfrecords.transforms.plan.shards import cut_shards
 
-__all__ = ["SPOOL_DIR", "EncodeTables", "PlanTableShards", "WriteTableShards", "csv_header",
-           "table_files"]
+__all__ = ["EncodeTables", "PlanTableShards", "csv_header", "plan_table_shards", "table_files"]
 
-SPOOL_DIR = "_spool"
 ROWS_TAG = "rows"
 _BLOCK_BYTES = 4 << 20
-_COPY_BYTES = 1 << 20
 _log = logging.getLogger(__name__)
 
 
@@ -228,20 +226,17 @@ class _EncodeCsvFn(beam.DoFn):
                 encoded = encode(task_bytes, batch)
                 yield batch, encoded.newlines, encoded
             return
-        pending: collections.deque = collections.deque()
-        for batch in itertools.islice(reader, processes + 1):
-            pending.append((batch, pool.submit(encode, task_bytes, batch)))
-        while pending:
-            batch, future = pending.popleft()
-            for next_batch in itertools.islice(reader, 1):
-                pending.append((next_batch, pool.submit(encode, task_bytes, next_batch)))
-            encoded = future.result()
+        # The reader runs at most processes + 1 batches ahead; tee holds those few.
+        batches, in_order = itertools.tee(reader)
+        encoded_batches = ordered_map(pool, functools.partial(encode, task_bytes), batches, processes + 1)
+        for batch, encoded in zip(in_order, encoded_batches):
             yield batch, encoded.newlines, encoded
 
     def process(self, element: tuple[int, str, int]) -> Iterator[SpoolInfo]:
         file_index, path, size = element
         config = self._config
         start = time.monotonic()
+        hold_point("listing")
         header = csv_header(config, path)
         task = TableTask(self._schema, tuple(header), config.split_column, config.splits,
                          config.key_column, config.csv_delimiter, config.csv_quote,
@@ -318,12 +313,8 @@ class _EncodeCsvFn(beam.DoFn):
         finally:
             for stream, _, _ in sinks.values():
                 stream.close()
-        dead_path = ""
-        if dead:
-            stem = path.rsplit("/", 1)[-1].rsplit(".", 1)[0]
-            dead_path = f"{DEAD_LETTER_DIR}/{stem}-{file_index:05d}.jsonl"
-            files.write_bytes(files.join(config.output, dead_path),
-                              "".join(d.to_json_line() for d in dead).encode("utf-8"))
+        stem = path.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+        dead_path = write_dead_letters(config.output, f"{stem}-{file_index:05d}", dead)
         bad = tuple(sorted(Counter(d.error for d in dead).items()))
         beam.metrics.Metrics.counter("table", "rows").inc(rows_in)
         beam.metrics.Metrics.counter("table", "dead_letter").inc(len(dead))
@@ -362,16 +353,19 @@ class _EncodeCsvFn(beam.DoFn):
 class EncodeTables(beam.PTransform):
     """CSV files → ``SpoolInfo`` per (file, split)."""
 
-    def __init__(self, config: ConvertConfig, schema: TableSchema, spool_dir: str):
+    def __init__(self, config: ConvertConfig, schema: TableSchema, spool_dir: str,
+                 inputs: Sequence[tuple[str, int]] | None = None):
         super().__init__()
         self._config = config
         self._schema = schema
         self._spool_dir = spool_dir
+        self._inputs = inputs
 
     def expand(self, pbegin):
         """Returns a ``DoOutputsTuple``: ``.infos`` (``SpoolInfo``), and with
         ``--sequence_key`` also ``.rows`` (rows grouped by key within a batch)."""
-        inputs = [(i, path, size) for i, (path, size) in enumerate(table_files(self._config))]
+        found = self._inputs if self._inputs is not None else table_files(self._config)
+        inputs = [(i, path, size) for i, (path, size) in enumerate(found)]
         files_in = pbegin | "Files" >> beam.Create(inputs)
         if len(inputs) > 1:  # Spread the files over workers; one file needs no shuffle.
             files_in = files_in | "Spread" >> beam.Reshuffle()
@@ -383,21 +377,9 @@ class EncodeTables(beam.PTransform):
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class TableShardSpec:
-    """One shard to copy together: ``segments`` of ``(spool, start, end, records)``."""
-
-    split: str
-    index: int
-    num_shards: int
-    path: str
-    segments: tuple[tuple[str, int, int, int], ...]
-    planned_bytes: int
-    checkpoints: tuple[tuple[int, int], ...] = ()
-
-
-def plan_table_shards(infos: Sequence[SpoolInfo], config: ConvertConfig) -> list[TableShardSpec]:
-    """Cuts each split, in (file, row) order, into shards of nearly equal bytes."""
+def plan_table_shards(infos: Sequence[SpoolInfo], band: ShardBand, compression: str) -> list[ShardSpec]:
+    """Cuts each split, in (file, row) order, into shards of nearly equal bytes,
+    each a list of byte ranges of the spools."""
     specs = []
     by_split: dict[str, list[SpoolInfo]] = {}
     for info in infos:
@@ -407,10 +389,7 @@ def plan_table_shards(infos: Sequence[SpoolInfo], config: ConvertConfig) -> list
         spools = sorted(by_split[split], key=lambda i: i.file_index)
         sizes = np.concatenate([s.record_sizes() for s in spools])
         owner = np.concatenate([np.full(len(s.record_sizes()), k) for k, s in enumerate(spools)])
-        total = int(sizes.sum())
-        num_shards = choose_num_shards(total, config.band)
-        ends = np.cumsum(sizes)
-        shard_of = np.minimum((ends - sizes / 2) * num_shards // total, num_shards - 1).astype(int)
+        num_shards, shard_of = cut_shards(sizes, band)
         offsets = np.concatenate([np.concatenate(([0], np.cumsum(s.record_sizes())[:-1]))
                                   for s in spools])
         for index in range(num_shards):
@@ -421,11 +400,10 @@ def plan_table_shards(infos: Sequence[SpoolInfo], config: ConvertConfig) -> list
                 first, last = int(rows[0]), int(rows[-1])
                 segments.append((spools[k].path, int(offsets[first]),
                                  int(offsets[last] + sizes[last]), len(rows)))
-            specs.append(TableShardSpec(
-                split, index, num_shards,
-                files.join(config.output, shard_name(split, index, num_shards, config.compression)),
-                tuple(segments), int(sizes[members].sum()),
-                checkpoints(sizes[members]) if config.compression == "none" else (),
+            specs.append(ShardSpec(
+                split, index, num_shards, shard_name(split, index, num_shards, compression),
+                int(sizes[members].sum()), SpoolSegments(tuple(segments)),
+                checkpoints(sizes[members]) if compression == "none" else (),
             ))
     return specs
 
@@ -475,7 +453,7 @@ def table_summary(
 
 
 class PlanTableShards(beam.PTransform):
-    """``SpoolInfo``s → ``TableShardSpec`` per shard (main) and one ``InputSummary``."""
+    """``SpoolInfo``s → ``ShardSpec`` per shard (main) and one ``InputSummary``."""
 
     def __init__(self, config: ConvertConfig, schema: TableSchema):
         super().__init__()
@@ -486,51 +464,8 @@ class PlanTableShards(beam.PTransform):
         collected = infos | "Collect" >> beam.combiners.ToList()
         specs = (
             collected
-            | "Cut" >> beam.FlatMap(plan_table_shards, self._config)
+            | "Cut" >> beam.FlatMap(plan_table_shards, self._config.band, self._config.compression)
             | "Spread" >> beam.Reshuffle()
         )
         summary = collected | "Summarize" >> beam.Map(table_summary, self._config, self._schema)
         return specs, summary
-
-
-class _CopyShardFn(beam.DoFn):
-    """``TableShardSpec`` → ``ShardResult``: copies byte ranges out of spools."""
-
-    def __init__(self, config: ConvertConfig):
-        self._config = config
-
-    def process(self, spec: TableShardSpec) -> Iterator[ShardResult]:
-        start = time.monotonic()
-        with files.open_write(spec.path) as sink:
-            writer = TFRecordWriter(sink, self._config.compression)
-            for spool, begin, end, records in spec.segments:
-                with files.open_read(spool) as source:
-                    source.seek(begin)
-                    left = end - begin
-                    while left > 0:
-                        block = source.read(min(_COPY_BYTES, left))
-                        if not block:
-                            raise OSError(f"{spool} ends before byte {end}")
-                        left -= len(block)
-                        writer.write_framed(block, records if left == 0 else 0)
-            digest = writer.close()
-        _log.info("Wrote %s: %d records, %.1f MB in %.1f s", spec.path.rsplit("/", 1)[-1],
-                  digest.records, digest.bytes / 1e6, time.monotonic() - start)
-        beam.metrics.Metrics.counter("write", "records").inc(digest.records)
-        yield ShardResult(
-            split=spec.split, index=spec.index, num_shards=spec.num_shards, path=spec.path,
-            records=digest.records, bytes=digest.bytes, crc32c=digest.crc32c,
-            sha256=digest.sha256, planned_bytes=spec.planned_bytes, checkpoints=spec.checkpoints,
-        )
-
-
-class WriteTableShards(beam.PTransform):
-    """``TableShardSpec`` → ``ShardResult`` (as written, not yet verified)."""
-
-    def __init__(self, config: ConvertConfig):
-        super().__init__()
-        self._config = config
-
-    def expand(self, specs):
-        return specs | "Copy" >> beam.ParDo(_CopyShardFn(self._config))
-

@@ -32,6 +32,7 @@ __all__ = [
     "open_write",
     "read_bytes",
     "read_text",
+    "read_text_if_exists",
     "write_bytes",
 ]
 
@@ -71,6 +72,19 @@ def read_bytes(path: str) -> bytes:
 def read_text(path: str) -> str:
     """The whole file as UTF-8 text (a leading BOM is dropped)."""
     return read_bytes(path).decode("utf-8-sig")
+
+
+def read_text_if_exists(path: str) -> str | None:
+    """The file as UTF-8 text, or ``None`` when there is no such file."""
+    try:
+        return read_text(path)
+    except FileNotFoundError:
+        return None
+    except Exception as err:  # pylint: disable=broad-except
+        # GCS reports a missing object as google.api_core's NotFound (a 404).
+        if getattr(err, "code", None) == 404 or type(err).__name__ == "NotFound":
+            return None
+        raise
 
 
 def write_bytes(path: str, data: bytes) -> None:

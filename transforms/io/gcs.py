@@ -35,6 +35,7 @@ __all__ = [
     "EMULATOR_ENV",
     "crc32c_gcs_to_hex",
     "crc32c_hex_to_gcs",
+    "create_if_absent",
     "emulator_host",
     "is_gcs",
     "object_crc32c",
@@ -132,6 +133,25 @@ def object_crc32c(path: str) -> str | None:
     except NotFound:
         raise FileNotFoundError(f"{path} does not exist") from None
     return crc32c_gcs_to_hex(value) if value else None
+
+
+def create_if_absent(path: str, data: bytes) -> bool:
+    """Writes a small ``gs://`` object only if no object has that name (a GCS
+    precondition, so two writers cannot both succeed).
+
+    Returns:
+      ``True`` when this call created it; ``False`` when it already existed.
+    """
+    # pylint: disable=import-outside-toplevel
+    from google.api_core.exceptions import PreconditionFailed
+
+    bucket, _, name = path[len("gs://"):].partition("/")
+    blob = _client().client.bucket(bucket).blob(name)
+    try:
+        blob.upload_from_string(data, if_generation_match=0)
+    except PreconditionFailed:
+        return False
+    return True
 
 
 if emulator_host():

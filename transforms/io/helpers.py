@@ -8,15 +8,19 @@ with a ``scheme://`` are read through Beam's filesystems, imported on first use.
 from __future__ import annotations
 
 import atexit
+import collections
 import concurrent.futures
 import concurrent.futures.process
 import contextlib
 import importlib
+import itertools
 import logging
 import multiprocessing
 import os
 import sys
 import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
 from beam_tfrecords.transforms.codec.image_example import encode_image_example
@@ -28,6 +32,8 @@ __all__ = [
     "encode_chunk",
     "encode_image",
     "helper_pool",
+    "image_example",
+    "ordered_map",
     "ready_helper_pool",
     "verify_range",
 ]
@@ -100,6 +106,12 @@ def encode_image(ref: ImageRef, validate: str) -> bytes | DeadLetter:
         data = _read(ref.path, ref.size)
     except _read_errors() as err:
         return DeadLetter(ref.path, "read", "read_error", f"cannot read the file: {err}")
+    example = image_example(ref, data, validate)
+    return example if isinstance(example, DeadLetter) else frame_record(example)
+
+
+def image_example(ref: ImageRef, data: bytes, validate: str) -> bytes | DeadLetter:
+    """Checks and encodes an image's bytes: its serialized Example, or why it was refused."""
     try:
         info = inspect_image(data, validate)
     except ImageError as err:
@@ -110,7 +122,7 @@ def encode_image(ref: ImageRef, validate: str) -> bytes | DeadLetter:
         )
     except (ValueError, TypeError, OverflowError) as err:
         return DeadLetter(ref.path, "encode", "encode_error", f"cannot encode the record: {err}")
-    return frame_record(example)
+    return example
 
 
 def encode_chunk(chunk: list[ImageRef], validate: str) -> tuple[bytes, list[int | DeadLetter]]:
@@ -149,6 +161,34 @@ def _preload(modules: tuple[str, ...]) -> None:
         importlib.import_module(module)
 
 
+def _die_with_parent(parent: int) -> None:
+    """Runs in each new helper: a thread that ends the helper as soon as the
+    process that started it is gone (killed with SIGKILL, say, when no cleanup
+    runs), so no helper outlives a run."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)  # pylint: disable=protected-access
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
+def ordered_map(pool: concurrent.futures.Executor, fn: Callable, items: Iterable,
+                window: int) -> Iterator:
+    """``map(fn, items)`` on a pool, in order, with at most ``window`` tasks in flight
+    (so a reader stays a few items ahead of its consumer, never the whole input)."""
+    pending: collections.deque = collections.deque()
+    iterator = iter(items)
+    for item in itertools.islice(iterator, window):
+        pending.append(pool.submit(fn, item))
+    while pending:
+        done = pending.popleft()
+        for item in itertools.islice(iterator, 1):
+            pending.append(pool.submit(fn, item))
+        yield done.result()
+
+
 def helper_pool(
     processes: int, preload: tuple[str, ...] = ("beam_tfrecords.transforms.io.helpers",)
 ) -> concurrent.futures.ProcessPoolExecutor | None:
@@ -171,7 +211,8 @@ def helper_pool(
             if _pool is not None:
                 _pool.shutdown(wait=False)
             _pool = concurrent.futures.ProcessPoolExecutor(
-                processes, mp_context=multiprocessing.get_context("spawn")
+                processes, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_die_with_parent, initargs=(os.getpid(),),
             )
             _pool_size = processes
             _warmups.clear()

@@ -1,9 +1,10 @@
-"""Planning shards by bytes: how many, which record goes where, what they are called.
+"""Planning shards by bytes: how many, and which record goes where.
 
 Records are ordered by a stable key (a hash of split and relative path), so
 classes mix across shards and the same input always gives the same plan. The key
 order is then cut into ``n`` contiguous runs of (nearly) equal bytes, with ``n``
-chosen so that the mean shard sits in the middle of the byte band.
+chosen so that the mean shard sits in the middle of the byte band. Every input
+kind (images, table rows, sequences, a user's records) is cut by ``cut_shards``.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ import hashlib
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from beam_tfrecords.schemas.shards import ShardBand
 
 __all__ = [
     "assign_shards",
+    "cut_shards",
     "choose_num_shards",
     "stable_key",
 ]
@@ -63,6 +67,29 @@ def assign_shards(sizes: Sequence[int], num_shards: int) -> list[int]:
         shards.append(min(num_shards - 1, int((before + size / 2) * num_shards // total)))
         before += size
     return shards
+
+
+def cut_shards(sizes: Sequence[int] | np.ndarray, band: ShardBand) -> tuple[int, np.ndarray]:
+    """Cuts one split's records, in their order, into band-sized shards.
+
+    Args:
+      sizes: the size each record is planned at, in order (framed bytes, or an
+        estimate of them made before the record exists).
+      band: the shard size band.
+
+    Returns:
+      ``(num_shards, shard_of)``: the shard count, and each record's shard index
+      (non-decreasing), the same as ``assign_shards`` gives.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    total = int(sizes.sum())
+    num_shards = choose_num_shards(total, band)
+    if total == 0:
+        return num_shards, np.zeros(len(sizes), dtype=np.int64)
+    # A record goes where its byte midpoint falls (float64 is exact below 2**53 bytes).
+    midpoints = np.cumsum(sizes) - sizes / 2
+    shard_of = np.minimum(midpoints * num_shards // total, num_shards - 1).astype(np.int64)
+    return num_shards, shard_of
 
 
 def stable_key(split: str, relative_path: str) -> str:

@@ -1,0 +1,251 @@
+"""The commit protocol of an output folder: one run at a time, shards published by
+rename, ``manifest.json`` last.
+
+A run takes the folder's lock (``OUT/.beam-tfrecords/lock.json``, created only if
+absent: ``O_EXCL`` locally, a generation precondition on GCS), removes what
+killed runs left in ``OUT/.beam-tfrecords/``, and writes every shard under
+``OUT/.beam-tfrecords/tmp-<run_id>/``. Only when every shard verified does
+``publish`` move them to their final names and write the manifest:
+
+1. the new manifest is staged in the run's temporary folder;
+2. the old ``manifest.json`` (if any) is removed, so no manifest ever lists a
+   shard that is being replaced;
+3. each shard is renamed to its final name (a metadata operation locally; a
+   server-side copy on GCS);
+4. the manifest is published: an atomic rename locally, one object write on GCS.
+
+A reader that trusts only ``manifest.json`` therefore never sees a partial or
+torn shard. A process killed inside step 3 leaves a folder without a manifest
+(``verify`` fails it) whose final names hold some verified shards; the next
+run, which needs no ``--overwrite`` there, replaces or removes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import socket
+import uuid
+from collections.abc import Sequence
+
+from apache_beam.io.filesystems import FileSystems
+
+from beam_tfrecords.schemas.manifest import MANIFEST_NAME
+from beam_tfrecords.schemas.shards import WORK_DIR, parse_shard_name
+from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io.faults import hold_point
+from beam_tfrecords.transforms.io.gcs import create_if_absent, is_gcs
+
+__all__ = [
+    "LOCK_NAME",
+    "OutputBusyError",
+    "acquire_lock",
+    "new_run_id",
+    "publish",
+    "release_lock",
+    "remove_folder",
+    "remove_stale_shards",
+    "remove_stale_temporaries",
+]
+
+LOCK_NAME = "lock.json"
+
+
+class OutputBusyError(RuntimeError):
+    """Another run holds the output folder's lock."""
+
+
+def new_run_id() -> str:
+    """A run id that sorts by start time: ``20261123T051200Z-1a2b3c4d``."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{now}-{uuid.uuid4().hex[:8]}"
+
+
+def _lock_path(output: str) -> str:
+    return files.join(output, WORK_DIR, LOCK_NAME)
+
+
+def _process_start(pid: int) -> str:
+    """The start time of a local process (``/proc``), '' when unknown or gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _holder(run_id: str) -> dict:
+    pid = os.getpid()
+    return {
+        "run_id": run_id,
+        "host": socket.gethostname(),
+        "pid": pid,
+        "pid_start": _process_start(pid),
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _is_gone(holder: dict) -> bool:
+    """Whether the holder was a process on this machine that no longer runs."""
+    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return False
+    start = _process_start(holder["pid"])
+    return not start or start != holder.get("pid_start", start)
+
+
+def _create(path: str, data: bytes) -> bool:
+    if is_gcs(path):
+        return create_if_absent(path, data)
+    if not files.is_local(path):
+        raise ValueError(f"cannot lock {path}: only local folders and gs:// are supported")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return True
+
+
+def acquire_lock(output: str, run_id: str) -> dict:
+    """Takes the output folder's lock for ``run_id``.
+
+    A lock left by a process of this machine that no longer runs (killed, or
+    crashed) is taken over.
+
+    Returns:
+      What the lock file now says.
+
+    Raises:
+      OutputBusyError: naming the run that holds it.
+    """
+    path = _lock_path(output)
+    holder = _holder(run_id)
+    data = (json.dumps(holder, indent=2) + "\n").encode("utf-8")
+    for _ in range(2):
+        if _create(path, data):
+            return holder
+        text = files.read_text_if_exists(path)
+        if text is None:
+            continue  # Released between our attempt and our read.
+        try:
+            other = json.loads(text)
+        except ValueError:
+            other = {}
+        if isinstance(other, dict) and other and _is_gone(other):
+            files.delete_files([path])
+            continue
+        other = other if isinstance(other, dict) else {}
+        raise OutputBusyError(
+            f"--output {output} is being written by another run "
+            f"(run {other.get('run_id', '?')}, pid {other.get('pid', '?')} on "
+            f"{other.get('host', '?')}, since {other.get('started', '?')}); wait for it to "
+            f"finish, or delete {path} if that run is gone"
+        )
+    raise OutputBusyError(f"--output {output}: could not take the lock {path}")
+
+
+def release_lock(output: str, run_id: str) -> None:
+    """Removes the lock if ``run_id`` holds it (so releasing twice is harmless)."""
+    path = _lock_path(output)
+    text = files.read_text_if_exists(path)
+    try:
+        holder = json.loads(text) if text else {}
+    except ValueError:
+        return
+    if isinstance(holder, dict) and holder.get("run_id") == run_id:
+        files.delete_files([path])
+        if files.is_local(path):
+            try:  # The work folder goes too when nothing else is in it.
+                os.rmdir(os.path.dirname(path))
+            except OSError:
+                pass
+
+
+def _temp_folders(output: str) -> list[str]:
+    prefix = files.join(output, WORK_DIR, "tmp-")
+    return sorted({path[:path.index("/", len(prefix))] for path, _ in
+                   files.list_files(files.join(output, WORK_DIR, "**")) if path.startswith(prefix)
+                   and "/" in path[len(prefix):]})
+
+
+def remove_stale_temporaries(output: str, run_id: str) -> list[str]:
+    """Deletes what other (killed) runs left in the work folder; returns those folders.
+
+    Call only while holding the lock: then no other run is writing there.
+    """
+    own = files.join(output, WORK_DIR, f"tmp-{run_id}")
+    stale = [folder for folder in _temp_folders(output) if folder != own]
+    for folder in stale:
+        remove_folder(folder)
+    return stale
+
+
+def remove_folder(folder: str) -> None:
+    """Deletes every file under ``folder`` (and, locally, the emptied folders)."""
+    files.delete_files([path for path, _ in files.list_files(files.join(folder, "**"))])
+    if files.is_local(folder):
+        _remove_empty_dirs(folder)
+
+
+def _remove_empty_dirs(folder: str) -> None:
+    for root, _, _ in sorted(os.walk(folder), key=lambda t: -len(t[0])):
+        try:
+            os.rmdir(root)
+        except OSError:
+            pass
+
+
+def remove_stale_shards(output: str, keep: set[str]) -> list[str]:
+    """Deletes shard files in ``output`` that are not in ``keep``; returns their names."""
+    stale = [
+        path for path, _ in files.list_files(files.join(output, "*"))
+        if parse_shard_name(path.rsplit("/", 1)[-1]) and path not in keep
+    ]
+    files.delete_files(stale)
+    return [path.rsplit("/", 1)[-1] for path in stale]
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """What ``publish`` did: the manifest's path and the stale shards removed."""
+
+    manifest_path: str
+    removed_stale_shards: tuple[str, ...]
+
+
+def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
+            manifest: bytes) -> Published:
+    """Moves verified shards to their final names and publishes the manifest.
+
+    Args:
+      output: the output folder.
+      temp_dir: this run's temporary folder (holds the shards; the manifest is
+        staged there).
+      renames: ``(temp_path, final_path)`` of every shard.
+      manifest: the manifest's bytes.
+    """
+    manifest_path = files.join(output, MANIFEST_NAME)
+    staged = files.join(temp_dir, MANIFEST_NAME)
+    files.write_bytes(staged, manifest)
+    hold_point("before_commit")
+    files.delete_files([manifest_path])
+    moves = [(src, dst) for src, dst in renames if src != dst]
+    for number, (src, dst) in enumerate(moves):
+        if number == len(moves) // 2 and number:
+            hold_point("mid_commit")
+        if files.is_local(src):
+            os.replace(src, dst)
+        else:
+            FileSystems.rename([src], [dst])
+    hold_point("manifest_staged")
+    if files.is_local(staged):
+        os.replace(staged, manifest_path)
+    else:
+        files.write_bytes(manifest_path, manifest)
+    removed = remove_stale_shards(output, {dst for _, dst in renames})
+    remove_folder(temp_dir)
+    return Published(manifest_path, tuple(removed))
