@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import hashlib
 import io
 import itertools
 import json
@@ -31,7 +32,7 @@ import pyarrow.csv as pacsv
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.elements import DeadLetter, InputSummary, ShardSpec, SpoolSegments
 from beam_tfrecords.schemas.shards import ShardBand, shard_name
-from beam_tfrecords.schemas.table_schema import TableSchema
+from beam_tfrecords.schemas.table_schema import TableSchema, load_schema
 from beam_tfrecords.transforms.codec.table_batches import (
     BAD,
     BLANK,
@@ -48,7 +49,14 @@ from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.helpers import ordered_map, ready_helper_pool
 from beam_tfrecords.transforms.plan.shards import cut_shards
 
-__all__ = ["EncodeTables", "PlanTableShards", "csv_header", "plan_table_shards", "table_files"]
+__all__ = [
+    "EncodeTables",
+    "PlanTableShards",
+    "RowsToExamples",
+    "csv_header",
+    "plan_table_shards",
+    "table_files",
+]
 
 ROWS_TAG = "rows"
 _BLOCK_BYTES = 4 << 20
@@ -469,3 +477,110 @@ class PlanTableShards(beam.PTransform):
         )
         summary = collected | "Summarize" >> beam.Map(table_summary, self._config, self._schema)
         return specs, summary
+
+
+class _RowsToExamplesFn(beam.DoFn):
+    """Rows (dicts, or cell sequences in ``columns`` order) → ``(key, Example bytes)``,
+    encoded a batch at a time by the CLI's own table codec."""
+
+    _BATCH = 4096
+
+    def __init__(self, schema: TableSchema, columns: Sequence[str], key_column: str | None):
+        self._columns = tuple(columns)
+        self._key_column = key_column
+        self._task = pickle.dumps(TableTask(schema, self._columns))
+        self._rows: list[list[str]] = []
+
+    def start_bundle(self):
+        self._rows = []
+
+    def _cells(self, row) -> list[str]:
+        if isinstance(row, dict):
+            values = [row.get(name) for name in self._columns]
+        else:
+            values = list(row)
+            if len(values) != len(self._columns):
+                raise ValueError(f"a row has {len(values)} cells; columns are {list(self._columns)}")
+        return ["" if v is None else v if isinstance(v, str) else str(v) for v in values]
+
+    def process(self, row) -> Iterator:
+        self._rows.append(self._cells(row))
+        if len(self._rows) >= self._BATCH:
+            yield from self._flush()
+
+    def finish_bundle(self):
+        for output in self._flush():
+            value = output.value if isinstance(output, beam.pvalue.TaggedOutput) else output
+            window = beam.transforms.window.GlobalWindow()
+            timestamp = beam.utils.timestamp.MIN_TIMESTAMP
+            windowed = beam.utils.windowed_value.WindowedValue(value, timestamp, [window])
+            if isinstance(output, beam.pvalue.TaggedOutput):
+                yield beam.pvalue.TaggedOutput(output.tag, windowed)
+            else:
+                yield windowed
+
+    def _flush(self) -> Iterator:
+        rows, self._rows = self._rows, []
+        if not rows:
+            return
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array([r[i] for r in rows], type=pa.string()) for i in range(len(self._columns))],
+            names=list(self._columns))
+        encoded = encode_table_batch(self._task, batch)
+        errors = {row: (reason, message) for row, reason, message in encoded.errors}
+        offsets = [0] * len(encoded.splits)
+        counters = [0] * len(encoded.splits)
+        key_at = self._columns.index(self._key_column) if self._key_column else None
+        for number, status in enumerate(encoded.status.tolist()):
+            if status == BLANK:
+                continue
+            if status == BAD:
+                reason, message = errors.get(number, ("bad_row", "the row cannot be encoded"))
+                beam.metrics.Metrics.counter("rows", "dead_letter").inc()
+                yield beam.pvalue.TaggedOutput(ROWS_DEAD_LETTER_TAG, DeadLetter(
+                    f"row:{rows[number][key_at] if key_at is not None else number}", "validate",
+                    reason, message, row=_raw_row(rows[number], ",", '"')))
+                continue
+            size = int(encoded.sizes[status][counters[status]])
+            start = offsets[status]
+            record = encoded.blobs[status][start + 12:start + size - 4]  # Unframed.
+            offsets[status] += size
+            counters[status] += 1
+            key = rows[number][key_at] if key_at is not None else hashlib.sha256(record).hexdigest()
+            yield key, record
+
+
+ROWS_DEAD_LETTER_TAG = "dead_letter"
+
+
+class RowsToExamples(beam.PTransform):
+    """Table rows → ``(key, serialized tf.train.Example)``, typed by a table schema.
+
+    The same codec as ``convert`` on a CSV: every schema type, lists, shapes,
+    defaults and required cells; a row whose cells do not fit the schema is
+    counted (metric ``rows/dead_letter``) and goes to ``.dead_letter`` (a
+    PCollection of ``DeadLetter``, set when the transform is applied).
+
+    Args:
+      schema: a ``TableSchema``, or the text of a YAML/JSON schema.
+      columns: the column names, in cell order (for rows given as sequences);
+        default: the schema's column names.
+      key_column: the column whose cell is the record's key (orders records in
+        ``WriteVerifiedShards``); default: the SHA-256 of the record.
+    """
+
+    def __init__(self, schema, columns: Sequence[str] | None = None, key_column: str | None = None):
+        super().__init__()
+        if isinstance(schema, str):
+            schema = load_schema(schema)
+        names = tuple(columns) if columns else tuple(c.name for c in schema.columns)
+        if key_column is not None and key_column not in names:
+            raise ValueError(f"key_column {key_column!r} is not one of the columns {list(names)}")
+        RowEncoder(schema, names)  # Fails here, naming the columns, when they do not fit.
+        self._fn = _RowsToExamplesFn(schema, names, key_column)
+        self.dead_letter = None
+
+    def expand(self, rows):
+        outputs = rows | "Encode" >> beam.ParDo(self._fn).with_outputs(ROWS_DEAD_LETTER_TAG, main="examples")
+        self.dead_letter = outputs[ROWS_DEAD_LETTER_TAG]
+        return outputs.examples

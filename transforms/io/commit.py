@@ -68,10 +68,12 @@ def _lock_path(output: str) -> str:
 
 
 def _process_start(pid: int) -> str:
-    """The start time of a local process (``/proc``), '' when unknown or gone."""
+    """The start time of a local process (``/proc``), '' when unknown or gone
+    (a zombie, killed but not yet reaped by its parent, is gone: it runs no more)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+            fields = f.read().rsplit(")", 1)[1].split()
+        return "" if fields[0] in ("Z", "X") else fields[19]
     except (OSError, IndexError):
         return ""
 
@@ -185,10 +187,17 @@ def remove_stale_temporaries(output: str, run_id: str) -> list[str]:
 
 
 def remove_folder(folder: str) -> None:
-    """Deletes every file under ``folder`` (and, locally, the emptied folders)."""
+    """Deletes every file under ``folder`` (and, locally, the emptied folders, and the
+    work folder above a run's temporary folder when nothing else is left in it)."""
     files.delete_files([path for path, _ in files.list_files(files.join(folder, "**"))])
     if files.is_local(folder):
         _remove_empty_dirs(folder)
+        parent = os.path.dirname(folder.rstrip("/"))
+        if os.path.basename(parent) == WORK_DIR:
+            try:
+                os.rmdir(parent)
+            except OSError:
+                pass  # The lock, or another run's files, are still there.
 
 
 def _remove_empty_dirs(folder: str) -> None:
