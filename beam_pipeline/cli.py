@@ -186,14 +186,17 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
 
 def _run_verify(argv: Sequence[str], prog: str) -> int:
     p = argparse.ArgumentParser(prog=prog, description="Re-check a dataset against its manifest "
-                                "(or CRC-scan TFRecord files without one).")
+                                "(a folder without one fails), or CRC-scan TFRecord files.")
     p.add_argument("location", help="dataset folder, or a glob/file of TFRecords")
     p.add_argument("--full", action="store_true",
                    help="on gs://, also download and re-read every shard (default: compare the "
                    "crc32c and size GCS keeps for each object with the manifest)")
+    p.add_argument("--scan_only", action="store_true",
+                   help="for a folder without manifest.json: CRC-scan its TFRecord files "
+                   "instead of failing it")
     args = p.parse_args(argv)
     try:
-        report = verify_dataset(args.location, full=args.full)
+        report = verify_dataset(args.location, full=args.full, scan_only=args.scan_only)
     except ValueError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_USAGE

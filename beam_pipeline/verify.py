@@ -2,8 +2,10 @@
 
 With a manifest, every listed shard must exist and match its record count,
 size, CRC-32C and SHA-256, every record's CRCs must hold, and no other shard
-file may sit beside them. Without one, every ``*.tfrecord[.gz]`` file found is
-scanned record by record.
+file may sit beside them. A folder without a manifest is not a finished dataset
+and fails; asked to (``scan_only``), or given a glob or a file, every
+``*.tfrecord[.gz]`` file found is scanned record by record instead (a run's
+unfinished work folder, ``.beam-tfrecords/``, is left out).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import concurrent.futures
 import dataclasses
 
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, manifest_shards, parse_manifest
-from beam_tfrecords.schemas.shards import parse_shard_name
+from beam_tfrecords.schemas.shards import WORK_DIR, parse_shard_name
 from beam_tfrecords.transforms.codec.tfrecord import FileDigest
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.gcs import is_gcs
@@ -40,15 +42,18 @@ class VerifyReport:
     location: str
     with_manifest: bool
     checks: tuple[ShardCheck, ...]
+    problem: str = ""
 
     @property
     def ok(self) -> bool:
-        return bool(self.checks) and all(c.ok for c in self.checks)
+        return not self.problem and bool(self.checks) and all(c.ok for c in self.checks)
 
     def lines(self) -> list[str]:
         """A per-shard report for people."""
         mode = f"against {MANIFEST_NAME}" if self.with_manifest else "CRC scan (no manifest)"
         out = [f"Verifying {self.location} ({mode})"]
+        if self.problem:
+            return [*out, f"  FAIL  {self.problem}", "0 files checked; the dataset is not verified"]
         for c in self.checks:
             if c.ok:
                 how = f"  ({c.how})" if c.how and c.how != "re-read" else ""
@@ -84,7 +89,8 @@ def _check(path: str, expected: FileDigest | None, sizes: dict[str, int], full: 
     return ShardCheck(path, True, digest.records, digest.bytes, how="re-read")
 
 
-def verify_dataset(location: str, threads: int = 2, full: bool = False) -> VerifyReport:
+def verify_dataset(location: str, threads: int = 2, full: bool = False,
+                   scan_only: bool = False) -> VerifyReport:
     """Verifies a dataset folder (or a glob or file of TFRecords without a manifest).
 
     Args:
@@ -92,8 +98,19 @@ def verify_dataset(location: str, threads: int = 2, full: bool = False) -> Verif
       threads: shards checked at once.
       full: on GCS, also re-read every shard (otherwise, with a manifest, each
         object's stored CRC-32C and size are compared, without downloading).
+      scan_only: CRC-scan the TFRecord files of a folder that has no manifest,
+        instead of failing it.
     """
     manifest_path = files.join(location, MANIFEST_NAME)
+    is_folder = not ("*" in location or location.endswith((".tfrecord", ".gz")))
+    if is_folder and not scan_only and not files.exists(manifest_path):
+        if not files.list_files(files.join(location, "**"), limit=1):
+            problem = f"{location} does not exist or holds no files"
+        else:
+            problem = (f"no {MANIFEST_NAME}: not a finished dataset (a run failed or is still "
+                       "going, or this is not a convert output); --scan_only CRC-scans the "
+                       "TFRecord files instead")
+        return VerifyReport(location, False, (), problem)
     if files.exists(manifest_path):
         manifest = parse_manifest(files.read_text(manifest_path), manifest_path)
         entries = manifest_shards(manifest)
@@ -112,7 +129,7 @@ def verify_dataset(location: str, threads: int = 2, full: bool = False) -> Verif
             else files.join(location, "**")
         jobs = [
             (path, None) for path, _ in sorted(files.list_files(pattern))
-            if path.endswith((".tfrecord", ".tfrecord.gz"))
+            if path.endswith((".tfrecord", ".tfrecord.gz")) and f"/{WORK_DIR}/" not in path
         ]
         extra, with_manifest = [], False
     sizes = dict(files.list_files(files.join(location, "*"))) if is_gcs(location) else {}

@@ -207,9 +207,12 @@ def test_verify_names_shard_record_and_offset(tmp_path, capsys):
     assert "ends inside the record" in truncated_line
     assert sum("OK" in line.split()[:1] for line in report.splitlines()) == len(shards) - 2
 
-    # Without the manifest, verify falls back to a CRC scan and still finds both.
+    # Without the manifest the folder is not a dataset: verify fails it, and on request
+    # CRC-scans the files, still finding both faults.
     os.remove(os.path.join(out, "manifest.json"))
     assert main(["verify", out]) == 1
+    assert "no manifest.json: not a finished dataset" in capsys.readouterr().out
+    assert main(["verify", out, "--scan_only"]) == 1
     report = capsys.readouterr().out
     assert "CRC scan" in report
     assert f"record {index} at byte offset {offset}" in report
@@ -307,3 +310,18 @@ def test_no_convertible_image_fails_without_manifest(tmp_path, capsys):
     assert "NO RECORDS WRITTEN" in capsys.readouterr().out
     assert not os.path.exists(os.path.join(out, "manifest.json"))
     assert len(_dead_letters(out)) == 1
+
+
+def test_verify_fails_what_is_not_a_finished_dataset(tmp_path, capsys):
+    missing = str(tmp_path / "nowhere")
+    assert main(["verify", missing]) == 1
+    assert "does not exist or holds no files" in capsys.readouterr().out
+    # Shards without a manifest (a run that never finished): not a dataset.
+    root, out = str(tmp_path / "in"), str(tmp_path / "out")
+    make_class_folder_sample(root, per_class=3, splits=None)
+    assert main(["convert", "--input", root, "--output", out]) == 0
+    os.remove(os.path.join(out, "manifest.json"))
+    assert main(["verify", out]) == 1
+    printed = capsys.readouterr().out
+    assert "FAIL  no manifest.json" in printed and "not verified" in printed
+    assert main(["verify", out, "--scan_only"]) == 0
