@@ -279,6 +279,7 @@ def test_pipeline_catches_an_object_changed_after_writing(gcs, image_tree, tmp_p
     from beam_tfrecords.schemas.config import (
         ConvertConfig,
     )  # pylint: disable=import-outside-toplevel
+
     # pylint: disable=import-outside-toplevel
     from beam_tfrecords.schemas.shards import ShardTarget
     from beam_tfrecords.transforms.images import ImageRecords, ListImages, PlanImageShards

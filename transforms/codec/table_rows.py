@@ -18,7 +18,6 @@ import re
 import struct
 from collections.abc import Mapping, Sequence
 
-import google_crc32c
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,6 +31,7 @@ from beam_tfrecords.transforms.codec.example import (
     feature_entry,
 )
 from beam_tfrecords.transforms.codec.tensors import encode_tensor
+from beam_tfrecords.transforms.codec.tfrecord import frame_record
 
 __all__ = ["ColumnValues", "RowEncoder", "RowError", "parse_column"]
 
@@ -361,21 +361,13 @@ class RowEncoder:
             errors.extend(column_errors)
         ordered = [items[name] for name, _, _ in self._order]
         records: list[bytes | None] = []
-        value, pack_length, pack_crc = google_crc32c.value, _LENGTH.pack, _CRC.pack
         for row_items in zip(*ordered) if ordered else ([()] * rows):
             if None in row_items:
                 records.append(None)
                 continue
             size = sum(map(len, row_items))
             example = b"".join((b"\x0a", _SMALL[size] if size < 0x80 else _varint(size), *row_items))
-            length = pack_length(len(example))
-            length_crc, data_crc = value(length), value(example)
-            records.append(b"".join((
-                length,
-                pack_crc((((length_crc >> 15) | (length_crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF),
-                example,
-                pack_crc((((data_crc >> 15) | (data_crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF),
-            )))
+            records.append(frame_record(example))
         first: dict[int, RowError] = {}
         for error in errors:
             first.setdefault(error.row, error)
@@ -422,9 +414,6 @@ def _string_item(name: str, cell: str) -> bytes:
     return b"".join(bytes_entry_parts(name, cell)[0])
 
 
-_LENGTH = struct.Struct("<Q")
-_CRC = struct.Struct("<I")
-_MASK_DELTA = 0xA282EAD8
 
 
 @functools.lru_cache(maxsize=64)
