@@ -248,10 +248,10 @@ def _run_infer_schema(argv: Sequence[str], prog: str) -> int:
     try:
         config = ConvertConfig(input=args.input, output="-", layout="table", **_dialect(args))
         config = resolve_config(config, PipelineOptions([]))
-        found = table_files(config)
+        found = table_files(config.input)
         if not found:
             raise ConvertError(f"--input: no files match {config.input}")
-        header = csv_header(config, found[0][0])
+        header = csv_header(config.dialect, found[0][0])
         rows = sample_rows(config, found[0][0], header, args.sample_rows)
         text = dump_schema(infer_schema(header, rows))
     except (ConvertError, ValueError) as err:

@@ -75,17 +75,22 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
     if plan.is_table:
         schema = plan.schema
         spool_dir = files.join(target.temp_dir, "spool")
-        encoded = pipeline | "EncodeTables" >> EncodeTables(config, schema, spool_dir, plan.table_inputs)
+        encoded = pipeline | "EncodeTables" >> EncodeTables(
+            plan.table_inputs, schema, config.dialect, config.table_layout, config.output, spool_dir,
+            config.encode_processes)
         if config.sequence_key:
             spools = encoded.rows | "BuildSequences" >> BuildSequences(schema, spool_dir)
-            specs, grouped = spools | "PlanSequenceShards" >> PlanSequenceShards(config)
+            specs, grouped = spools | "PlanSequenceShards" >> PlanSequenceShards(
+                config.band, config.compression)
             summary = (
                 encoded.infos
                 | "CollectFiles" >> beam.combiners.ToList()
-                | "Summarize" >> beam.Map(table_summary, config, schema, beam.pvalue.AsSingleton(grouped))
+                | "Summarize" >> beam.Map(table_summary, config.input, schema, True,
+                                          beam.pvalue.AsSingleton(grouped))
             )
         else:
-            specs, summary = encoded.infos | "PlanTableShards" >> PlanTableShards(config, schema)
+            specs, summary = encoded.infos | "PlanTableShards" >> PlanTableShards(
+                config.band, config.compression, config.input, schema)
         results = (
             specs
             | "WriteShards" >> WriteShards(target, SpoolCopy())

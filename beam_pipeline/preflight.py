@@ -105,7 +105,7 @@ def _is_table(config: ConvertConfig) -> bool:
     if config.layout != "auto" or not config.input.lower().endswith((".csv", ".tsv")):
         return False
     found = files.list_files(config.input, limit=1)
-    return bool(found) and "image" not in csv_header(config, found[0][0])
+    return bool(found) and "image" not in csv_header(config.dialect, found[0][0])
 
 
 def resolve_config(config: ConvertConfig, options: PipelineOptions) -> ConvertConfig:
@@ -210,11 +210,11 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
     if not config.layout == "table":
         _check_images(config)
         return RunPlan(config, target)
-    found = tuple(table_files(config))
+    found = tuple(table_files(config.input))
     if not found:
         raise ConvertError(f"--input: no files match {config.input}")
     try:
-        header = csv_header(config, found[0][0])
+        header = csv_header(config.dialect, found[0][0])
     except ValueError as err:
         raise ConvertError(f"--input {err}") from None
     schema = _table_schema(config, found[0][0], header)

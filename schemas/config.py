@@ -6,12 +6,34 @@ import dataclasses
 
 from beam_tfrecords.schemas.shards import COMPRESSIONS, ShardBand, is_valid_split_name
 
-__all__ = ["LAYOUTS", "VALIDATE_MODES", "ConvertConfig", "parse_splits"]
+__all__ = ["LAYOUTS", "VALIDATE_MODES", "ConvertConfig", "CsvDialect", "TableLayout", "parse_splits"]
 
 LAYOUTS = ("auto", "class_folders", "cifar", "csv", "table")
 
 # --validate: fast structural checks without decoding, or a full decode.
 VALIDATE_MODES: tuple[str, ...] = ("structure", "decode")
+
+
+@dataclasses.dataclass(frozen=True)
+class CsvDialect:
+    """How a CSV file is written: what the table readers need of the options."""
+
+    delimiter: str = ","
+    quote: str = '"'
+    no_header: bool = False
+    columns: tuple[str, ...] = ()
+    encoding: str = "utf-8"
+
+
+@dataclasses.dataclass(frozen=True)
+class TableLayout:
+    """Which split a row goes to, and how rows group into sequences."""
+
+    split_column: str | None = None
+    splits: tuple[tuple[str, float], ...] = ()
+    key_column: str | None = None
+    sequence_key: str | None = None
+    sequence_order: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +126,18 @@ class ConvertConfig:
                                  f"{sum(f for _, f in self.splits):g}")
         if self.sequence_order and not self.sequence_key:
             raise ValueError("--sequence_order needs --sequence_key")
+
+    @property
+    def dialect(self) -> CsvDialect:
+        """The CSV dialect of a table."""
+        return CsvDialect(self.csv_delimiter, self.csv_quote, self.no_header, self.columns,
+                          self.encoding)
+
+    @property
+    def table_layout(self) -> TableLayout:
+        """Splits and sequences of a table."""
+        return TableLayout(self.split_column, self.splits, self.key_column, self.sequence_key,
+                           self.sequence_order)
 
     @property
     def band(self) -> ShardBand:

@@ -22,7 +22,6 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.elements import ShardSpec, SpoolSegments
 from beam_tfrecords.schemas.shards import ShardBand, shard_name
 from beam_tfrecords.schemas.table_schema import TableSchema
@@ -151,15 +150,16 @@ def plan_sequence_shards(spools: Sequence[SequenceSpool], band: ShardBand,
 class PlanSequenceShards(beam.PTransform):
     """``SequenceSpool``s → ``ShardSpec`` per shard, and the rows grouped."""
 
-    def __init__(self, config: ConvertConfig):
+    def __init__(self, band: ShardBand, compression: str = "none"):
         super().__init__()
-        self._config = config
+        self._band = band
+        self._compression = compression
 
     def expand(self, spools):
         collected = spools | "Collect" >> beam.combiners.ToList()
         specs = (
             collected
-            | "Cut" >> beam.FlatMap(plan_sequence_shards, self._config.band, self._config.compression)
+            | "Cut" >> beam.FlatMap(plan_sequence_shards, self._band, self._compression)
             | "Spread" >> beam.Reshuffle()
         )
         grouped = collected | "CountRows" >> beam.Map(

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.schemas.config import CsvDialect, TableLayout
 from beam_tfrecords.schemas.elements import DeadLetter, InputSummary, ShardSpec, SpoolSegments
 from beam_tfrecords.schemas.shards import ShardBand, shard_name
 from beam_tfrecords.schemas.table_schema import TableSchema, load_schema
@@ -63,23 +63,23 @@ _BLOCK_BYTES = 4 << 20
 _log = logging.getLogger(__name__)
 
 
-def table_files(config: ConvertConfig) -> list[tuple[str, int]]:
-    """The CSV files ``--input`` names (a file or a glob), sorted, with sizes."""
-    return sorted(files.list_files(config.input))
+def table_files(pattern: str) -> list[tuple[str, int]]:
+    """The CSV files a path or glob names, sorted, with sizes."""
+    return sorted(files.list_files(pattern))
 
 
-def csv_header(config: ConvertConfig, path: str) -> list[str]:
-    """The column names of a CSV file: its first record, or ``--columns``.
+def csv_header(dialect: CsvDialect, path: str) -> list[str]:
+    """The column names of a CSV file: its first record, or the dialect's ``columns``.
 
     Raises:
       ValueError: if the file is empty or its first record cannot be parsed.
     """
-    if config.no_header:
-        return list(config.columns)
+    if dialect.no_header:
+        return list(dialect.columns)
     with files.open_read(path) as stream:
-        head = stream.read(1 << 20).decode(config.encoding, errors="replace").lstrip("\ufeff")
-    reader = csv.reader(io.StringIO(head, newline=""), delimiter=config.csv_delimiter,
-                        quotechar=config.csv_quote)
+        head = stream.read(1 << 20).decode(dialect.encoding, errors="replace").lstrip("\ufeff")
+    reader = csv.reader(io.StringIO(head, newline=""), delimiter=dialect.delimiter,
+                        quotechar=dialect.quote)
     try:
         return [name.strip() for name in next(reader)]
     except (StopIteration, csv.Error) as err:
@@ -217,17 +217,21 @@ def _raw_row(cells: Sequence[str], delimiter: str, quote: str) -> str:
 class _EncodeCsvFn(beam.DoFn):
     """``(file_index, path, size)`` → one ``SpoolInfo`` per split with rows."""
 
-    def __init__(self, config: ConvertConfig, schema: TableSchema, spool_dir: str):
-        self._config = config
+    def __init__(self, schema: TableSchema, dialect: CsvDialect, layout: TableLayout, output: str,
+                 spool_dir: str, helper_processes: int):
         self._schema = schema
+        self._dialect = dialect
+        self._layout = layout
+        self._output = output
         self._spool_dir = spool_dir
+        self._processes = helper_processes
 
     def _batches(self, reader, task_bytes: bytes) -> Iterator[tuple[pa.RecordBatch, np.ndarray, EncodedBatch]]:
         """``(batch, embedded newlines per row, encoded)``, in order, encoded in helper
         processes when the config allows (the reader stays a batch or two ahead)."""
 
-        encode = sequence_table_batch if self._config.sequence_key else encode_table_batch
-        processes = self._config.encode_processes
+        encode = sequence_table_batch if self._layout.sequence_key else encode_table_batch
+        processes = self._processes
         pool = ready_helper_pool(processes) if processes > 0 else None
         if pool is None:
             for batch in reader:
@@ -242,16 +246,16 @@ class _EncodeCsvFn(beam.DoFn):
 
     def process(self, element: tuple[int, str, int]) -> Iterator[SpoolInfo]:
         file_index, path, size = element
-        config = self._config
+        dialect, layout = self._dialect, self._layout
         start = time.monotonic()
         hold_point("listing")
-        header = csv_header(config, path)
-        task = TableTask(self._schema, tuple(header), config.split_column, config.splits,
-                         config.key_column, config.csv_delimiter, config.csv_quote,
-                         config.sequence_key, config.sequence_order)
+        header = csv_header(dialect, path)
+        task = TableTask(self._schema, tuple(header), layout.split_column, layout.splits,
+                         layout.key_column, dialect.delimiter, dialect.quote,
+                         layout.sequence_key, layout.sequence_order)
         RowEncoder(self._schema, header)  # Fails here, with the columns named, on a wrong header.
         task_bytes = pickle.dumps(task)
-        tracker = _LineTracker(0 if config.no_header else 1)
+        tracker = _LineTracker(0 if dialect.no_header else 1)
 
         def on_invalid(row) -> str:
             tracker.invalid.append((row.number, row.text or ""))
@@ -261,15 +265,15 @@ class _EncodeCsvFn(beam.DoFn):
         sinks: dict[str, tuple] = {}  # split → (stream, record sizes, spool path)
         rows_in = blank = 0
         try:
-            counting = _QuoteCounter(files.open_read(path), config.csv_quote)
+            counting = _QuoteCounter(files.open_read(path), dialect.quote)
             reader = pacsv.open_csv(
                 counting,
                 read_options=pacsv.ReadOptions(
-                    use_threads=False, block_size=_BLOCK_BYTES, encoding=config.encoding,
-                    column_names=list(config.columns) if config.no_header else None,
+                    use_threads=False, block_size=_BLOCK_BYTES, encoding=dialect.encoding,
+                    column_names=list(dialect.columns) if dialect.no_header else None,
                 ),
                 parse_options=pacsv.ParseOptions(
-                    delimiter=config.csv_delimiter, quote_char=config.csv_quote,
+                    delimiter=dialect.delimiter, quote_char=dialect.quote,
                     newlines_in_values=True, ignore_empty_lines=False,
                     invalid_row_handler=on_invalid,
                 ),
@@ -322,7 +326,7 @@ class _EncodeCsvFn(beam.DoFn):
             for stream, _, _ in sinks.values():
                 stream.close()
         stem = path.rsplit("/", 1)[-1].rsplit(".", 1)[0]
-        dead_path = write_dead_letters(config.output, f"{stem}-{file_index:05d}", dead)
+        dead_path = write_dead_letters(self._output, f"{stem}-{file_index:05d}", dead)
         bad = tuple(sorted(Counter(d.error for d in dead).items()))
         beam.metrics.Metrics.counter("table", "rows").inc(rows_in)
         beam.metrics.Metrics.counter("table", "dead_letter").inc(len(dead))
@@ -355,33 +359,38 @@ class _EncodeCsvFn(beam.DoFn):
     def _row_letter(self, path, line, batch, header, row, reason, message) -> DeadLetter:
         cells = [batch.column(name)[row].as_py() for name in header]
         return DeadLetter(f"{path}:{line}", "validate", reason, message,
-                          row=_raw_row(cells, self._config.csv_delimiter, self._config.csv_quote))
+                          row=_raw_row(cells, self._dialect.delimiter, self._dialect.quote))
 
 
 class EncodeTables(beam.PTransform):
-    """CSV files → ``SpoolInfo`` per (file, split)."""
+    """CSV files → ``SpoolInfo`` per (file, split): rows encoded into spool files.
 
-    def __init__(self, config: ConvertConfig, schema: TableSchema, spool_dir: str,
-                 inputs: Sequence[tuple[str, int]] | None = None):
+    Args:
+      inputs: the CSV files, ``(path, size)``, in order.
+      schema: the table schema.
+      dialect: how the files are written.
+      layout: splits and sequences.
+      output: the output folder (for dead letters).
+      spool_dir: where to spool the framed records.
+      helper_processes: helper processes that encode batches (0: this process).
+    """
+
+    def __init__(self, inputs: Sequence[tuple[str, int]], schema: TableSchema, dialect: CsvDialect,
+                 layout: TableLayout, output: str, spool_dir: str, helper_processes: int = 0):
         super().__init__()
-        self._config = config
-        self._schema = schema
-        self._spool_dir = spool_dir
-        self._inputs = inputs
+        self._inputs = list(inputs)
+        self._fn = _EncodeCsvFn(schema, dialect, layout, output, spool_dir, helper_processes)
 
     def expand(self, pbegin):
-        """Returns a ``DoOutputsTuple``: ``.infos`` (``SpoolInfo``), and with
-        ``--sequence_key`` also ``.rows`` (rows grouped by key within a batch)."""
-        found = self._inputs if self._inputs is not None else table_files(self._config)
-        inputs = [(i, path, size) for i, (path, size) in enumerate(found)]
+        """Returns a ``DoOutputsTuple``: ``.infos`` (``SpoolInfo``), and with a
+        sequence key also ``.rows`` (rows grouped by key within a batch)."""
+        inputs = [(i, path, size) for i, (path, size) in enumerate(self._inputs)]
         files_in = pbegin | "Files" >> beam.Create(inputs)
         if len(inputs) > 1:  # Spread the files over workers; one file needs no shuffle.
             files_in = files_in | "Spread" >> beam.Reshuffle()
         return (
             files_in
-            | "EncodeRows" >> beam.ParDo(
-                _EncodeCsvFn(self._config, self._schema, self._spool_dir)
-            ).with_outputs(ROWS_TAG, main="infos")
+            | "EncodeRows" >> beam.ParDo(self._fn).with_outputs(ROWS_TAG, main="infos")
         )
 
 
@@ -418,22 +427,23 @@ def plan_table_shards(infos: Sequence[SpoolInfo], band: ShardBand, compression: 
 
 def table_summary(
     infos: Sequence[SpoolInfo],
-    config: ConvertConfig,
+    root: str,
     schema: TableSchema,
+    sequences: bool = False,
     grouped: tuple[int, tuple[str, ...]] = (0, ()),
 ) -> InputSummary:
     """The input summary of a table run.
 
     Args:
       infos: every file's ``SpoolInfo``.
-      config, schema: the run's.
-      grouped: with ``--sequence_key``: rows that went into sequences, and the
-        sequence spools.
+      root: the input (path or glob), as the manifest records it.
+      schema: the schema used.
+      sequences: whether rows were grouped into sequences.
+      grouped: with sequences: rows that went into them, and the sequence spools.
     """
     bad: Counter = Counter()
     for info in infos:
         bad.update(dict(info.bad_counts))
-    sequences = bool(config.sequence_key)
     features, sequence_features = [], []
     for column in schema.kept:
         entry = (column.feature_name, column.dtype, tuple(column.feature_shape()))
@@ -441,7 +451,7 @@ def table_summary(
         if column.shape is not None and column.encoding == "flat":
             features.append((f"{column.feature_name}/shape", "int64", (len(column.shape),)))
     return InputSummary(
-        root=config.input,
+        root=root,
         layout="table",
         input_files=len({i.file_index for i in infos}),
         input_bytes=sum(i.source_bytes for i in infos),
@@ -461,21 +471,30 @@ def table_summary(
 
 
 class PlanTableShards(beam.PTransform):
-    """``SpoolInfo``s → ``ShardSpec`` per shard (main) and one ``InputSummary``."""
+    """``SpoolInfo``s → ``ShardSpec`` per shard (main) and one ``InputSummary``.
 
-    def __init__(self, config: ConvertConfig, schema: TableSchema):
+    Args:
+      band: the shard size band.
+      compression: ``none`` or ``gzip``.
+      root: the input, as the manifest records it.
+      schema: the schema used.
+    """
+
+    def __init__(self, band: ShardBand, compression: str, root: str, schema: TableSchema):
         super().__init__()
-        self._config = config
+        self._band = band
+        self._compression = compression
+        self._root = root
         self._schema = schema
 
     def expand(self, infos):
         collected = infos | "Collect" >> beam.combiners.ToList()
         specs = (
             collected
-            | "Cut" >> beam.FlatMap(plan_table_shards, self._config.band, self._config.compression)
+            | "Cut" >> beam.FlatMap(plan_table_shards, self._band, self._compression)
             | "Spread" >> beam.Reshuffle()
         )
-        summary = collected | "Summarize" >> beam.Map(table_summary, self._config, self._schema)
+        summary = collected | "Summarize" >> beam.Map(table_summary, self._root, self._schema)
         return specs, summary
 
 
