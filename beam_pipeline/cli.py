@@ -1,10 +1,12 @@
-"""The command line: ``convert``, ``verify`` and ``inspect``.
+"""The command line: ``convert``, ``verify``, ``inspect`` and ``infer-schema``.
 
 ``python -m beam_tfrecords convert --input PATH --output DIR [flags] [Beam flags]``:
 our flags are parsed here; every other flag is handed to Beam untouched, after
 checking that Beam knows it (a misspelt flag fails fast instead of being
 silently dropped). Exit status: 0 when the dataset is complete and within the
-error budget, 1 when the run failed, 2 for bad flags or inputs.
+error budget, 1 when the run failed, 2 for bad flags or inputs (or an output
+another run holds), 130 when interrupted (Ctrl-C). Every failure ends in one
+line; ``--debug`` (before the command) adds the traceback.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ import argparse
 import difflib
 import json
 import logging
+import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
@@ -25,6 +30,7 @@ from beam_tfrecords.schemas.config import LAYOUTS, VALIDATE_MODES, ConvertConfig
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, parse_manifest
 from beam_tfrecords.schemas.shards import COMPRESSIONS
 from beam_tfrecords.schemas.table_schema import dump_schema
+from beam_tfrecords.schemas.version import __version__
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.plan.table_inference import infer_schema
 from beam_tfrecords.transforms.tables import csv_header, table_files
@@ -32,7 +38,8 @@ from beam_tfrecords.verify import verify_dataset
 
 __all__ = ["config_from_args", "convert_parser", "main"]
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+_PROG = "beam-tfrecords"
 
 
 def _convert_parser(prog: str) -> argparse.ArgumentParser:
@@ -164,6 +171,18 @@ def _print_summary(report: dict) -> None:
               "inputs or raise --max_bad_fraction, and run again")
 
 
+def _interrupted(prog: str):
+    def handler(signum, frame):  # pylint: disable=unused-argument
+        sys.stdout.flush()
+        print(f"{prog}: {_INTERRUPTED}", file=sys.stderr, flush=True)
+        os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
+    return handler
+
+
+_INTERRUPTED = ("interrupted; nothing was published (a rerun cleans up what this run "
+                "left in OUT/.beam-tfrecords)")
+
+
 def _run_convert(argv: Sequence[str], prog: str) -> int:
     parser = _convert_parser(prog)
     args, beam_args = parser.parse_known_args(argv)
@@ -172,11 +191,23 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
     if unknown:
         print(f"{prog}: error: unknown flags: {', '.join(unknown)}", file=sys.stderr)
         return EXIT_USAGE
+    # Ctrl-C: Beam turns it into an error inside whatever step is running (with a
+    # logged traceback); stop at once instead. Nothing is published before the commit,
+    # and the next run removes this run's temporaries and takes over its lock.
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _interrupted(prog)) if in_main_thread else None
     try:
         result = convert(config_from_args(args), beam_args)
     except (ConvertError, ValueError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous)
+    if result.report["status"] == "dry_run":
+        print(f"dry run: the job was built and checked, not run; nothing was written to "
+              f"{result.report['output']}")
+        return EXIT_OK
     _print_summary(result.report)
     if args.report_json:
         with open(args.report_json, "w", encoding="utf-8") as f:
@@ -266,25 +297,52 @@ def _run_infer_schema(argv: Sequence[str], prog: str) -> int:
 
 
 _COMMANDS = {
-    "convert": _run_convert,
-    "verify": _run_verify,
-    "inspect": _run_inspect,
-    "infer-schema": _run_infer_schema,
+    "convert": (_run_convert, "images or CSV tables to verified, size-banded TFRecord shards"),
+    "verify": (_run_verify, "re-check a dataset against its manifest, shard by shard"),
+    "inspect": (_run_inspect, "summarize a dataset, print records, draw a contact sheet"),
+    "infer-schema": (_run_infer_schema, "write a table schema inferred from a CSV's first rows"),
 }
+
+
+def _usage() -> str:
+    lines = [f"usage: {_PROG} [--debug] COMMAND [flags]   ({_PROG} COMMAND --help for its flags)",
+             "", "commands:"]
+    lines += [f"  {name:<13} {summary}" for name, (_, summary) in _COMMANDS.items()]
+    lines += ["", "  --version     print the version", "  --debug       show tracebacks of errors"]
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m beam_tfrecords`` and the ``beam-tfrecords`` script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    prog = "beam-tfrecords"
+    debug = "--debug" in argv[:1]
+    argv = argv[1:] if debug else argv
+    if argv[:1] in (["--help"], ["-h"]):
+        print(_usage())
+        return EXIT_OK
+    if argv[:1] == ["--version"]:
+        print(f"{_PROG} {__version__}")
+        return EXIT_OK
     if not argv or argv[0] not in _COMMANDS:
-        print(f"usage: {prog} {{{','.join(_COMMANDS)}}} ...  (--help after a command for its flags)",
-              file=sys.stderr)
+        hint = difflib.get_close_matches(argv[0], list(_COMMANDS), n=1) if argv else []
+        what = f"unknown command {argv[0]!r}" if argv else "no command given"
+        print(f"{_PROG}: error: {what}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+              + f"; commands: {', '.join(_COMMANDS)} ({_PROG} --help)", file=sys.stderr)
         return EXIT_USAGE
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("apache_beam", "google", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    prog = f"{_PROG} {argv[0]}"
     try:
-        return _COMMANDS[argv[0]](argv[1:], f"{prog} {argv[0]}")
+        return _COMMANDS[argv[0]][0](argv[1:], prog)
     except SystemExit as exit_:  # argparse: --help, or a bad flag.
-        return int(exit_.code or 0)
+        return int(exit_.code or 0) if not isinstance(exit_.code, str) else EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{prog}: {_INTERRUPTED}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as err:  # pylint: disable=broad-except
+        if debug:
+            raise
+        print(f"{prog}: error: {type(err).__name__}: {err} (run with --debug for the traceback)",
+              file=sys.stderr)
+        return EXIT_FAILED

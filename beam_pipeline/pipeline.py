@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
 
 from beam_tfrecords.preflight import (
     ConvertError,
@@ -177,6 +177,8 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = ()) -> ConvertResu
         result.wait_until_finish()
     finally:
         release_lock(plan.config.output, plan.target.run_id)
+    if PipelineOptions(list(beam_args)).view_as(TestOptions).dry_run:
+        return ConvertResult({"status": "dry_run", "output": plan.config.output, "manifest": None})
     report_path = files.join(plan.config.output, REPORT_NAME)
     if not files.exists(report_path):
         raise RuntimeError(f"the pipeline finished without writing {report_path}")

@@ -325,3 +325,23 @@ def test_verify_fails_what_is_not_a_finished_dataset(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "FAIL  no manifest.json" in printed and "not verified" in printed
     assert main(["verify", out, "--scan_only"]) == 0
+
+
+def test_every_gzip_fault_is_reported_not_raised(tmp_path, capsys):
+    root, out = str(tmp_path / "in"), str(tmp_path / "out")
+    make_class_folder_sample(root, per_class=3, splits=None)
+    assert main(["convert", "--input", root, "--output", out, "--compression", "gzip"]) == 0
+    (shard,) = [os.path.join(out, n) for n in os.listdir(out) if n.endswith(".tfrecord.gz")]
+    with open(shard, "rb") as f:
+        data = bytearray(f.read())
+    failures = set()
+    for position in range(20, len(data) - 8, max(1, len(data) // 40)):  # Inside the deflate stream.
+        damaged = bytearray(data)
+        damaged[position] ^= 0x55
+        with open(shard, "wb") as f:
+            f.write(damaged)
+        assert main(["verify", out]) == 1
+        printed = capsys.readouterr().out
+        assert "Traceback" not in printed
+        failures.add(next(line for line in printed.splitlines() if "FAIL" in line).split(":")[0])
+    assert failures  # Every flip failed verification with a FAIL line, none raised.

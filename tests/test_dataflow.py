@@ -444,3 +444,16 @@ def test_flex_template_entry_point_submits_the_same_job(tmp_path, offline):
                             *DRY_RUN_FLAGS, "--setup_file", SETUP_FILE])
     _assert_chain(result.job, IMAGE_STEPS)
     assert not os.path.exists(tmp_path / "out" / "manifest.json")  # Submitted, not run.
+
+
+@pytest.mark.beam
+def test_cli_dry_run_builds_the_job_and_says_so(tmp_path, offline, capsys):
+    from beam_tfrecords.cli import main  # pylint: disable=import-outside-toplevel
+
+    make_class_folder_sample(str(tmp_path / "in"), per_class=2, splits=None)
+    out = str(tmp_path / "out")
+    code = main(["convert", "--input", str(tmp_path / "in"), "--output", out, *DRY_RUN_FLAGS])
+    assert code == 0
+    assert "dry run: the job was built and checked, not run" in capsys.readouterr().out
+    assert not os.path.exists(os.path.join(out, "manifest.json"))
+    assert not os.path.exists(os.path.join(out, ".beam-tfrecords"))  # The lock was released.

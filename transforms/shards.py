@@ -22,6 +22,7 @@ import hashlib
 import logging
 import time
 import uuid
+import zlib
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import NamedTuple
@@ -94,7 +95,20 @@ def _storage_errors() -> tuple[type[BaseException], ...]:
         from google.api_core.exceptions import GoogleAPIError  # pylint: disable=import-outside-toplevel
     except ImportError:  # pragma: no cover - a GCP extra of Beam.
         return errors
-    return (*errors, GoogleAPIError)
+    errors = (*errors, GoogleAPIError)
+    # A resumable upload (Beam's GCS writer) or a download that gets an unexpected
+    # status or bad bytes raises these, which are not GoogleAPIErrors.
+    try:
+        from google.resumable_media import (  # pylint: disable=import-outside-toplevel
+            DataCorruption,
+            InvalidResponse,
+        )
+    except ImportError:  # pragma: no cover - google-cloud-storage without it.
+        from google.cloud.storage.exceptions import (  # pylint: disable=import-outside-toplevel
+            DataCorruption,
+            InvalidResponse,
+        )
+    return (*errors, InvalidResponse, DataCorruption)
 
 
 STORAGE_ERRORS = _storage_errors()
@@ -406,6 +420,8 @@ def verify_shard(
                 digest = scan_stream(stream, compression)
     except RecordError as err:
         return None, str(err)
+    except zlib.error as err:  # A damaged gzip stream: a fault of the shard, not of the store.
+        return None, f"corrupt gzip stream: {err}"
     except (OSError, EOFError, BeamIOError) as err:
         return None, f"cannot read: {err}"
     if expected is None:
@@ -463,7 +479,10 @@ class _VerifyShardFn(beam.DoFn):
         path = result.temp_path or result.path
         start = time.monotonic()
         for attempt in range(1, _ATTEMPTS + 1):
-            stored, error = self._verify_once(result, path)
+            try:
+                stored, error = self._verify_once(result, path)
+            except STORAGE_ERRORS as err:  # The store refused or failed the read (a GCS 403, ...).
+                stored, error = None, f"cannot read: {type(err).__name__}: {err}"
             # A read that failed, or anything odd on a remote store, is read again:
             # a flaky connection must not fail a good shard. A local mismatch is final.
             retry = error.startswith("cannot read") or (error and not files.is_local(path))
