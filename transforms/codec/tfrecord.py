@@ -93,15 +93,30 @@ class FileDigest:
     sha256: str
 
 
-class _HashingWriter(io.RawIOBase):
-    """A write-only stream that forwards to ``sink`` and hashes what passes."""
+class _Digests:
+    """Running size, CRC-32C and SHA-256 of the bytes of a file, in order."""
 
-    def __init__(self, sink: BinaryIO):
-        super().__init__()
-        self._sink = sink
+    def __init__(self):
         self._crc = google_crc32c.Checksum()
         self._sha = hashlib.sha256()
         self.bytes = 0
+
+    def update(self, data: bytes) -> None:
+        self._crc.update(data)
+        self._sha.update(data)
+        self.bytes += len(data)
+
+    def digests(self) -> tuple[str, str]:
+        return self._crc.hexdigest().decode("ascii"), self._sha.hexdigest()
+
+
+class _HashingWriter(io.RawIOBase, _Digests):
+    """A write-only stream that forwards to ``sink`` and hashes what passes."""
+
+    def __init__(self, sink: BinaryIO):
+        io.RawIOBase.__init__(self)
+        _Digests.__init__(self)
+        self._sink = sink
 
     def writable(self) -> bool:
         return True
@@ -109,13 +124,8 @@ class _HashingWriter(io.RawIOBase):
     def write(self, data) -> int:
         data = bytes(data)
         self._sink.write(data)
-        self._crc.update(data)
-        self._sha.update(data)
-        self.bytes += len(data)
+        self.update(data)
         return len(data)
-
-    def digests(self) -> tuple[str, str]:
-        return self._crc.hexdigest().decode("ascii"), self._sha.hexdigest()
 
 
 class TFRecordWriter:
@@ -211,15 +221,13 @@ class RecordError(ValueError):
         return RecordError, (self.kind, self.index, self.offset, self.detail)
 
 
-class _HashingReader(io.RawIOBase):
+class _HashingReader(io.RawIOBase, _Digests):
     """A read-only stream that hashes every byte read from ``source``."""
 
     def __init__(self, source: BinaryIO):
-        super().__init__()
+        io.RawIOBase.__init__(self)
+        _Digests.__init__(self)
         self._source = source
-        self._crc = google_crc32c.Checksum()
-        self._sha = hashlib.sha256()
-        self.bytes = 0
 
     def readable(self) -> bool:
         return True
@@ -229,20 +237,13 @@ class _HashingReader(io.RawIOBase):
         n = len(data)
         buffer[:n] = data
         if n:
-            self._crc.update(data)
-            self._sha.update(data)
-            self.bytes += n
+            self.update(data)
         return n
 
     def drain(self) -> None:
         """Reads and hashes whatever the consumer left unread in ``source``."""
         while data := self._source.read(_READ_CHUNK):
-            self._crc.update(data)
-            self._sha.update(data)
-            self.bytes += len(data)
-
-    def digests(self) -> tuple[str, str]:
-        return self._crc.hexdigest().decode("ascii"), self._sha.hexdigest()
+            self.update(data)
 
 
 def iter_records(stream: BinaryIO, check_crc: bool = True) -> Iterator[bytes]:
