@@ -25,7 +25,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentP
 
 from beam_tfrecords.inspect import contact_sheet, describe_record, sample_records
 from beam_tfrecords.pipeline import ConvertError, convert
-from beam_tfrecords.preflight import resolve_config, sample_rows
+from beam_tfrecords.preflight import resolve_config, sample_rows, table_inputs
 from beam_tfrecords.schemas.config import LAYOUTS, VALIDATE_MODES, ConvertConfig, parse_splits
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, parse_manifest
 from beam_tfrecords.schemas.shards import COMPRESSIONS
@@ -33,7 +33,7 @@ from beam_tfrecords.schemas.table_schema import dump_schema
 from beam_tfrecords.schemas.version import __version__
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.plan.table_inference import infer_schema
-from beam_tfrecords.transforms.tables import csv_header, table_files
+from beam_tfrecords.transforms.tables import csv_header
 from beam_tfrecords.verify import verify_dataset
 
 __all__ = ["config_from_args", "convert_parser", "main"]
@@ -73,8 +73,14 @@ def _convert_parser(prog: str) -> argparse.ArgumentParser:
                    "DirectRunner, none on distributed runners")
     p.add_argument("--report_json", default=None,
                    help="also write the run report to this local file")
+    m = p.add_argument_group("CSV image manifests (default: the usual column names)")
+    m.add_argument("--image_column", default=None,
+                   help="the column of image paths (default: the first of image, image_uri, "
+                   "image_path, path, filename, file, uri)")
+    m.add_argument("--label_column", default=None,
+                   help="the column of labels (default: the first of label, class, category)")
     _add_table_flags(p)
-    t = p.add_argument_group("tables (--layout table, or a CSV without an 'image' column)")
+    t = p.add_argument_group("tables (--layout table, or a CSV without an image column)")
     t.add_argument("--schema", default=None,
                    help="YAML or JSON table schema (default: inferred from the first rows)")
     t.add_argument("--split_column", default=None, help="column naming each row's split")
@@ -98,13 +104,17 @@ def _add_table_flags(p: argparse.ArgumentParser) -> None:
     d.add_argument("--columns", default=None,
                    help="with --no_header: column names in file order, comma-separated")
     d.add_argument("--encoding", default="utf-8", help="text encoding (default utf-8)")
+    d.add_argument("--no_quoted_newlines", action="store_true",
+                   help="a row whose quoted cell holds a newline is dead-lettered (for data known "
+                   "to have none, so that rows a stray quote pair merges are not written)")
 
 
 def _dialect(args: argparse.Namespace) -> dict:
     delimiter = "\t" if args.csv_delimiter in ("\\t", "tab") else args.csv_delimiter
     columns = tuple(c.strip() for c in args.columns.split(",")) if args.columns else ()
     return dict(csv_delimiter=delimiter, csv_quote=args.csv_quote, no_header=args.no_header,
-                columns=columns, encoding=args.encoding)
+                columns=columns, encoding=args.encoding,
+                quoted_newlines=not args.no_quoted_newlines)
 
 
 def config_from_args(args: argparse.Namespace) -> ConvertConfig:
@@ -121,7 +131,8 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
         read_threads=args.read_threads, encode_processes=args.encode_processes,
         schema=args.schema, split_column=args.split_column, splits=args.splits or (),
         key_column=args.key_column, sequence_key=args.sequence_key,
-        sequence_order=args.sequence_order, **_dialect(args),
+        sequence_order=args.sequence_order, image_column=args.image_column,
+        label_column=args.label_column, **_dialect(args),
     )
 
 
@@ -157,12 +168,28 @@ def _print_summary(report: dict) -> None:
           f"({budget['bad_fraction']:.2%}; budget {budget['max_bad_fraction']:.2%})")
     for reason, count in report["bad_records"].items():
         print(f"  {reason}: {count}")
+    rows = report.get("rows")
+    if rows:
+        lines = rows.get("lines", {})
+        print(f"rows: {rows['in']} in = {rows.get('written', rows.get('in_sequences'))} "
+              f"{'written' if 'written' in rows else 'in sequences'} + {rows['dead_lettered']} "
+              f"dead-lettered ({rows['blank_skipped']} blank skipped); lines: {lines.get('in')} "
+              f"in the files, {lines.get('accounted_for')} accounted for")
+        multiline = rows.get("multiline_rows") or {}
+        if multiline.get("rows"):
+            print(f"note: {multiline['rows']} rows hold quoted newlines (the longest spans "
+                  f"{multiline['largest_span']} lines; first at {', '.join(multiline['first'])}); "
+                  "--no_quoted_newlines makes them errors if your data has none")
     for path in report["dead_letter_files"]:
         print(f"dead letter: {files.join(report['output'], path)}")
     for failure in report["verification_failures"]:
         print(f"VERIFICATION FAILED: {failure['path']}: {failure['error']}")
     for path in report["shards_outside_band"]:
         print(f"warning: shard outside the size band: {path}")
+    if report["status"] == "accounting_failed":
+        print("ACCOUNTING FAILED: the rows read do not account for every line of the input "
+              "(see rows and lines above), so nothing was published; check the file's line "
+              "endings and quoting")
     if report["status"] == "no_records":
         print("NO RECORDS WRITTEN: no input image or row could be converted; no manifest was written")
     if budget["exceeded"]:
@@ -279,9 +306,7 @@ def _run_infer_schema(argv: Sequence[str], prog: str) -> int:
     try:
         config = ConvertConfig(input=args.input, output="-", layout="table", **_dialect(args))
         config = resolve_config(config, PipelineOptions([]))
-        found = table_files(config.input)
-        if not found:
-            raise ConvertError(f"--input: no files match {config.input}")
+        found = table_inputs(config.input)
         header = csv_header(config.dialect, found[0][0])
         rows = sample_rows(config, found[0][0], header, args.sample_rows)
         text = dump_schema(infer_schema(header, rows))

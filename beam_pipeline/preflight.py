@@ -9,15 +9,17 @@ header or re-resolves an option.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import dataclasses
 import io
 import itertools
 import os
+import re
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.schemas.config import ConvertConfig, CsvDialect
 from beam_tfrecords.schemas.manifest import DEAD_LETTER_DIR, MANIFEST_NAME, REPORT_NAME
 from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.schemas.table_schema import TableSchema, load_schema
@@ -29,7 +31,18 @@ from beam_tfrecords.transforms.io.commit import (
     release_lock,
     remove_stale_temporaries,
 )
-from beam_tfrecords.transforms.plan.layouts import parse_labels_text, resolve_input
+from beam_tfrecords.transforms.plan.layouts import (
+    CIFAR_LABELS_FILE,
+    IMAGE_COLUMNS,
+    detect_layout,
+    find_image_column,
+    folders_are_splits,
+    image_path_column,
+    manifest_columns,
+    parse_labels_text,
+    resolve_input,
+    top_level_folders,
+)
 from beam_tfrecords.transforms.plan.table_inference import infer_schema
 from beam_tfrecords.transforms.tables import csv_header, table_files
 
@@ -40,10 +53,26 @@ __all__ = [
     "plan_run",
     "resolve_config",
     "sample_rows",
+    "table_inputs",
     "take_output",
 ]
 
 _INFER_SAMPLE_ROWS = 10_000
+# Rows read to tell whether a CSV without an image column names images anyway.
+_PATH_SAMPLE_ROWS = 20
+_CSV_SUFFIXES = (".csv", ".tsv")
+_GLOB = re.compile(r"[*?\[]")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ConvertConfig)
+             if f.default is not dataclasses.MISSING}
+# Flags that only tables use, and flags that only images use: (flag, ConvertConfig field).
+_TABLE_FLAGS = (
+    ("--schema", "schema"), ("--split_column", "split_column"), ("--splits", "splits"),
+    ("--key_column", "key_column"), ("--sequence_key", "sequence_key"),
+    ("--sequence_order", "sequence_order"), ("--no_header", "no_header"), ("--columns", "columns"),
+    ("--csv_delimiter", "csv_delimiter"), ("--csv_quote", "csv_quote"), ("--encoding", "encoding"),
+)
+_IMAGE_FLAGS = (("--labels", "labels"), ("--validate", "validate"), ("--read_threads", "read_threads"))
+_MANIFEST_FLAGS = (("--image_column", "image_column"), ("--label_column", "label_column"))
 
 
 class ConvertError(ValueError):
@@ -96,16 +125,69 @@ def _in_process_direct_runner(options: PipelineOptions) -> bool:
     )
 
 
-def _is_table(config: ConvertConfig) -> bool:
-    """Whether ``--input`` is a table: ``--layout table``, a ``--schema``, or (with
-    ``--layout auto``) a ``.csv``/``.tsv`` file or glob whose header has no ``image``
-    column (that one is an image manifest)."""
-    if config.layout == "table" or config.schema:
-        return True
-    if config.layout != "auto" or not config.input.lower().endswith((".csv", ".tsv")):
+def _is_folder(path: str) -> bool:
+    """Whether ``path`` (not a glob) is a folder holding files."""
+    if _GLOB.search(path):
         return False
-    found = files.list_files(config.input, limit=1)
-    return bool(found) and "image" not in csv_header(config.dialect, found[0][0])
+    if files.is_local(path) and os.path.isdir(path):
+        return True
+    return bool(files.list_files(path.rstrip("/") + "/**", limit=1))
+
+
+def _is_table(config: ConvertConfig) -> bool:
+    """Whether ``--input`` is a table: ``--layout table``; or, with ``--layout auto``,
+    a ``.csv``/``.tsv`` file or glob whose header has no image column (see
+    ``layouts.IMAGE_COLUMNS``; with one, or with ``--image_column`` or
+    ``--label_column``, it is an image manifest), or any other file or glob
+    given a ``--schema`` (a folder stays a folder of images)."""
+    if config.layout == "table":
+        return True
+    if config.layout != "auto":
+        return False
+    if config.input.lower().endswith(_CSV_SUFFIXES):
+        found = files.list_files(config.input, limit=1)
+        if not found or config.image_column or config.label_column:
+            return False
+        return find_image_column(csv_header(config.dialect, found[0][0])) is None
+    return bool(config.schema) and not _is_folder(config.input)
+
+
+def _given(config: ConvertConfig, flags) -> list[str]:
+    """The flags of ``flags`` whose values differ from the defaults."""
+    given = []
+    for flag, name in flags:
+        value, default = getattr(config, name), _DEFAULTS[name]
+        if name == "encoding":
+            try:
+                value, default = codecs.lookup(value).name, codecs.lookup(default).name
+            except LookupError:
+                pass
+        if value != default:
+            given.append(flag)
+    return given
+
+
+def _refuse(flags: list[str], only: str, what: str, hint: str = "") -> None:
+    """Raises ConvertError for ``flags`` that apply ``only`` to other inputs than ``what``."""
+    if flags:
+        many = len(flags) > 1
+        raise ConvertError(f"{', '.join(flags)} appl{'y' if many else 'ies'} only to {only}, and "
+                           f"--input {what}: remove {'them' if many else 'it'}{hint}")
+
+
+def table_inputs(path: str) -> tuple[tuple[str, int], ...]:
+    """The CSV files of a table's ``--input`` (a file or a glob), sorted, with sizes.
+
+    Raises:
+      ConvertError: for a folder, or when nothing matches.
+    """
+    if _is_folder(path):
+        raise ConvertError(f"--input must be a CSV file or glob (e.g. '{path.rstrip('/')}/*.csv'), "
+                           f"not a folder: {path}")
+    found = tuple(table_files(path))
+    if not found:
+        raise ConvertError(f"--input: no files match {path}")
+    return found
 
 
 def resolve_config(config: ConvertConfig, options: PipelineOptions) -> ConvertConfig:
@@ -130,8 +212,11 @@ def resolve_config(config: ConvertConfig, options: PipelineOptions) -> ConvertCo
 def sample_rows(config: ConvertConfig, path: str, header: list[str],
                 limit: int) -> list[list[str]]:
     """Up to ``limit`` rows of a CSV file that have as many cells as ``header``."""
+    csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # The converter has no cap either.
     with files.open_read(path) as stream:
-        text = io.TextIOWrapper(stream, encoding=config.encoding, newline="")
+        # Bytes that do not decode cost their row when converting; here they must not
+        # stop the sample.
+        text = io.TextIOWrapper(stream, encoding=config.encoding, errors="replace", newline="")
         reader = csv.reader(text, delimiter=config.csv_delimiter, quotechar=config.csv_quote)
         if not config.no_header:
             next(reader, None)
@@ -175,12 +260,28 @@ def _table_schema(config: ConvertConfig, first: str, header: list[str]) -> Table
 
 
 def _check_images(config: ConvertConfig) -> None:
-    layout, _, pattern = resolve_input(config.input, config.layout)
+    """Checks an image input (folder, glob or CSV manifest) and the flags given with it."""
+    layout, root, pattern = resolve_input(config.input, config.layout)
+    if layout == "auto" and config.input.lower().endswith(_CSV_SUFFIXES):
+        # Not a table (its header has an image column), yet not one .csv file either.
+        if not files.list_files(config.input, limit=1):
+            raise ConvertError(f"--input: no files match {config.input}")
+        raise ConvertError(
+            f"--input {config.input}: an image manifest is one comma-separated .csv file, "
+            "not a glob or a .tsv; give one .csv, or pass --layout table to read the files "
+            "as tables")
     if layout == "csv":
         if not files.exists(config.input):
             raise ConvertError(f"--input: CSV manifest {config.input} does not exist")
-    elif not files.list_files(pattern, limit=1):
-        raise ConvertError(f"--input: no files match {pattern}")
+        what = f"{config.input} is a CSV image manifest"
+        _refuse(_given(config, _TABLE_FLAGS), "tables", what,
+                " (or pass --layout table to read the CSV as a table)")
+    else:
+        if not files.list_files(pattern, limit=1):
+            raise ConvertError(f"--input: no files match {pattern}")
+        what = f"{config.input} is {'a glob' if _GLOB.search(config.input) else 'a folder'} of images"
+        _refuse(_given(config, _TABLE_FLAGS), "tables", what)
+        _refuse(_given(config, _MANIFEST_FLAGS), "CSV image manifests", what)
     if config.labels:
         if not files.exists(config.labels):
             raise ConvertError(f"--labels: {config.labels} does not exist")
@@ -188,6 +289,39 @@ def _check_images(config: ConvertConfig) -> None:
             parse_labels_text(files.read_text(config.labels))
         except ValueError as err:
             raise ConvertError(f"--labels {config.labels}: {err}") from None
+    if layout == "csv":
+        try:
+            manifest_columns(csv_header(CsvDialect(), config.input),
+                             config.image_column, config.label_column)
+        except ValueError as err:
+            raise ConvertError(f"--input {config.input}: {err}") from None
+    elif layout == "cifar":
+        labels_file = files.join(root, CIFAR_LABELS_FILE)
+        if not config.labels and not files.exists(labels_file):
+            raise ConvertError(f"--layout cifar: {labels_file} does not exist; it names the "
+                               "classes, one per line (or pass --labels FILE)")
+    else:
+        # The listing's own rule, on the whole listing: ROOT/<split>/<class>/ when every
+        # top-level folder is a split name, ROOT/<class>/ when none is, else refused.
+        paths = [path for path, _ in files.list_files(pattern)]
+        if layout == "auto" and detect_layout(root, paths) == "cifar":
+            return
+        try:
+            folders_are_splits(root, top_level_folders(root, paths))
+        except ValueError as err:
+            raise ConvertError(f"--input {config.input}: {err}") from None
+
+
+def _refuse_image_paths(config: ConvertConfig, first: str, header: list[str]) -> None:
+    """Refuses a CSV detected as a table whose column holds image paths."""
+    found = image_path_column(header, sample_rows(config, first, header, _PATH_SAMPLE_ROWS))
+    if found:
+        column, cell = found
+        raise ConvertError(
+            f"--input {config.input}: column {column!r} holds image paths (e.g. {cell!r}) but no "
+            f"column is named {', '.join(IMAGE_COLUMNS)}, so the CSV would be read as a table of "
+            f"strings; pass --image_column {column} to convert the images it names, or "
+            "--layout table to keep it a table")
 
 
 def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
@@ -198,6 +332,7 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
       ConvertError: naming the flag or file to change.
     """
     options = options or PipelineOptions([])
+    given_layout = config.layout
     try:
         config = resolve_config(config, options)
     except ValueError as err:
@@ -210,13 +345,22 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
     if not config.layout == "table":
         _check_images(config)
         return RunPlan(config, target)
-    found = tuple(table_files(config.input))
-    if not found:
-        raise ConvertError(f"--input: no files match {config.input}")
+    found = table_inputs(config.input)
+    if given_layout == "table":
+        why, hint = "--layout table", ""
+    elif not config.input.lower().endswith(_CSV_SUFFIXES):
+        why, hint = "--schema", ""
+    else:
+        why = "a CSV without an image column"
+        hint = " (or pass --image_column NAME to read the CSV as an image manifest)"
+    _refuse(_given(config, _IMAGE_FLAGS + _MANIFEST_FLAGS), "images",
+            f"{config.input} is a table ({why})", hint)
     try:
         header = csv_header(config.dialect, found[0][0])
     except ValueError as err:
         raise ConvertError(f"--input {err}") from None
+    if given_layout == "auto" and not config.schema:
+        _refuse_image_paths(config, found[0][0], header)
     schema = _table_schema(config, found[0][0], header)
     return RunPlan(config, target, found, tuple(header), schema)
 

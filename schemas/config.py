@@ -23,6 +23,9 @@ class CsvDialect:
     no_header: bool = False
     columns: tuple[str, ...] = ()
     encoding: str = "utf-8"
+    # A quoted cell may hold newlines (RFC 4180); False makes such a row an error,
+    # for data known to have none (a stray quote then costs one row, not many).
+    quoted_newlines: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,11 +68,16 @@ class ConvertConfig:
     no_header: bool = False
     columns: tuple[str, ...] = ()
     encoding: str = "utf-8"
+    quoted_newlines: bool = True
     split_column: str | None = None
     splits: tuple[tuple[str, float], ...] = ()
     key_column: str | None = None
     sequence_key: str | None = None
     sequence_order: str | None = None
+    # CSV image manifests: the columns of the image paths and of the labels
+    # (default: the first of the usual names, see transforms.plan.layouts).
+    image_column: str | None = None
+    label_column: str | None = None
 
     def __post_init__(self):
         if not self.input:
@@ -126,12 +134,26 @@ class ConvertConfig:
                                  f"{sum(f for _, f in self.splits):g}")
         if self.sequence_order and not self.sequence_key:
             raise ValueError("--sequence_order needs --sequence_key")
+        for flag, value in (("--image_column", self.image_column),
+                            ("--label_column", self.label_column)):
+            if value is not None and (not value.strip() or value != value.strip()):
+                raise ValueError(f"{flag} must name a CSV column (no surrounding spaces); "
+                                 f"got {value!r}")
+        if self.image_column is not None and self.image_column == self.label_column:
+            raise ValueError("--image_column and --label_column must name different columns; "
+                             f"both are {self.image_column!r}")
+        if self.layout in ("class_folders", "cifar", "table"):
+            for flag, value in (("--image_column", self.image_column),
+                                ("--label_column", self.label_column)):
+                if value is not None:
+                    raise ValueError(f"{flag} applies to CSV image manifests, not to "
+                                     f"--layout {self.layout}")
 
     @property
     def dialect(self) -> CsvDialect:
         """The CSV dialect of a table."""
         return CsvDialect(self.csv_delimiter, self.csv_quote, self.no_header, self.columns,
-                          self.encoding)
+                          self.encoding, self.quoted_newlines)
 
     @property
     def table_layout(self) -> TableLayout:

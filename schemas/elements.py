@@ -218,6 +218,10 @@ class InputSummary:
       sequence_features: with ``--sequence_key``, ``(name, dtype, step shape)`` of
         every feature list (``features`` then holds the context features).
       rows_grouped: with ``--sequence_key``, rows that went into sequences.
+      lines_in, lines_accounted: for tables, physical lines counted from the bytes,
+        and lines the rows read account for (equal when nothing was lost).
+      multiline: for tables, ``(rows, largest span, first lines)`` of rows whose
+        quoted cells hold newlines.
     """
 
     root: str
@@ -238,3 +242,6 @@ class InputSummary:
     schema: str = ""
     sequence_features: tuple[tuple[str, str, tuple], ...] = ()
     rows_grouped: int = 0
+    lines_in: int = 0
+    lines_accounted: int = 0
+    multiline: tuple = (0, 0, ())

@@ -111,8 +111,8 @@ def test_malformed_rows_are_dead_lettered_with_line_numbers(tmp_path):
         "4,2.5\n"                  # 6: wrong cell count
         ",3.5,missing id\n"        # 7: required id empty
         "6,4.5,fine\n"             # 8
-        '7,5.5,"never closed\n'    # 9: broken quoting, swallows the rest
-        "8,6.5,lost\n"
+        '7,5.5,"never closed\n'    # 9: a quote never closed: set aside, reading goes on
+        "8,6.5,kept\n"             # 10: read, not swallowed into line 9's cell
     )
     os.makedirs(os.path.dirname(src))
     with open(src, "w", encoding="utf-8", newline="") as f:
@@ -121,16 +121,19 @@ def test_malformed_rows_are_dead_lettered_with_line_numbers(tmp_path):
                                 {"name": "score", "type": "float"}, {"name": "note", "type": "string"}])
     assert main(["convert", "--input", src, "--schema", schema, "--output", out,
                  "--max_bad_fraction", "0.9"]) == 0
-    assert [r["id"][0] for r in _records(out)] == [1, 2, 6]
+    assert [r["id"][0] for r in _records(out)] == [1, 2, 6, 8]
     letters = {int(d["source"].rsplit(":", 1)[1]): d for d in _dead(out)}
     assert {line: d["error"] for line, d in letters.items()} == {
-        5: "bad_value", 6: "bad_row", 7: "missing_required", 9: "bad_row",
+        5: "bad_value", 6: "bad_row", 7: "missing_required", 9: "unterminated_quote",
     }
     assert letters[5]["row"] == "3,abc,bad float"
     assert letters[6]["row"] == "4,2.5"
-    assert "never closed" in letters[9]["row"]
+    assert letters[9]["row"] == '7,5.5,"never closed'  # Its own line only.
     rows = load_manifest(out)["input"]["rows"]
-    assert rows == {"in": 7, "written": 3, "dead_lettered": 4, "blank_skipped": 0, "accounted": True}
+    assert rows == {"in": 8, "written": 4, "dead_lettered": 4, "blank_skipped": 0,
+                    "lines": {"in": 10, "accounted_for": 10},
+                    "multiline_rows": {"rows": 1, "largest_span": 2, "first": [f"{src}:3"]},
+                    "accounted": True}
     assert rows["in"] == rows["written"] + rows["dead_lettered"]
 
 

@@ -74,7 +74,12 @@ def _rows(summary: InputSummary, written: int, dead: int) -> dict:
     else:
         rows["written"] = written
         accounted = summary.rows_in == written + dead
-    rows.update(dead_lettered=dead, blank_skipped=summary.blank_rows, accounted=accounted)
+    lines_closed = summary.lines_in == summary.lines_accounted
+    rows.update(dead_lettered=dead, blank_skipped=summary.blank_rows,
+                lines={"in": summary.lines_in, "accounted_for": summary.lines_accounted},
+                multiline_rows={"rows": summary.multiline[0], "largest_span": summary.multiline[1],
+                                "first": list(summary.multiline[2])},
+                accounted=accounted and lines_closed)
     return rows
 
 
@@ -127,7 +132,10 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
     if summary.layout == "table":
         input_json["rows"] = report["rows"] = _rows(summary, written, dead)
     manifest_path = files.join(target.output, MANIFEST_NAME)
-    if failures:
+    if summary.layout == "table" and not report["rows"]["accounted"]:
+        # Rows or lines went missing between the file and the records: publish nothing.
+        report["status"] = "accounting_failed"
+    elif failures:
         report["status"] = "verification_failed"
     elif written == 0:
         # Nothing to describe: an empty dataset must not look like a finished one.

@@ -11,6 +11,7 @@ order, so a rerun gives the same bytes.
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import functools
@@ -60,6 +61,9 @@ __all__ = [
 
 ROWS_TAG = "rows"
 _BLOCK_BYTES = 4 << 20
+# A row longer than the block is read again with blocks 4x larger, up to this.
+_MAX_BLOCK_BYTES = 256 << 20
+_MULTILINE_SAMPLES = 5
 _log = logging.getLogger(__name__)
 
 
@@ -99,6 +103,11 @@ class SpoolInfo:
         spool only), rows dead-lettered, blank rows skipped.
       bad_counts, dead_letter_path: the file's dead letters.
       source_bytes: the CSV's size (on the first spool only).
+      lines_in, lines_accounted: the file's physical lines, counted from its bytes,
+        and the lines its rows (written, dead-lettered, blank), header and set-aside
+        lines cover; they must be equal.
+      multiline_rows, largest_span, multiline_first_lines: rows whose quoted
+        cells hold newlines: how many, the most lines one spans, the first few.
     """
 
     split: str
@@ -111,9 +120,40 @@ class SpoolInfo:
     bad_counts: tuple[tuple[str, int], ...] = ()
     dead_letter_path: str = ""
     source_bytes: int = 0
+    lines_in: int = 0
+    lines_accounted: int = 0
+    multiline_rows: int = 0
+    largest_span: int = 0
+    multiline_first_lines: tuple[str, ...] = ()
 
     def record_sizes(self) -> np.ndarray:
         return np.frombuffer(self.sizes, dtype="<i8")
+
+
+@dataclasses.dataclass
+class _FileState:
+    """What reading one CSV file has found so far, across its segments."""
+
+    path: str
+    file_index: int
+    header: list[str]
+    task_bytes: bytes
+    counts: _FileCounts
+    index: _LineIndex | None = None
+    dead: list = dataclasses.field(default_factory=list)
+    sinks: dict = dataclasses.field(default_factory=dict)  # split → (stream, sizes, spool path)
+    rows_in: int = 0
+    blank: int = 0
+    lines_done: int = 0
+    multiline_rows: int = 0
+    largest_span: int = 0
+    multiline_lines: list = dataclasses.field(default_factory=list)
+
+    def note_multiline(self, line: int, span: int) -> None:
+        self.multiline_rows += 1
+        self.largest_span = max(self.largest_span, span)
+        if len(self.multiline_lines) < _MULTILINE_SAMPLES:
+            self.multiline_lines.append(f"{self.path}:{line}")
 
 
 class _LineTracker:
@@ -121,12 +161,13 @@ class _LineTracker:
 
     pyarrow numbers rows (1 = the header when there is one), not lines; a row
     holding quoted newlines spans several lines. Rows that pyarrow refuses
-    (wrong cell count) arrive out of band with their number and text.
+    (wrong cell count) arrive out of band with their number and text. One
+    tracker follows one segment of a file (see ``_EncodeCsvFn``).
     """
 
-    def __init__(self, header_lines: int):
+    def __init__(self, header_lines: int, first_line: int = 1):
         self.next_row = 1 + header_lines
-        self.next_line = 1 + header_lines
+        self.next_line = first_line + header_lines
         self.invalid: list[tuple[int, str]] = []  # (row number, text), appended by pyarrow
 
     def _take_invalid(self, upto_row: int | None, out: list) -> None:
@@ -163,14 +204,32 @@ class _LineTracker:
         return out
 
 
-class _QuoteCounter(io.RawIOBase):
-    """Passes a stream through, counting quote characters: an odd count at the end
-    means a quote was never closed."""
+class _FileCounts:
+    """Newlines and quote characters of one file, counted from its raw bytes, apart
+    from the parser: the lines a run must account for."""
 
-    def __init__(self, source, quote: str):
+    def __init__(self, quote: bytes):
+        self.quote = quote
+        self.counted_to = 0  # Bytes of the file counted so far (segments re-read some).
+        self.newlines = 0
+        self.last_byte = b""
+
+    @property
+    def lines(self) -> int:
+        """Physical lines: newlines, plus a last line without one."""
+        return self.newlines + (1 if self.last_byte not in (b"", b"\n") else 0)
+
+
+class _CountingReader(io.RawIOBase):
+    """Passes a stream through (from byte ``start`` of its file), counting the
+    segment's quote characters (an odd count at its end means a quote was never
+    closed) and the file's newlines (each byte once, whatever segments re-read)."""
+
+    def __init__(self, source, start: int, counts: _FileCounts):
         super().__init__()
         self._source = source
-        self._quote = quote.encode("utf-8")
+        self._position = start
+        self._counts = counts
         self.quotes = 0
 
     def readable(self) -> bool:
@@ -178,34 +237,125 @@ class _QuoteCounter(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         data = self._source.read(len(buffer))
-        buffer[: len(data)] = data
-        self.quotes += data.count(self._quote)
-        return len(data)
+        n = len(data)
+        buffer[:n] = data
+        if n:
+            self.quotes += data.count(self._counts.quote)
+            counts = self._counts
+            end = self._position + n
+            if end > counts.counted_to:
+                fresh = data[max(0, counts.counted_to - self._position):]
+                counts.newlines += fresh.count(b"\n")
+                counts.last_byte = fresh[-1:]
+                counts.counted_to = end
+            self._position = end
+        return n
 
     def close(self) -> None:
         self._source.close()
         super().close()
 
 
-def _drop_last_row(encoded: EncodedBatch, reason: str, message: str) -> EncodedBatch:
-    """The batch with its last row turned into an error (its record removed)."""
-    row = len(encoded.status) - 1
-    k = int(encoded.status[row])
-    if k < 0:
+class _LineIndex:
+    """Byte offsets of line starts, found by reading forward (queries only move on)."""
+
+    def __init__(self, path: str):
+        self._stream = files.open_read(path)
+        self._line, self._offset = 1, 0
+        self._buffer = b""
+
+    def offset_of(self, line: int) -> int:
+        while self._line < line:
+            cut = self._buffer.find(b"\n")
+            if cut < 0:
+                more = self._stream.read(1 << 20)
+                if not more:
+                    return self._offset + len(self._buffer)
+                self._buffer += more
+                continue
+            self._offset += cut + 1
+            self._buffer = self._buffer[cut + 1:]
+            self._line += 1
+        return self._offset
+
+    def text_of(self, line: int, limit: int = 4096) -> str:
+        """The line's text (cut to ``limit`` bytes), decoded leniently."""
+        self.offset_of(line)
+        while b"\n" not in self._buffer[:limit] and len(self._buffer) < limit:
+            more = self._stream.read(1 << 16)
+            if not more:
+                break
+            self._buffer += more
+        return self._buffer[:limit].split(b"\n", 1)[0].decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+class _Batches:
+    """A reader's batches; an unreadable block ends the iteration and is kept in ``error``."""
+
+    def __init__(self, reader):
+        self._reader = reader
+        self.error: Exception | None = None
+
+    def __iter__(self):
+        try:
+            yield from self._reader
+        except (pa.ArrowInvalid, UnicodeDecodeError) as err:
+            self.error = err
+
+
+def _utf8_columns(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, dict[int, str]]:
+    """Binary columns as UTF-8 strings; ``{row: column}`` of cells that are not UTF-8
+    (blanked here; their rows become dead letters)."""
+    columns, bad = [], {}
+    for name, column in zip(batch.schema.names, batch.columns):
+        try:
+            columns.append(column.cast(pa.string()))
+            continue
+        except pa.ArrowInvalid:
+            pass
+        cells = column.to_pylist()
+        for row, cell in enumerate(cells):
+            try:
+                cell.decode("utf-8")
+            except UnicodeDecodeError:
+                bad.setdefault(row, name)
+                cells[row] = b""
+        columns.append(pa.array([c.decode("utf-8") for c in cells], type=pa.string()))
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names), bad
+
+
+def _drop_rows(encoded: EncodedBatch, drops: dict[int, tuple[str, str] | None]) -> EncodedBatch:
+    """The batch with rows taken out: ``{row: (reason, message)}`` turns a row into an
+    error (a dead letter); ``{row: None}`` removes it without one (it is accounted for
+    elsewhere). Their records, or sequence rows, are removed."""
+    if not drops:
         return encoded
-    if encoded.groups:
-        groups = {key: [r for r in rows if r[1] != row] for key, rows in encoded.groups.items()}
-        status = encoded.status.copy()
-        status[row] = BAD
-        return dataclasses.replace(encoded, status=status, errors=[*encoded.errors, (row, reason, message)],
-                                   groups={key: rows for key, rows in groups.items() if rows})
-    size = int(encoded.sizes[k][-1])
-    blobs, sizes = list(encoded.blobs), list(encoded.sizes)
-    blobs[k], sizes[k] = blobs[k][:-size], sizes[k][:-1]
     status = encoded.status.copy()
-    status[row] = BAD
-    return dataclasses.replace(encoded, status=status, blobs=blobs, sizes=sizes,
-                               errors=[*encoded.errors, (row, reason, message)])
+    errors = [e for e in encoded.errors if e[0] not in drops]
+    errors += [(row, *drop) for row, drop in sorted(drops.items()) if drop is not None]
+    errors.sort()
+    if encoded.groups:
+        groups = {key: [r for r in rows if r[1] not in drops] for key, rows in encoded.groups.items()}
+        for row in drops:
+            status[row] = BAD
+        return dataclasses.replace(encoded, status=status, errors=errors,
+                                   groups={key: rows for key, rows in groups.items() if rows})
+    blobs, sizes = list(encoded.blobs), list(encoded.sizes)
+    for k in range(len(blobs)):
+        rows = np.nonzero(encoded.status == k)[0]
+        keep = np.array([int(r) not in drops for r in rows], dtype=bool)
+        if keep.all():
+            continue
+        ends = np.cumsum(sizes[k])
+        starts = ends - sizes[k]
+        blobs[k] = b"".join(blobs[k][int(s):int(e)] for s, e, kept in zip(starts, ends, keep) if kept)
+        sizes[k] = sizes[k][keep]
+    for row in drops:
+        status[row] = BAD
+    return dataclasses.replace(encoded, status=status, blobs=blobs, sizes=sizes, errors=errors)
 
 
 def _raw_row(cells: Sequence[str], delimiter: str, quote: str) -> str:
@@ -246,103 +396,218 @@ class _EncodeCsvFn(beam.DoFn):
 
     def process(self, element: tuple[int, str, int]) -> Iterator[SpoolInfo]:
         file_index, path, size = element
-        dialect, layout = self._dialect, self._layout
+        dialect = self._dialect
         start = time.monotonic()
         hold_point("listing")
         header = csv_header(dialect, path)
+        layout = self._layout
         task = TableTask(self._schema, tuple(header), layout.split_column, layout.splits,
                          layout.key_column, dialect.delimiter, dialect.quote,
                          layout.sequence_key, layout.sequence_order)
         RowEncoder(self._schema, header)  # Fails here, with the columns named, on a wrong header.
-        task_bytes = pickle.dumps(task)
-        tracker = _LineTracker(0 if dialect.no_header else 1)
-
-        def on_invalid(row) -> str:
-            tracker.invalid.append((row.number, row.text or ""))
-            return "skip"
-
-        dead: list[DeadLetter] = []
-        sinks: dict[str, tuple] = {}  # split → (stream, record sizes, spool path)
-        rows_in = blank = 0
+        state = _FileState(path, file_index, header, pickle.dumps(task),
+                           _FileCounts(dialect.quote.encode(dialect.encoding)))
+        # A file is read in segments: the first from its start; the next from the line
+        # after one set aside (a quote never closed, an unreadable stretch), so one bad
+        # line never costs the rows after it.
+        line, block = 1, _BLOCK_BYTES
         try:
-            counting = _QuoteCounter(files.open_read(path), dialect.quote)
-            reader = pacsv.open_csv(
-                counting,
-                read_options=pacsv.ReadOptions(
-                    use_threads=False, block_size=_BLOCK_BYTES, encoding=dialect.encoding,
-                    column_names=list(dialect.columns) if dialect.no_header else None,
-                ),
-                parse_options=pacsv.ParseOptions(
-                    delimiter=dialect.delimiter, quote_char=dialect.quote,
-                    newlines_in_values=True, ignore_empty_lines=False,
-                    invalid_row_handler=on_invalid,
-                ),
-                convert_options=pacsv.ConvertOptions(
-                    column_types={name: pa.string() for name in header},
-                    strings_can_be_null=False, quoted_strings_can_be_null=False,
-                ),
-            )
-            # One batch is held back: at the end of the file, its last row may turn out
-            # to be an unterminated quote that swallowed the rest of the file.
-            held = None
-            for item in itertools.chain(self._batches(reader, task_bytes), [None]):
-                if held is None:
-                    held = item
-                    continue
-                batch, newlines, encoded = held
-                held = item
-                if item is None and counting.quotes % 2 and newlines.size and newlines[-1]:
-                    encoded = _drop_last_row(encoded, "bad_row", "unterminated quote: the last cell "
-                                             "runs to the end of the file")
-                lines, invalid = tracker.batch(newlines)
-                dead.extend(self._invalid_rows(path, invalid, len(header)))
-                rows_in += sum(1 for _, text in invalid if text.strip())
-                blank += int((encoded.status == BLANK).sum())
-                rows_in += int((encoded.status != BLANK).sum())
-                for row, reason, message in encoded.errors:
-                    dead.append(self._row_letter(path, int(lines[row]), batch, header, row,
-                                                 reason, message))
-                for key, group in encoded.groups.items():
-                    # (key, [(order, file index, line, split, values), ...]) for GroupByKey.
-                    yield beam.pvalue.TaggedOutput(ROWS_TAG, (key, [
-                        (order, file_index, int(lines[row]), split, values)
-                        for order, row, split, values in group
-                    ]))
-                for split, blob, sizes in zip(encoded.splits, encoded.blobs, encoded.sizes):
-                    if split not in sinks:
-                        spool = files.join(self._spool_dir, f"{file_index:05d}-{split}.spool")
-                        stream = files.open_write(spool)
-                        sinks[split] = (stream, [], spool)
-                    stream, all_sizes, _ = sinks[split]
-                    stream.write(blob)  # Already framed; the shard's copy is what gets digested.
-                    all_sizes.append(sizes)
-            for line, text in tracker.rest():
-                dead.extend(self._invalid_rows(path, [(line, text)], len(header)))
-                rows_in += 1 if text.strip() else 0
-        except (pa.ArrowInvalid, UnicodeDecodeError) as err:
-            dead.append(DeadLetter(f"{path}:{tracker.next_line}", "read", "unreadable",
-                                   f"the CSV cannot be read from here on: {err}"))
+            while line is not None:
+                line, block = yield from self._segment(state, line, block)
         finally:
-            for stream, _, _ in sinks.values():
+            for stream, _, _ in state.sinks.values():
                 stream.close()
+            if state.index is not None:
+                state.index.close()
+        dead = state.dead
         stem = path.rsplit("/", 1)[-1].rsplit(".", 1)[0]
         dead_path = write_dead_letters(self._output, f"{stem}-{file_index:05d}", dead)
         bad = tuple(sorted(Counter(d.error for d in dead).items()))
-        beam.metrics.Metrics.counter("table", "rows").inc(rows_in)
+        beam.metrics.Metrics.counter("table", "rows").inc(state.rows_in)
         beam.metrics.Metrics.counter("table", "dead_letter").inc(len(dead))
-        _log.info("Encoded %s: %d rows, %d dead-lettered, %d blank, in %.1f s", path, rows_in,
-                  len(dead), blank, time.monotonic() - start)
+        _log.info("Encoded %s: %d rows (%d lines), %d dead-lettered, %d blank, in %.1f s", path,
+                  state.rows_in, state.counts.lines, len(dead), state.blank, time.monotonic() - start)
+        if state.lines_done != state.counts.lines:
+            _log.error("%s: %d physical lines, but the rows read account for %d", path,
+                       state.counts.lines, state.lines_done)
         infos = [
             SpoolInfo(split, file_index, spool, np.concatenate(sizes).astype("<i8").tobytes())
-            for split, (_, sizes, spool) in sorted(sinks.items())
+            for split, (_, sizes, spool) in sorted(state.sinks.items())
         ]
-        totals = dict(rows_in=rows_in, dead=len(dead), blank=blank, bad_counts=bad,
-                      dead_letter_path=dead_path, source_bytes=size)
+        totals = dict(rows_in=state.rows_in, dead=len(dead), blank=state.blank, bad_counts=bad,
+                      dead_letter_path=dead_path, source_bytes=size, lines_in=state.counts.lines,
+                      lines_accounted=state.lines_done, multiline_rows=state.multiline_rows,
+                      largest_span=state.largest_span, multiline_first_lines=tuple(state.multiline_lines))
         if infos:
             infos[0] = dataclasses.replace(infos[0], **totals)
         else:  # No good row: still report the file's counts.
             infos = [SpoolInfo("", file_index, "", b"", **totals)]
         yield from infos
+
+    def _open(self, state: _FileState, line: int, block: int):
+        """A reader of the file from ``line`` on (the header is read only from line 1)."""
+        dialect = self._dialect
+        offset = 0
+        if line > 1:
+            if state.index is None:
+                state.index = _LineIndex(state.path)
+            offset = state.index.offset_of(line)
+        stream = files.open_read(state.path)
+        if offset:
+            stream.seek(offset)
+        counting = _CountingReader(stream, offset, state.counts)
+        tracker = _LineTracker(0 if dialect.no_header or line > 1 else 1, line)
+
+        def on_invalid(row) -> str:
+            tracker.invalid.append((row.number, row.text or ""))
+            return "skip"
+
+        reader = pacsv.open_csv(
+            counting,
+            read_options=pacsv.ReadOptions(
+                use_threads=False, block_size=block, encoding=dialect.encoding,
+                column_names=list(state.header) if dialect.no_header or line > 1 else None,
+            ),
+            parse_options=pacsv.ParseOptions(
+                delimiter=dialect.delimiter, quote_char=dialect.quote,
+                newlines_in_values=True, ignore_empty_lines=False,
+                invalid_row_handler=on_invalid,
+            ),
+            # Bytes, not text: a cell that is not UTF-8 costs its row, not the file.
+            convert_options=pacsv.ConvertOptions(
+                column_types={name: pa.binary() for name in state.header},
+                strings_can_be_null=False, quoted_strings_can_be_null=False,
+            ),
+        )
+        return counting, tracker, reader
+
+    def _set_aside(self, state: _FileState, line: int, reason: str, message: str) -> None:
+        """Dead-letters one physical line (read again from the file for its text)."""
+        if state.index is None:
+            state.index = _LineIndex(state.path)
+        state.dead.append(DeadLetter(f"{state.path}:{line}", "read", reason, message,
+                                     row=state.index.text_of(line)))
+        state.rows_in += 1
+
+    def _segment(self, state: _FileState, first_line: int, block: int):
+        """Reads the file from ``first_line``; yields sequence rows, spools records.
+
+        Returns:
+          ``(next_line, block)`` where reading goes on, or ``(None, block)`` at the end.
+        """
+        path = state.path
+        try:
+            counting, tracker, reader = self._open(state, first_line, block)
+        except (pa.ArrowInvalid, UnicodeDecodeError) as err:
+            self._set_aside(state, first_line, "unreadable", f"the line cannot be read: {err}")
+            state.lines_done = first_line
+            return (first_line + 1 if first_line < state.counts.lines or first_line == 1 else None), block
+        batches = _Batches(reader)
+        unicode_errors: collections.deque = collections.deque()
+
+        def as_text():
+            for raw in batches:
+                batch, bad = _utf8_columns(raw)
+                unicode_errors.append(bad)
+                yield batch
+
+        # One batch is held back: at the end, its last row may turn out to hold a
+        # quote never closed, which swallowed the rest of the file.
+        held, swallowed = None, None
+        for item in itertools.chain(self._batches(as_text(), state.task_bytes), [None]):
+            if held is None:
+                held = item
+                continue
+            batch, newlines, encoded = held
+            held = item
+            bad_text = unicode_errors.popleft()
+            if bad_text:
+                encoded = _drop_rows(encoded, {
+                    row: ("invalid_utf8", f"column {column!r} is not valid UTF-8 text")
+                    for row, column in bad_text.items()})
+            lines, invalid = tracker.batch(newlines)
+            if not self._dialect.quoted_newlines and newlines.any():
+                encoded = _drop_rows(encoded, {int(row): (
+                    "quoted_newline", "a quoted cell holds a newline (--no_quoted_newlines)")
+                    for row in np.nonzero(newlines)[0]})
+            final = item is None and batches.error is None
+            if (final and counting.quotes % 2 and not tracker.invalid and newlines.size
+                    and newlines[-1]):
+                swallowed = int(lines[-1])
+                encoded = _drop_rows(encoded, {len(newlines) - 1: None})
+                newlines = newlines.copy()
+                newlines[-1] = 0  # Set aside: not a row that spans lines.
+                state.rows_in -= 1  # Counted again when its first line is set aside.
+            self._take_batch(state, batch, lines, invalid, newlines, encoded)
+            yield from self._sequence_rows(state, lines, encoded)
+        rest = tracker.rest()
+        if (swallowed is None and batches.error is None and counting.quotes % 2 and rest
+                and "\n" in rest[-1][1]):
+            swallowed = rest.pop()[0]
+        self._take_invalid(state, rest)
+        if swallowed is not None:
+            message = ("a quote opened in the row starting here is never closed, so the rest of "
+                       f"the file would be one cell; this line is set aside and reading goes on "
+                       f"at line {swallowed + 1}")
+            self._set_aside(state, swallowed, "unterminated_quote", message)
+            state.lines_done = swallowed
+            return swallowed + 1, block
+        if batches.error is not None:
+            line = tracker.next_line
+            if block < _MAX_BLOCK_BYTES and "straddl" in str(batches.error):
+                _log.warning("%s: a row from line %d is larger than %d MB; reading it with a "
+                             "larger block", path, line, block >> 20)
+                state.lines_done = line - 1
+                return line, block * 4
+            self._set_aside(state, line, "unreadable",
+                            f"the line cannot be parsed: {batches.error}")
+            state.lines_done = line
+            return line + 1, block
+        state.lines_done = tracker.next_line - 1
+        return None, block
+
+    def _take_batch(self, state, batch, lines, invalid, newlines, encoded) -> None:
+        path, header = state.path, state.header
+        state.dead.extend(self._invalid_rows(path, invalid, len(header)))
+        state.rows_in += sum(1 for _, text in invalid if text.strip())
+        for line, text in invalid:
+            if "\n" in text:
+                state.note_multiline(line, 1 + text.count("\n"))
+        spans = np.nonzero(newlines)[0]
+        for row in spans[:_MULTILINE_SAMPLES]:
+            state.note_multiline(int(lines[row]), 1 + int(newlines[row]))
+        if len(spans) > _MULTILINE_SAMPLES:
+            state.multiline_rows += len(spans) - _MULTILINE_SAMPLES
+            state.largest_span = max(state.largest_span, 1 + int(newlines[spans].max()))
+        state.blank += int((encoded.status == BLANK).sum())
+        state.rows_in += int((encoded.status != BLANK).sum())
+        for row, reason, message in encoded.errors:
+            state.dead.append(self._row_letter(path, int(lines[row]), batch, header, row,
+                                               reason, message))
+        for split, blob, sizes in zip(encoded.splits, encoded.blobs, encoded.sizes):
+            if not len(sizes):
+                continue
+            if split not in state.sinks:
+                spool = files.join(self._spool_dir, f"{state.file_index:05d}-{split}.spool")
+                state.sinks[split] = (files.open_write(spool), [], spool)
+            stream, all_sizes, _ = state.sinks[split]
+            stream.write(blob)  # Already framed; the shard's copy is what gets digested.
+            all_sizes.append(sizes)
+
+    def _sequence_rows(self, state, lines, encoded) -> Iterator:
+        for key, group in encoded.groups.items():
+            # (key, [(order, file index, line, split, values), ...]) for GroupByKey.
+            yield beam.pvalue.TaggedOutput(ROWS_TAG, (key, [
+                (order, state.file_index, int(lines[row]), split, values)
+                for order, row, split, values in group
+            ]))
+
+    def _take_invalid(self, state, rest) -> None:
+        for line, text in rest:
+            state.dead.extend(self._invalid_rows(state.path, [(line, text)], len(state.header)))
+            state.rows_in += 1 if text.strip() else 0
+            if "\n" in text:
+                state.note_multiline(line, 1 + text.count("\n"))
 
     def _invalid_rows(self, path: str, invalid, expected: int) -> list[DeadLetter]:
         letters = []
@@ -467,6 +732,12 @@ def table_summary(
         schema=json.dumps(schema.to_dict()),
         sequence_features=tuple(sorted(sequence_features)),
         rows_grouped=grouped[0],
+        lines_in=sum(i.lines_in for i in infos),
+        lines_accounted=sum(i.lines_accounted for i in infos),
+        multiline=(sum(i.multiline_rows for i in infos),
+                   max((i.largest_span for i in infos), default=0),
+                   tuple(where for i in sorted(infos, key=lambda i: i.file_index)
+                         for where in i.multiline_first_lines)[:_MULTILINE_SAMPLES]),
     )
 
 

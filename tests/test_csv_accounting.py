@@ -1,0 +1,109 @@
+"""Every line of a CSV is accounted for: a bad line costs its own row, never the rows
+after it, and a run whose lines do not close publishes nothing."""
+
+import json
+import os
+
+import pytest
+
+from beam_tfrecords.cli import main
+from tests.conftest import load_manifest, read_dataset
+
+pytestmark = pytest.mark.e2e
+
+ROWS = 3000
+
+
+def _table(path, replace: dict[int, bytes] | None = None, tail: bytes = b"") -> None:
+    """``id,score,note`` and ROWS rows; ``replace`` swaps row i's line for other bytes."""
+    lines = [b"id,score,note\n"] + [f"{i},{i * 0.5},note {i}\n".encode() for i in range(ROWS)]
+    for row, data in (replace or {}).items():
+        lines[row + 1] = data
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(b"".join(lines) + tail)
+
+
+def _convert(src, out, *flags):
+    return main(["convert", "--input", src, "--output", out, "--max_bad_fraction", "0.1", *flags])
+
+
+def _report(out) -> dict:
+    with open(os.path.join(out, "run_report.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _ids(out) -> list[int]:
+    return sorted(r["id"][0] for split in read_dataset(out).values() for r in split)
+
+
+def _dead(out) -> list[dict]:
+    letters = []
+    for path in _report(out)["dead_letter_files"]:
+        with open(os.path.join(out, path), encoding="utf-8") as f:
+            letters += [json.loads(line) for line in f]
+    return letters
+
+
+@pytest.mark.parametrize("row", [5, ROWS - 40], ids=["early", "late"])
+def test_an_unterminated_quote_costs_one_row(tmp_path, row):
+    src, out = str(tmp_path / "t.csv"), str(tmp_path / "out")
+    _table(src, {row: f'{row},1.0,"never closed\n'.encode()})
+    assert _convert(src, out) == 0
+    assert _ids(out) == [i for i in range(ROWS) if i != row]
+    (letter,) = _dead(out)
+    assert letter["error"] == "unterminated_quote"
+    assert letter["source"] == f"{src}:{row + 2}" and letter["row"] == f'{row},1.0,"never closed'
+    rows = load_manifest(out)["input"]["rows"]
+    assert (rows["in"], rows["written"], rows["dead_lettered"]) == (ROWS, ROWS - 1, 1)
+    assert rows["lines"] == {"in": ROWS + 1, "accounted_for": ROWS + 1} and rows["accounted"]
+
+
+@pytest.mark.parametrize("row", [0, ROWS - 3], ids=["early", "late"])
+def test_invalid_utf8_costs_one_row(tmp_path, row):
+    src, out = str(tmp_path / "t.csv"), str(tmp_path / "out")
+    _table(src, {row: f"{row},1.0,caf".encode() + b"\xe9\xff\n"})
+    assert _convert(src, out) == 0
+    assert _ids(out) == [i for i in range(ROWS) if i != row]
+    (letter,) = _dead(out)
+    assert (letter["error"], letter["source"]) == ("invalid_utf8", f"{src}:{row + 2}")
+    assert "'note' is not valid UTF-8" in letter["message"]
+
+
+def test_a_field_larger_than_the_read_block_is_read(tmp_path):
+    src, out = str(tmp_path / "t.csv"), str(tmp_path / "out")
+    huge = b"x" * (9 << 20)  # Over two 4 MB read blocks.
+    _table(src, {100: b'100,1.0,"' + huge + b'"\n'})
+    assert _convert(src, out, "--shard_max_mb", "500") == 0
+    records = {r["id"][0]: r for split in read_dataset(out).values() for r in split}
+    assert sorted(records) == list(range(ROWS))
+    assert records[100]["note"][0] == huge
+
+
+def test_quoted_newlines_are_kept_and_reported_or_refused(tmp_path, capsys):
+    src = str(tmp_path / "t.csv")
+    _table(src, {7: b'7,1.0,"two\nlines"\n'})
+    out = str(tmp_path / "out")
+    assert _convert(src, out) == 0
+    assert "1 rows hold quoted newlines (the longest spans 2 lines" in capsys.readouterr().out
+    rows = load_manifest(out)["input"]["rows"]
+    assert rows["multiline_rows"] == {"rows": 1, "largest_span": 2, "first": [f"{src}:9"]}
+    strict = str(tmp_path / "strict")
+    assert _convert(src, strict, "--no_quoted_newlines") == 0
+    assert 7 not in _ids(strict) and len(_ids(strict)) == ROWS - 1
+    assert [(d["source"], d["error"]) for d in _dead(strict)] == [(f"{src}:9", "quoted_newline")]
+
+
+def test_lines_that_do_not_close_fail_the_run_and_publish_nothing(tmp_path, capsys):
+    # Carriage returns alone end rows for the parser but are no newlines: the rows
+    # read cover more lines than the file has, and the run must not publish.
+    src, out = str(tmp_path / "t.csv"), str(tmp_path / "out")
+    with open(src, "wb") as f:
+        f.write(b"id,score,note\r1,0.5,a\r2,1.5,b\r")
+    assert _convert(src, out) == 1
+    printed = capsys.readouterr().out
+    assert "ACCOUNTING FAILED" in printed
+    report = _report(out)
+    assert report["status"] == "accounting_failed" and report["manifest"] is None
+    assert report["rows"]["lines"] == {"in": 1, "accounted_for": 3}
+    assert not [n for n in os.listdir(out) if ".tfrecord" in n]
