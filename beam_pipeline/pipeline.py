@@ -98,9 +98,11 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
         )
     else:
         listing = pipeline | "ListImages" >> ListImages(
-            config.input, config.layout, config.labels, config.output, config.encode_processes)
+            config.input, config.layout, config.labels, config.output, config.encode_processes,
+            config.image_column, config.label_column)
         summary = listing.summary
-        source = ImageRecords(config.validate, config.read_threads, config.encode_processes)
+        source = ImageRecords(config.validate, config.read_threads, config.encode_processes,
+                              max_pixels=config.max_pixels)
         results = (
             listing.refs
             | "PlanShards" >> PlanImageShards(config.band, config.compression)

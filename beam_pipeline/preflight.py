@@ -70,8 +70,10 @@ _TABLE_FLAGS = (
     ("--key_column", "key_column"), ("--sequence_key", "sequence_key"),
     ("--sequence_order", "sequence_order"), ("--no_header", "no_header"), ("--columns", "columns"),
     ("--csv_delimiter", "csv_delimiter"), ("--csv_quote", "csv_quote"), ("--encoding", "encoding"),
+    ("--no_quoted_newlines", "quoted_newlines"),
 )
-_IMAGE_FLAGS = (("--labels", "labels"), ("--validate", "validate"), ("--read_threads", "read_threads"))
+_IMAGE_FLAGS = (("--labels", "labels"), ("--validate", "validate"), ("--max_pixels", "max_pixels"),
+                ("--read_threads", "read_threads"))
 _MANIFEST_FLAGS = (("--image_column", "image_column"), ("--label_column", "label_column"))
 
 
@@ -156,6 +158,8 @@ def _given(config: ConvertConfig, flags) -> list[str]:
     """The flags of ``flags`` whose values differ from the defaults."""
     given = []
     for flag, name in flags:
+        if name not in _DEFAULTS:
+            continue
         value, default = getattr(config, name), _DEFAULTS[name]
         if name == "encoding":
             try:

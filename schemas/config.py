@@ -6,12 +6,19 @@ import dataclasses
 
 from beam_tfrecords.schemas.shards import COMPRESSIONS, ShardBand, is_valid_split_name
 
-__all__ = ["LAYOUTS", "VALIDATE_MODES", "ConvertConfig", "CsvDialect", "TableLayout", "parse_splits"]
+__all__ = ["DEFAULT_MAX_PIXELS", "LAYOUTS", "VALIDATE_MODES", "ConvertConfig", "CsvDialect",
+           "TableLayout", "parse_splits"]
 
 LAYOUTS = ("auto", "class_folders", "cifar", "csv", "table")
 
-# --validate: fast structural checks without decoding, or a full decode.
-VALIDATE_MODES: tuple[str, ...] = ("structure", "decode")
+# --validate, from the cheapest: container headers only; headers plus a check of the
+# compressed stream that refuses what a full decode would (the default); a full decode.
+VALIDATE_MODES: tuple[str, ...] = ("headers", "structure", "decode")
+
+# --max_pixels: images whose header declares more pixels are refused before any decode
+# (2**27, about 11585 x 11585). It also bounds the memory of checking an image (see
+# transforms/codec/images.py: up to ~10 bytes a pixel for a progressive JPEG in decode mode).
+DEFAULT_MAX_PIXELS = 1 << 27
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +60,7 @@ class ConvertConfig:
     labels: str | None = None
     compression: str = "none"
     validate: str = "structure"
+    max_pixels: int = DEFAULT_MAX_PIXELS
     shard_min_mb: float = 100.0
     shard_max_mb: float = 200.0
     max_bad_fraction: float = 0.01
@@ -91,6 +99,9 @@ class ConvertConfig:
         ):
             if value not in allowed:
                 raise ValueError(f"{flag} must be one of {', '.join(allowed)}; got {value!r}")
+        if (not isinstance(self.max_pixels, int) or isinstance(self.max_pixels, bool)
+                or self.max_pixels < 1):
+            raise ValueError(f"--max_pixels must be a positive whole number; got {self.max_pixels!r}")
         if self.shard_min_mb <= 0:
             raise ValueError(f"--shard_min_mb must be positive; got {self.shard_min_mb}")
         if self.shard_max_mb < self.shard_min_mb:

@@ -222,6 +222,9 @@ class InputSummary:
         and lines the rows read account for (equal when nothing was lost).
       multiline: for tables, ``(rows, largest span, first lines)`` of rows whose
         quoted cells hold newlines.
+      skipped, skipped_path: ``((reason, count), ...)`` of paths passed over while
+        listing (links met twice, link loops, FIFOs, ...; not bad inputs), and the
+        file that lists them.
     """
 
     root: str
@@ -245,3 +248,5 @@ class InputSummary:
     lines_in: int = 0
     lines_accounted: int = 0
     multiline: tuple = (0, 0, ())
+    skipped: tuple[tuple[str, int], ...] = ()
+    skipped_path: str = ""

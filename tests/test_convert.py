@@ -280,7 +280,7 @@ def test_missing_input_fails_fast(tmp_path, capsys):
     assert "no files match" in capsys.readouterr().err
 
 
-def test_validate_decode_catches_what_structure_lets_through(tmp_path, run_convert):
+def test_default_validation_catches_garbled_scan_data_that_headers_lets_through(tmp_path, run_convert):
     root = tmp_path / "in"
     make_class_folder_sample(str(root), per_class=2, splits=None, formats=("jpeg",))
     with open(root / "circles" / "circles_0000.jpg", "rb") as f:
@@ -290,13 +290,14 @@ def test_validate_decode_catches_what_structure_lets_through(tmp_path, run_conve
     garbage = np.random.default_rng(7).bytes(len(data) - 2 - scan).replace(b"\xff\xd9", b"\xff\x00")
     (root / "circles" / "garbled.jpg").write_bytes(data[:scan] + garbage + b"\xff\xd9")
 
-    structure = run_convert(str(root), str(tmp_path / "structure"), max_bad_fraction=0.5)
-    assert structure.ok and structure.report["records"] == 9
-    decode = run_convert(str(root), str(tmp_path / "decode"), validate="decode", max_bad_fraction=0.5)
-    assert decode.ok and decode.report["records"] == 8
-    assert decode.report["bad_records"] == {"decode_error": 1}
-    letters = _dead_letters(str(tmp_path / "decode"))
-    assert [os.path.basename(d["source"]) for d in letters] == ["garbled.jpg"]
+    headers = run_convert(str(root), str(tmp_path / "headers"), validate="headers", max_bad_fraction=0.5)
+    assert headers.ok and headers.report["records"] == 9  # Headers and markers only: let through.
+    for mode in ("structure", "decode"):  # The default, and the full decode, refuse it.
+        run = run_convert(str(root), str(tmp_path / mode), validate=mode, max_bad_fraction=0.5)
+        assert run.ok and run.report["records"] == 8, mode
+        assert run.report["bad_records"] == {"decode_error": 1}, mode
+        letters = _dead_letters(str(tmp_path / mode))
+        assert [os.path.basename(d["source"]) for d in letters] == ["garbled.jpg"], mode
 
 
 def test_no_convertible_image_fails_without_manifest(tmp_path, capsys):

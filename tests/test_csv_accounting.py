@@ -107,3 +107,20 @@ def test_lines_that_do_not_close_fail_the_run_and_publish_nothing(tmp_path, caps
     assert report["status"] == "accounting_failed" and report["manifest"] is None
     assert report["rows"]["lines"] == {"in": 1, "accounted_for": 3}
     assert not [n for n in os.listdir(out) if ".tfrecord" in n]
+
+
+def test_a_broken_quote_in_an_image_manifest_costs_one_image(tmp_path):
+    from beam_tfrecords.samples import make_class_folder_sample  # pylint: disable=import-outside-toplevel
+
+    root = tmp_path / "in"
+    relative = make_class_folder_sample(str(root), per_class=50, splits=None, size_range=(16, 24))
+    lines = ["image,label"] + [f"{rel},{rel.split('/')[0]}" for rel in relative]
+    lines[12] = '"' + lines[12]  # A quote never closed, early in the file.
+    lines.append("file://" + str(root / relative[0]) + "," + relative[0].split("/")[0])
+    (root / "list.csv").write_text("\n".join(lines) + "\n")
+    out = str(tmp_path / "out")
+    assert main(["convert", "--input", str(root / "list.csv"), "--output", out]) == 0
+    records = sum(len(split) for split in read_dataset(out).values())
+    assert records == len(relative)  # Every image but line 13's, plus the file:// row.
+    (letter,) = _dead(out)
+    assert (letter["source"], letter["error"]) == (f"{root}/list.csv:13", "bad_quoting")

@@ -380,6 +380,9 @@ EXAMPLE_VALUES = {
     "key_column": "user_id",
     "sequence_key": "device",
     "sequence_order": "timestamp",
+    "max_pixels": "268435456",
+    "image_column": "image_uri",
+    "label_column": "class",
 }
 
 

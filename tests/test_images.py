@@ -320,11 +320,12 @@ def _jpeg_with_garbage_scan():
     return data[:scan] + garbage + b"\xff\xd9"
 
 
-def test_decode_mode_catches_garbage_entropy_data():
+@pytest.mark.parametrize("validate", ["structure", "decode"])
+def test_structure_and_decode_catch_garbage_entropy_data(validate):
     data = _jpeg_with_garbage_scan()
-    assert inspect_image(data, validate="structure") == ImageInfo("jpeg", H, W, 3)
+    assert inspect_image(data, validate="headers") == ImageInfo("jpeg", H, W, 3)
     with pytest.raises(ImageError, match="JPEG pixel data cannot be decoded") as excinfo:
-        inspect_image(data, validate="decode")
+        inspect_image(data, validate=validate)
     assert excinfo.value.reason == "decode_error"
 
 
@@ -333,12 +334,14 @@ def _with_jpeg_size(data, width, height):
     return data[: sof + 5] + struct.pack(">HH", height, width) + data[sof + 9 :]
 
 
-def test_decompression_bomb_is_a_decode_error():
+@pytest.mark.parametrize("validate", VALIDATE_MODES)
+def test_decompression_bomb_is_refused_from_its_header(validate):
     data = _with_jpeg_size(_jpeg(), 30_000, 30_000)
-    assert inspect_image(data) == ImageInfo("jpeg", 30_000, 30_000, 3)  # header only
-    with pytest.raises(ImageError, match="JPEG is too large to decode safely") as excinfo:
-        inspect_image(data, validate="decode")
-    assert excinfo.value.reason == "decode_error"
+    with pytest.raises(ImageError, match="30000x30000 = 900,000,000 pixels.*--max_pixels") as excinfo:
+        inspect_image(data, validate=validate)
+    assert excinfo.value.reason == "too_many_pixels"
+    # Raising the limit lets the header through; only decoding can then refuse it.
+    assert inspect_image(data, "headers", max_pixels=10**9) == ImageInfo("jpeg", 30_000, 30_000, 3)
 
 
 def test_gif_first_frame_larger_than_screen_matches_pillow():
@@ -359,7 +362,7 @@ def test_gif_transparency_only_counts_before_first_image():
 
 @pytest.mark.parametrize("mode", ["fast", "", "STRUCTURE", None])
 def test_bad_validate_mode(mode):
-    with pytest.raises(ValueError, match="validate must be one of 'structure', 'decode'; got ") as excinfo:
+    with pytest.raises(ValueError, match="validate must be one of 'headers', 'structure', 'decode'; got ") as excinfo:
         inspect_image(_png(), validate=mode)
     assert not isinstance(excinfo.value, ImageError)
     assert "structure" in str(excinfo.value) and "decode" in str(excinfo.value)

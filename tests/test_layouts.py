@@ -173,12 +173,28 @@ def test_class_folders_with_split_folders():
     assert all(r.key == stable_key(r.split, r.filename) for r in listing.refs)
 
 
-def test_class_folders_split_names_only_when_every_top_folder_is_one():
+def test_class_folders_split_names_mixed_with_other_folders_are_refused():
+    """A mix of split-named and other top-level folders is ambiguous: reading
+    'train' as a class (the old behaviour) silently mislabels every image in it."""
     files = [("/d/train/cat/1.jpg", 1), ("/d/dog/2.jpg", 2)]
-    listing = list_class_folders("/d", files)
-    assert listing.vocabulary == ["dog", "train"]
+    with pytest.raises(ValueError, match=r"\['train'\] look like splits but \['dog'\] do not"):
+        list_class_folders("/d", files)
+    # A folder without images does not count.
+    listing = list_class_folders("/d", [("/d/train/cat/1.jpg", 1), ("/d/docs/notes.txt", 2)])
+    assert {(r.split, r.label_text) for r in listing.refs} == {("train", "cat")}
+
+
+@pytest.mark.parametrize("split", ["train", "val", "valid", "validation", "dev", "test", "eval"])
+def test_class_folders_split_folder_names(split):
+    listing = list_class_folders("/d", [(f"/d/{split}/cat/1.jpg", 1), ("/d/train/dog/2.jpg", 2)])
+    assert listing.vocabulary == ["cat", "dog"]
+    assert {(r.split, r.label_text) for r in listing.refs} == {(split, "cat"), ("train", "dog")}
+
+
+def test_class_folders_split_names_are_case_sensitive():
+    listing = list_class_folders("/d", [("/d/Train/cat/1.jpg", 1), ("/d/VAL/dog/2.jpg", 2)])
+    assert listing.vocabulary == ["Train", "VAL"]
     assert {r.split for r in listing.refs} == {"train"}
-    assert by_filename(listing)["train/cat/1.jpg"].label_text == "train"
 
 
 def test_image_directly_under_root_is_dead_letter():
@@ -391,7 +407,7 @@ def test_csv_quoted_cells_and_header_whitespace():
 
 @pytest.mark.parametrize(
     "header, missing",
-    [("image,split", "label"), ("label,split", "image"), ("path,class", "image")],
+    [("image,split", "label"), ("label,split", "image"), ("photo,kind", "image")],
 )
 def test_csv_missing_required_column(header, missing):
     with pytest.raises(ValueError, match=rf"missing \[.*'{missing}'.*\]"):
@@ -411,12 +427,14 @@ def test_csv_empty_manifest():
     assert (listing.refs, listing.dead_letters, listing.vocabulary) == ([], [], [])
 
 
-def test_csv_bad_row_line_counts_physical_lines():
-    text = 'image,label,note\na.jpg,0,"two\nlines"\nb.jpg,0\n'
+def test_csv_manifest_rows_are_lines():
+    """One physical line is one row: a quoted newline (which no image path holds) is
+    broken quoting on its line, and the next line is a row of its own, so a stray
+    quote never swallows the rows after it."""
+    text = 'image,label,note\na.jpg,0,"two\nlines"\nb.jpg,0\nc.jpg,1,ok\n'
     listing = list_csv_manifest("x.csv", text, lambda p: 1)
-    assert [r.filename for r in listing.refs] == ["a.jpg"]
-    assert listing.refs[0].extra == (("note", "string", "two\nlines"),)
-    assert dead_errors(listing) == {"x.csv:4": "bad_row"}
+    assert [r.filename for r in listing.refs] == ["c.jpg"]
+    assert dead_errors(listing) == {"x.csv:2": "bad_quoting", "x.csv:3": "bad_row", "x.csv:4": "bad_row"}
 
 
 @pytest.mark.parametrize("header", ["image,label,x,x", "image,label,label", "image,image,label"])

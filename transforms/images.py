@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 import apache_beam as beam
 from apache_beam.io.filesystem import BeamIOError
 
+from beam_tfrecords.schemas.config import DEFAULT_MAX_PIXELS
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef, ImageRefs, InputSummary, ShardSpec
 from beam_tfrecords.schemas.shards import ShardBand, shard_name
 from beam_tfrecords.transforms.codec.image_example import image_example_size
@@ -70,13 +71,15 @@ _CHUNK_FILES = 64
 _CHUNK_BYTES = 4 << 20
 
 
-def list_images(input_path: str, layout: str = "auto", labels_path: str | None = None) -> Listing:
+def list_images(input_path: str, layout: str = "auto", labels_path: str | None = None,
+                image_column: str | None = None, label_column: str | None = None) -> Listing:
     """Lists and labels the images that ``input_path`` names.
 
     Args:
       input_path: a folder, a glob or a CSV manifest.
       layout: ``auto``, ``class_folders``, ``cifar`` or ``csv``.
       labels_path: a labels file (class names in label order), or ``None``.
+      image_column, label_column: a CSV manifest's columns (default: by name).
 
     Raises:
       ValueError: when the labels file or CSV manifest cannot be used (these are
@@ -96,14 +99,33 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
                 return None
             return found[0][1] if found else None
 
-        return list_csv_manifest(input_path, files.read_text(input_path), size_of, labels)
-    found = files.list_files(pattern)
+        return list_csv_manifest(input_path, files.read_text(input_path), size_of, labels,
+                                 image_column, label_column)
+    skipped: list = []
+    found, bad_names = [], []
+    for path, size in files.list_files(pattern, skipped=skipped):
+        try:
+            path.encode("utf-8")
+            found.append((path, size))
+        except UnicodeEncodeError:  # A name that is not UTF-8 cannot be a feature's text.
+            bad_names.append(DeadLetter(_printable(path), "list", "bad_file_name",
+                                        "the file name is not UTF-8 text; rename the file"))
     if layout == "auto":
         layout = detect_layout(root, (path for path, _ in found))
     if layout == "cifar":
         labels_text = "\n".join(labels) if labels else files.read_text(files.join(root, CIFAR_LABELS_FILE))
-        return list_cifar(root, found, labels_text)
-    return list_class_folders(root, found, labels)
+        listing = list_cifar(root, found, labels_text)
+    else:
+        listing = list_class_folders(root, found, labels)
+    listing.skipped = [DeadLetter(_printable(path), "list", reason, message)
+                       for path, reason, message in skipped]
+    listing.dead_letters.extend(bad_names)
+    return listing
+
+
+def _printable(path: str) -> str:
+    """A path as text, whatever bytes its name holds (undecodable ones escaped)."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 class _ListImagesFn(beam.DoFn):
@@ -111,16 +133,17 @@ class _ListImagesFn(beam.DoFn):
     (tagged ``summary``)."""
 
     def __init__(self, input_path: str, layout: str, labels_path: str | None, output: str,
-                 helper_processes: int):
+                 helper_processes: int, columns: tuple[str | None, str | None] = (None, None)):
         self._input = input_path
         self._layout = layout
         self._labels = labels_path
+        self._columns = columns
         self._output = output
         self._processes = helper_processes
 
     def process(self, _):
         hold_point("listing")
-        listing = list_images(self._input, self._layout, self._labels)
+        listing = list_images(self._input, self._layout, self._labels, *self._columns)
         if self._processes > 0 and listing.refs and (
             sum(r.size for r in listing.refs) < SMALL_FILE_BYTES * len(listing.refs)
         ):
@@ -128,11 +151,13 @@ class _ListImagesFn(beam.DoFn):
             helper_pool(self._processes)
         _, root, _ = resolve_input(self._input, self._layout)
         dead_path = write_dead_letters(self._output, "listing", listing.dead_letters)
+        skipped_path = write_dead_letters(self._output, "skipped", listing.skipped)
         bad = Counter(d.error for d in listing.dead_letters)
         images = len(listing.refs) + len(listing.dead_letters)
         _log.info(
-            "Listed %d images (%d refused, %d other files ignored) in layout %s",
-            images, len(listing.dead_letters), listing.ignored, listing.layout,
+            "Listed %d images (%d refused, %d other files ignored, %d paths passed over) in "
+            "layout %s", images, len(listing.dead_letters), listing.ignored, len(listing.skipped),
+            listing.layout,
         )
         beam.metrics.Metrics.counter("list", "images").inc(len(listing.refs))
         beam.metrics.Metrics.counter("list", "dead_letter").inc(len(listing.dead_letters))
@@ -148,6 +173,8 @@ class _ListImagesFn(beam.DoFn):
                 extra_features=tuple(listing.extra_features.items()),
                 bad_counts=tuple(sorted(bad.items())),
                 dead_letter_path=dead_path,
+                skipped=tuple(sorted(Counter(s.error for s in listing.skipped).items())),
+                skipped_path=skipped_path,
             ),
         )
         yield ImageRefs.pack(listing.refs)
@@ -162,15 +189,18 @@ class ListImages(beam.PTransform):
       labels_path: a labels file, or ``None``.
       output: the output folder (inputs refused while listing are dead-lettered there).
       helper_processes: helper processes the shard writers will use (started early).
+      image_column, label_column: a CSV manifest's columns (default: by name).
 
     Returns a ``DoOutputsTuple``: ``.refs`` holds one ``ImageRefs`` element;
     ``.summary`` holds one ``InputSummary``.
     """
 
     def __init__(self, input_path: str, layout: str, labels_path: str | None, output: str,
-                 helper_processes: int = 0):
+                 helper_processes: int = 0, image_column: str | None = None,
+                 label_column: str | None = None):
         super().__init__()
-        self._fn = _ListImagesFn(input_path, layout, labels_path, output, helper_processes)
+        self._fn = _ListImagesFn(input_path, layout, labels_path, output, helper_processes,
+                                 (image_column, label_column))
 
     def expand(self, pbegin):
         return (
@@ -276,13 +306,16 @@ class ImageRecords(RecordSource):
     gets every core working.
 
     Args:
-      validate: ``structure`` or ``decode``.
+      validate: ``headers``, ``structure`` or ``decode`` (see ``inspect_image``).
       read_threads: threads reading and checking images.
       helper_processes: helper processes for shards of small files (0: none).
+      max_pixels: images declaring more pixels are dead-lettered (``too_many_pixels``).
     """
 
-    def __init__(self, validate: str = "structure", read_threads: int = 4, helper_processes: int = 0):
+    def __init__(self, validate: str = "structure", read_threads: int = 4, helper_processes: int = 0,
+                 max_pixels: int = DEFAULT_MAX_PIXELS):
         self._validate = validate
+        self._max_pixels = max_pixels
         self._read_threads = read_threads
         self._processes = helper_processes
         self._threads = None
@@ -310,7 +343,7 @@ class ImageRecords(RecordSource):
     def chunks(self, spec: ShardSpec) -> Iterator[Chunk]:
         pool, workers = self._pool_for(spec)
         chunks = list(_chunks(spec.records.unpack()))
-        encode = functools.partial(encode_chunk, validate=self._validate)
+        encode = functools.partial(encode_chunk, validate=self._validate, max_pixels=self._max_pixels)
         for chunk, (framed, outcomes) in zip(chunks, ordered_map(pool, encode, chunks, workers + 2)):
             dead, labels = [], []
             for ref, outcome in zip(chunk, outcomes):
@@ -325,12 +358,14 @@ class _ImageToExampleFn(beam.DoFn):
     """path | (path, label) → ``(key, Example bytes, plan size)``; bad images tagged
     ``dead_letter``."""
 
-    def __init__(self, root: str | None, split: str, labels: Sequence[str] | None, validate: str):
+    def __init__(self, root: str | None, split: str, labels: Sequence[str] | None, validate: str,
+                 max_pixels: int = DEFAULT_MAX_PIXELS):
         self._root = root.rstrip("/") + "/" if root else None
         self._split = split
         self._labels = list(labels) if labels is not None else None
         self._index = {name: i for i, name in enumerate(self._labels or ())}
         self._validate = validate
+        self._max_pixels = max_pixels
 
     def _label(self, path: str, given) -> tuple[int, str] | str:
         if given is None:  # Class-per-folder: the parent folder names the class.
@@ -363,7 +398,7 @@ class _ImageToExampleFn(beam.DoFn):
             return
         ref = ImageRef(self._split, stable_key(self._split, relative), relative, path, len(data),
                        label[0], label[1])
-        example = image_example(ref, data, self._validate)
+        example = image_example(ref, data, self._validate, self._max_pixels)
         if isinstance(example, DeadLetter):
             beam.metrics.Metrics.counter("images", "dead_letter").inc()
             yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, example)
@@ -386,7 +421,8 @@ class ImagesToExamples(beam.PTransform):
       split: the split (part of the ordering key).
       labels: class names in label order; a label given as a name, or taken from
         the parent folder's name when none is given, is its index here.
-      validate: ``structure`` or ``decode``.
+      validate: ``headers``, ``structure`` or ``decode`` (see ``inspect_image``).
+      max_pixels: images declaring more pixels are dead-lettered (``too_many_pixels``).
 
     Returns the examples. Images that cannot be read, checked or labelled are
     counted (metric ``images/dead_letter``) and go to ``.dead_letter``, a
@@ -395,9 +431,10 @@ class ImagesToExamples(beam.PTransform):
     """
 
     def __init__(self, root: str | None = None, split: str = "train",
-                 labels: Sequence[str] | None = None, validate: str = "structure"):
+                 labels: Sequence[str] | None = None, validate: str = "structure",
+                 max_pixels: int = DEFAULT_MAX_PIXELS):
         super().__init__()
-        self._fn = _ImageToExampleFn(root, split, labels, validate)
+        self._fn = _ImageToExampleFn(root, split, labels, validate, max_pixels)
         self.dead_letter = None
 
     def expand(self, paths):

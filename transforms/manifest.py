@@ -129,6 +129,9 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
         "bytes": summary.input_bytes,
         "ignored_files": summary.ignored_files,
     }
+    if summary.skipped:
+        input_json["skipped"] = {"by_reason": dict(summary.skipped), "file": summary.skipped_path}
+        report["skipped"] = input_json["skipped"]
     if summary.layout == "table":
         input_json["rows"] = report["rows"] = _rows(summary, written, dead)
     manifest_path = files.join(target.output, MANIFEST_NAME)

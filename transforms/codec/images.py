@@ -5,6 +5,37 @@ speed: JPEG, PNG and GIF headers are parsed here with ``struct`` straight from
 the bytes (no decode, no copy of the data); BMP, WEBP and TIFF headers are read
 through Pillow. The format is always taken from the content, never from the
 file name. Pure Python: no Beam import.
+
+Validation modes (``VALIDATE_MODES``), each stricter than the one before:
+
+* ``headers``: the container only (JPEG markers and end of image, every PNG
+  chunk's length and CRC, the GIF blocks and trailer, Pillow's header parse of
+  BMP/WEBP/TIFF). No compressed data is read.
+* ``structure`` (the default): ``headers``, then the compressed stream is
+  checked the way a decoder reads it, cheaply: a JPEG is decoded at 1/8 size
+  (Pillow's ``draft``: every entropy-coded byte is still decoded, the inverse
+  DCT is skipped), a PNG's IDAT stream is inflated and its length and row
+  filter bytes checked (no unfiltering, nothing kept), GIF/BMP/WEBP/TIFF are
+  decoded by Pillow (first frame). What a full decode rejects, this rejects.
+* ``decode``: ``headers``, then a full Pillow decode of the first frame (PNG: after
+  the stream check, which also catches a bad zlib checksum that Pillow, stopping
+  at the last row, never reads).
+
+In every mode the pixel count the header declares is checked against
+``max_pixels`` before anything is decoded (reason ``too_many_pixels``), so a
+few-byte file declaring 65535x65535 pixels is refused at once. That limit also
+bounds the memory of checking one image, in proportion to its pixels (measured
+on 8000x8000 = 64 M pixels): the PNG stream check holds about 1 MB whatever the
+size; a baseline JPEG decoded at 1/8 size a few MB; a progressive JPEG ~6 bytes
+a pixel even at 1/8 size (libjpeg buffers every coefficient of a multi-scan
+image: up to 8 for CMYK); a full decode Pillow's image, up to 4 bytes a pixel
+(plus the coefficients of a progressive JPEG: ~10). At the default 2**27 pixels
+that is at most ~1.3 GB for the worst image in ``decode``, ~1 GB in
+``structure``, per image being checked at a time. Pillow's own,
+process-wide decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``) is not the
+one applied: images are opened through the format plugins directly, after the
+check here; it is only ever raised, never lowered, and only when an image
+within ``max_pixels`` would trip it (see ``_allow_in_pillow``).
 """
 
 from __future__ import annotations
@@ -12,12 +43,21 @@ from __future__ import annotations
 import io
 import posixpath
 import struct
+import threading
 import zlib
 from dataclasses import dataclass
 
-from PIL import Image
+from PIL import (
+    BmpImagePlugin,
+    GifImagePlugin,
+    Image,
+    JpegImagePlugin,
+    PngImagePlugin,
+    TiffImagePlugin,
+    WebPImagePlugin,
+)
 
-from beam_tfrecords.schemas.config import VALIDATE_MODES
+from beam_tfrecords.schemas.config import DEFAULT_MAX_PIXELS, VALIDATE_MODES
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -75,6 +115,26 @@ _MODE_CHANNELS = {
     "RGBA": 4, "RGBa": 4, "CMYK": 4, "PA": 4,
 }  # fmt: skip
 
+# Each format's Pillow class, used instead of Image.open: Image.open applies Pillow's
+# process-wide decompression-bomb limit, and ours (max_pixels) must be the one that
+# decides. Constructing the class reads the header only.
+_PLUGINS = {
+    "jpeg": JpegImagePlugin.JpegImageFile,
+    "png": PngImagePlugin.PngImageFile,
+    "gif": GifImagePlugin.GifImageFile,
+    "bmp": BmpImagePlugin.BmpImageFile,
+    "webp": WebPImagePlugin.WebPImageFile,
+    "tiff": TiffImagePlugin.TiffImageFile,
+}
+_pillow_limit_lock = threading.Lock()
+
+# PNG: samples a pixel as stored (palette: one index), and the Adam7 passes
+# (x0, y0, dx, dy).
+_PNG_SAMPLES = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+_INFLATE_IN = 1 << 16  # compressed bytes handed to zlib at a time
+_INFLATE_OUT = 1 << 20  # most decompressed bytes held at a time
+
 
 class ImageError(ValueError):
     """Bad image content.
@@ -87,7 +147,9 @@ class ImageError(ValueError):
         reason: Short snake_case code, one of ``empty_file``, ``not_an_image``,
             ``truncated_jpeg``, ``corrupt_jpeg``, ``truncated_png``,
             ``corrupt_png``, ``truncated_gif``, ``corrupt_gif``,
-            ``corrupt_image`` (BMP, WEBP, TIFF) and ``decode_error``.
+            ``corrupt_image`` (BMP, WEBP, TIFF), ``too_many_pixels`` (the
+            header declares more pixels than ``max_pixels``) and
+            ``decode_error`` (Pillow cannot decode the pixel data).
         message: Human-readable description of what is wrong.
     """
 
@@ -136,26 +198,38 @@ def is_image_filename(name: str) -> bool:
     return posixpath.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
 
-def inspect_image(data: bytes, validate: str = "structure") -> ImageInfo:
+def inspect_image(
+    data: bytes, validate: str = "structure", max_pixels: int = DEFAULT_MAX_PIXELS
+) -> ImageInfo:
     """Identifies an image from its content, reads its header and validates it.
 
-    Dimensions always come from the header. ``'structure'`` checks the container
-    without decoding pixels (markers and end of image for JPEG, every chunk's
-    length and CRC for PNG, the trailer for GIF, Pillow's header parse plus the
-    declared file size for BMP/WEBP/TIFF). ``'decode'`` does all of that and
-    then a full Pillow decode of the first frame.
+    Dimensions always come from the header, and an image declaring more than
+    ``max_pixels`` pixels is refused before anything is decoded, in every mode.
+    ``'headers'`` checks the container without reading compressed data
+    (markers and end of image for JPEG, every chunk's length and CRC for PNG,
+    the blocks and trailer for GIF, Pillow's header parse plus the declared
+    file size for BMP/WEBP/TIFF). ``'structure'`` (the default) does that, then
+    checks the compressed stream so that whatever a full decode would reject
+    is rejected: a JPEG is decoded at 1/8 size (every entropy-coded byte is
+    still read), a PNG's image data is inflated and its length and row filters
+    checked, other formats are decoded by Pillow. ``'decode'`` does the header
+    checks (and the PNG stream check), then a full Pillow decode of the first
+    frame.
 
     Args:
         data: The whole file content (bytes, bytearray or memoryview).
         validate: One of :data:`VALIDATE_MODES`.
+        max_pixels: The most pixels (width x height) an image may declare;
+            more is ``too_many_pixels``. It bounds a decode's memory too.
 
     Returns:
         The format, height, width and channel count.
 
     Raises:
-        ImageError: The content is empty, not a supported image, or damaged;
-            ``reason`` says which.
-        ValueError: ``validate`` is not one of :data:`VALIDATE_MODES`.
+        ImageError: The content is empty, not a supported image, too large or
+            damaged; ``reason`` says which.
+        ValueError: ``validate`` is not one of :data:`VALIDATE_MODES`, or
+            ``max_pixels`` is not a positive integer.
         TypeError: ``data`` is not bytes-like.
     """
     if validate not in VALIDATE_MODES:
@@ -163,6 +237,8 @@ def inspect_image(data: bytes, validate: str = "structure") -> ImageInfo:
             f"validate must be one of {', '.join(map(repr, VALIDATE_MODES))}; "
             f"got {validate!r}"
         )
+    if not isinstance(max_pixels, int) or isinstance(max_pixels, bool) or max_pixels < 1:
+        raise ValueError(f"max_pixels must be a positive integer; got {max_pixels!r}")
     if not isinstance(data, (bytes, bytearray)):
         if not isinstance(data, memoryview):
             raise TypeError(f"data must be bytes-like, not {type(data).__name__}")
@@ -172,26 +248,43 @@ def inspect_image(data: bytes, validate: str = "structure") -> ImageInfo:
         raise ImageError("empty_file", "file is empty (0 bytes)")
 
     if data.startswith(b"\xff\xd8"):
-        fmt = "jpeg"
         info = _inspect_jpeg(data, n)
     elif data.startswith(b"\x89PNG"):
-        fmt = "png"
-        info = _inspect_png(data, n)
+        info, ihdr, idat = _inspect_png(data, n)
     elif data.startswith(b"GIF8"):
-        fmt = "gif"
         info = _inspect_gif(data, n)
     elif data.startswith(b"BM") and n >= 18 and _U32LE(data, 14)[0] in _BMP_HEADER_SIZES:
-        return _inspect_with_pillow(data, n, "bmp", validate == "decode")
+        return _inspect_with_pillow(data, n, "bmp", validate, max_pixels)
     elif data.startswith(b"RIFF") and data.startswith(b"WEBP", 8):
-        return _inspect_with_pillow(data, n, "webp", validate == "decode")
+        return _inspect_with_pillow(data, n, "webp", validate, max_pixels)
     elif data.startswith(_TIFF_MAGICS):
-        return _inspect_with_pillow(data, n, "tiff", validate == "decode")
+        return _inspect_with_pillow(data, n, "tiff", validate, max_pixels)
     else:
         raise ImageError("not_an_image", _describe_unknown(data))
 
-    if validate == "decode":
-        _decode_with_pillow(data, fmt)
+    _check_pixels(info.format.upper(), info.width, info.height, max_pixels)
+    if validate == "headers":
+        return info
+    if info.format == "png":
+        # Also before a full decode: Pillow stops reading at the last row, so it never
+        # sees a bad zlib checksum (damaged pixel data) that this check refuses.
+        _check_png_stream(data, ihdr, idat)
+        if validate == "decode":
+            _decode_with_pillow(data, info, reduced=False)
+    else:  # JPEG at 1/8 size unless 'decode'; GIF in full (first frame)
+        _decode_with_pillow(data, info, reduced=validate == "structure" and info.format == "jpeg")
     return info
+
+
+def _check_pixels(label: str, width: int, height: int, max_pixels: int) -> None:
+    """too_many_pixels when the declared size is over the limit."""
+    if width * height > max_pixels:
+        raise ImageError(
+            "too_many_pixels",
+            f"{label} header declares {width}x{height} = {width * height:,} pixels, more "
+            f"than the limit of {max_pixels:,}: refused without decoding (a decompression "
+            "bomb, or a genuinely huge image: raise --max_pixels to accept it)",
+        )
 
 
 def _inspect_jpeg(data: bytes, n: int) -> ImageInfo:
@@ -273,8 +366,12 @@ def _inspect_jpeg(data: bytes, n: int) -> ImageInfo:
     return ImageInfo("jpeg", height, width, components)
 
 
-def _inspect_png(data: bytes, n: int) -> ImageInfo:
-    """Checks every PNG chunk (bounds, CRC, order) and reads IHDR."""
+def _inspect_png(data: bytes, n: int) -> tuple[ImageInfo, tuple, list[tuple[int, int]]]:
+    """Checks every PNG chunk (bounds, CRC, order) and reads IHDR.
+
+    Returns the info, the IHDR fields, and where the payloads of the first run of
+    consecutive IDAT chunks lie (the image data a decoder reads).
+    """
     if n < 8:
         raise ImageError("truncated_png", f"PNG is only {n} bytes long: file is truncated")
     if not data.startswith(_PNG_SIGNATURE):
@@ -289,6 +386,8 @@ def _inspect_png(data: bytes, n: int) -> ImageInfo:
     pos = 8
     ihdr = None
     has_trns = has_plte = has_idat = False
+    idat: list[tuple[int, int]] = []
+    in_idat_run = False
     while True:
         if pos + 12 > n:
             if pos == n:
@@ -318,7 +417,11 @@ def _inspect_png(data: bytes, n: int) -> ImageInfo:
                 )
             ihdr = _PNG_IHDR(data, pos + 8)
         elif ctype == b"IDAT":
-            has_idat = True
+            if not has_idat or in_idat_run:
+                idat.append((pos + 8, end - 4))
+            has_idat = in_idat_run = True
+            pos = end
+            continue
         elif ctype == b"IEND":
             if end != n:
                 raise ImageError(
@@ -331,6 +434,7 @@ def _inspect_png(data: bytes, n: int) -> ImageInfo:
             has_plte = True
         elif ctype == b"IHDR":
             raise ImageError("corrupt_png", "PNG has a second IHDR chunk")
+        in_idat_run = False
         pos = end
 
     width, height, depth, colour, compression, filter_method, interlace = ihdr
@@ -352,7 +456,7 @@ def _inspect_png(data: bytes, n: int) -> ImageInfo:
         channels = 4 if has_trns else 3
     else:
         channels = _PNG_CHANNELS[colour]
-    return ImageInfo("png", height, width, channels)
+    return ImageInfo("png", height, width, channels), ihdr, idat
 
 
 def _chunk_name(ctype: bytes) -> str:
@@ -413,8 +517,11 @@ def _inspect_gif(data: bytes, n: int) -> ImageInfo:
     return ImageInfo("gif", height, width, 4 if transparent else 3)
 
 
-def _inspect_with_pillow(data: bytes, n: int, fmt: str, decode: bool) -> ImageInfo:
-    """Reads a BMP/WEBP/TIFF header with Pillow; in decode mode also loads pixels."""
+def _inspect_with_pillow(
+    data: bytes, n: int, fmt: str, validate: str, max_pixels: int
+) -> ImageInfo:
+    """Reads a BMP/WEBP/TIFF header with Pillow; unless ``validate`` is ``headers``,
+    also decodes the first frame (once its size is known to be within the limit)."""
     if fmt == "bmp":
         declared = _U32LE(data, 2)[0]  # bfSize; some writers leave it 0
         if declared > n:
@@ -432,55 +539,161 @@ def _inspect_with_pillow(data: bytes, n: int, fmt: str, decode: bool) -> ImageIn
             )
     label = fmt.upper()
     try:
-        im = Image.open(io.BytesIO(data), formats=(label,))
-    except Image.DecompressionBombError as exc:
-        raise _too_large(label, exc) from exc
-    except Image.UnidentifiedImageError as exc:  # its text only names the BytesIO
-        raise ImageError("corrupt_image", f"{label} header cannot be parsed by Pillow") from exc
+        im = _PLUGINS[fmt](io.BytesIO(data))
+    except Image.DecompressionBombError as exc:  # not expected: Pillow's limit is not applied
+        raise ImageError("too_many_pixels", f"{label} is too large to decode safely: {exc}") from exc
     except _PIL_ERRORS as exc:
         raise ImageError("corrupt_image", f"{label} header cannot be read: {exc}") from exc
     with im:
         width, height = im.size
         mode = im.mode
+        if not width or not height:
+            raise ImageError("corrupt_image", f"{label} has an empty size {width}x{height}")
+        _check_pixels(label, width, height, max_pixels)
         if mode == "P":
             channels = 4 if "transparency" in im.info else 3
         else:
             channels = _MODE_CHANNELS.get(mode) or len(Image.getmodebands(mode))
-        if decode:
-            try:
-                im.load()
-            except Image.DecompressionBombError as exc:
-                raise _too_large(label, exc) from exc
-            except _PIL_ERRORS as exc:
-                raise _undecodable(label, exc) from exc
-    if not width or not height:
-        raise ImageError("corrupt_image", f"{label} has an empty size {width}x{height}")
+        if validate != "headers":
+            _load(im, label, width * height, reduced=False)
     return ImageInfo(fmt, height, width, channels)
 
 
-def _decode_with_pillow(data: bytes, fmt: str) -> None:
-    """Fully decodes the first frame; any failure is an ImageError('decode_error').
+def _decode_with_pillow(data: bytes, info: ImageInfo, reduced: bool) -> None:
+    """Decodes the first frame (a JPEG at 1/8 size when ``reduced``); any failure is
+    an ImageError('decode_error').
 
     Relies on Pillow's default ``ImageFile.LOAD_TRUNCATED_IMAGES = False``.
     """
-    label = fmt.upper()
+    label = info.format.upper()
+    pixels = info.width * info.height
     try:
-        with Image.open(io.BytesIO(data), formats=(label,)) as im:
-            im.load()
+        if info.format == "gif":  # opening reads the first frame's header
+            _allow_in_pillow(pixels)
+        im = _PLUGINS[info.format](io.BytesIO(data))
     except Image.DecompressionBombError as exc:
-        raise _too_large(label, exc) from exc
+        raise ImageError("too_many_pixels", f"{label} is too large to decode safely: {exc}") from exc
     except _PIL_ERRORS as exc:
         raise _undecodable(label, exc) from exc
+    with im:
+        _load(im, label, pixels, reduced)
 
 
-def _too_large(label: str, exc: Exception) -> ImageError:
-    """decode_error for an image over Pillow's decompression-bomb limit."""
-    return ImageError("decode_error", f"{label} is too large to decode safely: {exc}")
+def _load(im: Image.Image, label: str, pixels: int, reduced: bool) -> None:
+    """Loads an opened image's first frame: a JPEG at 1/8 size when ``reduced``.
+
+    At 1/8 size libjpeg still decodes every entropy-coded byte (so it still fails on
+    broken or truncated scan data) but skips most of the inverse DCT, colour
+    conversion and memory: about 2/3 of a full decode's time on photos.
+    """
+    try:
+        if reduced:
+            im.draft(im.mode, (1, 1))  # the largest scale-down: 1/8
+        _allow_in_pillow(pixels)
+        im.load()
+    except Image.DecompressionBombError as exc:
+        raise ImageError("too_many_pixels", f"{label} is too large to decode safely: {exc}") from exc
+    except _PIL_ERRORS as exc:
+        raise _undecodable(label, exc, reduced) from exc
 
 
-def _undecodable(label: str, exc: Exception) -> ImageError:
+def _allow_in_pillow(pixels: int) -> None:
+    """Makes sure Pillow's own bomb check will not refuse ``pixels`` (within max_pixels).
+
+    ``Image.MAX_IMAGE_PIXELS`` is process-wide. It is only consulted inside the GIF and
+    TIFF plugins here (everything is opened without ``Image.open``), and Pillow refuses
+    above twice its value: 178,956,970 pixels by default, more than the default
+    ``max_pixels``. So it is only touched when a larger ``max_pixels`` lets such an image
+    through, and then only raised, under a lock: a thread never sees a lower limit than
+    it needs, whatever others do. Left alone when someone set it to None.
+    """
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is None or pixels <= 2 * limit:
+        return
+    with _pillow_limit_lock:
+        limit = Image.MAX_IMAGE_PIXELS
+        if limit is not None and pixels > 2 * limit:
+            Image.MAX_IMAGE_PIXELS = -(-pixels // 2)
+
+
+def _check_png_stream(data: bytes, ihdr: tuple, idat: list[tuple[int, int]]) -> None:
+    """Inflates a PNG's image data and checks what a decoder would: a valid zlib
+    stream, at least as many bytes as the header implies, and a valid filter type
+    (0-4) at the start of every row. Nothing is unfiltered or kept: memory stays at
+    about ``_INFLATE_OUT`` whatever the image size.
+
+    Raises:
+        ImageError: ``corrupt_png``.
+    """
+    width, height, depth, colour, _, _, interlace = ihdr
+    bits = depth * _PNG_SAMPLES[colour]
+    if interlace:
+        passes = [((width - x0 + dx - 1) // dx, (height - y0 + dy - 1) // dy)
+                  for x0, y0, dx, dy in _ADAM7]
+    else:
+        passes = [(width, height)]
+    # (row length with its filter byte, rows) of each non-empty pass
+    rows = [((w * bits + 7) // 8 + 1, h) for w, h in passes if w > 0 and h > 0]
+    expected = sum(length * count for length, count in rows)
+
+    inflater = zlib.decompressobj()
+    view = memoryview(data)
+    produced = 0
+    at = 0  # offset of the next filter byte in the piece being checked
+    segment = 0
+    row, left = rows[0]
+    try:
+        for start, end in idat:
+            for first in range(start, end, _INFLATE_IN):
+                chunk = view[first : min(end, first + _INFLATE_IN)]
+                while True:
+                    piece = inflater.decompress(chunk, _INFLATE_OUT)
+                    size = len(piece)
+                    while at < size and segment < len(rows):
+                        count = min(left, (size - at + row - 1) // row)
+                        last = at + (count - 1) * row
+                        if max(piece[at : last + 1 : row]) > 4:
+                            bad = next(i for i in range(at, last + 1, row) if piece[i] > 4)
+                            raise ImageError(
+                                "corrupt_png",
+                                f"PNG image data has an invalid row filter type {piece[bad]} "
+                                f"at decompressed byte {produced + bad}: data is damaged",
+                            )
+                        at = last + row
+                        left -= count
+                        if not left:
+                            segment += 1
+                            if segment < len(rows):
+                                row, left = rows[segment]
+                    at -= size
+                    produced += size
+                    if produced >= expected or inflater.eof:
+                        # Every row is there (decoders ignore anything more), or
+                        # the stream ended (short: below).
+                        break
+                    chunk = inflater.unconsumed_tail
+                    if not chunk and size < _INFLATE_OUT:
+                        break
+                if produced >= expected or inflater.eof:
+                    break
+            if produced >= expected or inflater.eof:
+                break
+    except zlib.error as exc:
+        raise ImageError(
+            "corrupt_png", f"PNG image data (the IDAT zlib stream) is damaged: {exc}"
+        ) from exc
+    if produced < expected:
+        raise ImageError(
+            "corrupt_png",
+            f"PNG image data holds {produced:,} bytes when decompressed, but a "
+            f"{width}x{height} image needs {expected:,}: data is missing",
+        )
+
+
+def _undecodable(label: str, exc: Exception, reduced: bool = False) -> ImageError:
     """decode_error for pixel data Pillow fails to decode."""
-    return ImageError("decode_error", f"{label} pixel data cannot be decoded: {exc}")
+    how = " (checked by a reduced-size decode)" if reduced else ""
+    return ImageError("decode_error", f"{label} pixel data cannot be decoded{how}: {exc}")
 
 
 def _describe_unknown(data: bytes) -> str:

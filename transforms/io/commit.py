@@ -249,7 +249,11 @@ def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
         if files.is_local(src):
             os.replace(src, dst)
         else:
-            FileSystems.rename([src], [dst])
+            try:
+                FileSystems.rename([src], [dst])
+            except Exception as err:  # The store's error names no object (a GCS batch request).
+                raise OSError(f"cannot move {src} to {dst} (no manifest written; a rerun "
+                              f"replaces what is at final names): {type(err).__name__}: {err}") from err
     hold_point("manifest_staged")
     if files.is_local(staged):
         os.replace(staged, manifest_path)

@@ -8,10 +8,12 @@ the bytes they are.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Iterator
 
 from apache_beam.io.filesystem import CompressionTypes, FileSystem
@@ -20,6 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 # Imported for its effect: with STORAGE_EMULATOR_HOST set, every process that reaches
 # GCS through this module (CLI, Beam workers, shard-writer helpers) connects to the
 # emulator anonymously at once, instead of 15-30 s of Beam credential retries.
+from beam_tfrecords.transforms.codec.images import IMAGE_EXTENSIONS
 from beam_tfrecords.transforms.io import gcs as _gcs  # noqa: F401  pylint: disable=unused-import
 
 __all__ = [
@@ -98,32 +101,90 @@ def exists(path: str) -> bool:
     return FileSystems.exists(path)
 
 
-def _walk_local(folder: str) -> Iterator[tuple[str, int]]:
-    """``(path, size)`` of every file under a local folder, one stat per file."""
-    stack = [folder]
-    while stack:
-        current = stack.pop()
+def _walk_local(folder: str, skipped: list | None = None) -> Iterator[tuple[str, int]]:
+    """``(path, size)`` of every regular file under a local folder, each file once.
+
+    Real folders are walked before folders reached through symbolic links, and a
+    folder or file met again (a link to something already listed, or a link
+    loop) is not listed twice: the path without links wins. What is passed over
+    goes to ``skipped`` as ``(path, reason, message)``: ``link_loop``,
+    ``duplicate`` (the same file or folder through another path),
+    ``not_a_regular_file`` (FIFOs, sockets, devices), ``unreadable`` (a folder
+    or entry that cannot be read).
+    """
+    note = skipped.append if skipped is not None else (lambda item: None)
+    seen_dirs: dict[tuple[int, int], str] = {}
+    seen_files: dict[tuple[int, int], str] = {}
+    try:
+        top = os.stat(folder)
+        seen_dirs[(top.st_dev, top.st_ino)] = folder
+    except OSError:
+        return
+    real, linked = [folder], []  # Folders to walk: reached without a link, and through one.
+    linked_files: list = []  # Files reached through a link: listed last, if not met before.
+    while real or linked:
+        current = real.pop() if real else linked.pop()
         try:
-            entries = list(os.scandir(current))
-        except (FileNotFoundError, NotADirectoryError):
+            entries = sorted(os.scandir(current), key=lambda e: (e.is_symlink(), e.name))
+        except FileNotFoundError:
             continue
+        except OSError as err:
+            note((current, "unreadable", f"cannot list the folder: {err.strerror or err}"))
+            continue
+        files, later = [], []
         for entry in entries:
-            if entry.is_dir(follow_symlinks=True):
-                stack.append(entry.path)
-            elif entry.is_file(follow_symlinks=True):
-                yield entry.path, entry.stat(follow_symlinks=True).st_size
+            try:
+                info = entry.stat(follow_symlinks=True)
+            except OSError as err:
+                reason = "link_loop" if err.errno == errno.ELOOP else "unreadable"
+                note((entry.path, reason, f"cannot follow the path: {err.strerror or err}"))
+                continue
+            key = (info.st_dev, info.st_ino)
+            if stat.S_ISDIR(info.st_mode):
+                if key in seen_dirs:
+                    first = seen_dirs[key]
+                    # A link to a folder it sits in would be walked forever.
+                    reason = "link_loop" if entry.path.startswith(first + "/") else "duplicate"
+                    note((entry.path, reason, f"the same folder as {first}; listed once, there"))
+                    continue
+                seen_dirs[key] = entry.path
+                (later if entry.is_symlink() else real).append(entry.path)
+                if os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
+                    note((entry.path, "folder_named_like_an_image",
+                          "a folder, not an image file; what it holds is listed as usual"))
+            elif stat.S_ISREG(info.st_mode):
+                (linked_files if entry.is_symlink() else files).append((entry, info, key))
+            else:
+                note((entry.path, "not_a_regular_file",
+                      "a FIFO, socket or device, not a file; not read"))
+        yield from _first_time(files, seen_files, note)
+        linked.extend(reversed(later))
+    yield from _first_time(linked_files, seen_files, note)
 
 
-def list_files(pattern: str, limit: int | None = None) -> list[tuple[str, int]]:
+def _first_time(entries, seen_files: dict, note) -> Iterator[tuple[str, int]]:
+    for entry, info, key in entries:
+        if key in seen_files:
+            note((entry.path, "duplicate", f"the same file as {seen_files[key]}; converted "
+                  "once, there"))
+            continue
+        seen_files[key] = entry.path
+        yield entry.path, info.st_size
+
+
+def list_files(pattern: str, limit: int | None = None,
+               skipped: list | None = None) -> list[tuple[str, int]]:
     """``(path, size)`` of files matching a glob (``**`` crosses folders).
 
     Patterns follow Beam's ``FileSystems.match`` (``*`` stays inside a folder).
     Local globs are matched with the same rules but walked directly, which is
-    several times faster on folders of many small files.
+    several times faster on folders of many small files; there, what is passed
+    over (links met twice, link loops, FIFOs and devices, unreadable folders) is
+    added to ``skipped`` as ``(path, reason, message)``.
     """
     if is_local(pattern) and _GLOB.search(pattern):
         folder = os.path.dirname(re.match(r"^[^[*?]*", pattern).group(0)) or "."
-        found = _walk_local(folder)
+        found = _walk_local(folder, skipped)
         if pattern != folder + "/**":  # Everything under the folder matches that one.
             matches = re.compile(FileSystem.translate_pattern(pattern)).match
             found = (item for item in found if matches(item[0]))

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
+from beam_tfrecords.schemas.config import DEFAULT_MAX_PIXELS
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
 from beam_tfrecords.transforms.codec.image_example import encode_image_example
 from beam_tfrecords.transforms.codec.images import ImageError, inspect_image
@@ -100,20 +101,22 @@ def _read_errors() -> tuple[type[BaseException], ...]:
     return (OSError, BeamIOError)
 
 
-def encode_image(ref: ImageRef, validate: str) -> bytes | DeadLetter:
+def encode_image(ref: ImageRef, validate: str,
+                 max_pixels: int = DEFAULT_MAX_PIXELS) -> bytes | DeadLetter:
     """Reads, checks and encodes one image: its framed record, or why it was refused."""
     try:
         data = _read(ref.path, ref.size)
     except _read_errors() as err:
         return DeadLetter(ref.path, "read", "read_error", f"cannot read the file: {err}")
-    example = image_example(ref, data, validate)
+    example = image_example(ref, data, validate, max_pixels)
     return example if isinstance(example, DeadLetter) else frame_record(example)
 
 
-def image_example(ref: ImageRef, data: bytes, validate: str) -> bytes | DeadLetter:
+def image_example(ref: ImageRef, data: bytes, validate: str,
+                  max_pixels: int = DEFAULT_MAX_PIXELS) -> bytes | DeadLetter:
     """Checks and encodes an image's bytes: its serialized Example, or why it was refused."""
     try:
-        info = inspect_image(data, validate)
+        info = inspect_image(data, validate, max_pixels)
     except ImageError as err:
         return DeadLetter(ref.path, "validate", err.reason, err.message)
     try:
@@ -125,7 +128,8 @@ def image_example(ref: ImageRef, data: bytes, validate: str) -> bytes | DeadLett
     return example
 
 
-def encode_chunk(chunk: list[ImageRef], validate: str) -> tuple[bytes, list[int | DeadLetter]]:
+def encode_chunk(chunk: list[ImageRef], validate: str,
+                 max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[bytes, list[int | DeadLetter]]:
     """``encode_image`` over a run of files: one task for a thread or a process.
 
     Returns:
@@ -135,7 +139,7 @@ def encode_chunk(chunk: list[ImageRef], validate: str) -> tuple[bytes, list[int 
     """
     framed, outcomes = [], []
     for ref in chunk:
-        outcome = encode_image(ref, validate)
+        outcome = encode_image(ref, validate, max_pixels)
         if isinstance(outcome, DeadLetter):
             outcomes.append(outcome)
         else:

@@ -3,13 +3,17 @@
 Three layouts are understood (``auto`` picks one):
 
 - ``class_folders``: ``ROOT/<class>/<file>``, or ``ROOT/<split>/<class>/<file>``
-  when every top-level folder is a split name (train, validation, test). The
-  label is the class's index in the sorted class names, or in a labels file.
+  when every top-level folder is a split name (``SPLIT_NAMES``: train; val,
+  valid, validation, dev; test, eval); the split is the folder's own name. A mix
+  of split names and other names is refused as ambiguous. The label is the
+  class's index in the sorted class names, or in a labels file.
 - ``cifar``: ``ROOT/<split>/<ID>_<CLASS>.<ext>`` with ``ROOT/labels.txt``; the
   label is the line index of CLASS.
-- ``csv``: a CSV manifest with columns ``image`` (path relative to the CSV's
-  folder, or absolute), ``label`` (int or class name), optional ``split``; other
-  columns become int64, float32 or string features.
+- ``csv``: a CSV manifest with an image column (path relative to the CSV's
+  folder, or absolute; ``image``, ``image_uri``, ``image_path``, ``path``,
+  ``filename``, ``file`` or ``uri``, or one named by the caller), a label column
+  (int or class name; ``label``, ``class`` or ``category``, or named), optional
+  ``split``; other columns become int64, float32 or string features.
 
 Pure functions: the caller lists the files and reads the text files.
 """
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import io
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -31,22 +34,35 @@ from beam_tfrecords.transforms.plan.shards import stable_key
 
 __all__ = [
     "DEFAULT_SPLIT",
+    "IMAGE_COLUMNS",
+    "LABEL_COLUMNS",
     "SPLIT_NAMES",
     "Listing",
     "detect_layout",
+    "find_image_column",
+    "folders_are_splits",
+    "image_path_column",
     "list_cifar",
     "list_class_folders",
     "list_csv_manifest",
+    "manifest_columns",
     "parse_labels_text",
     "resolve_input",
+    "top_level_folders",
 ]
 
-SPLIT_NAMES = frozenset({"train", "validation", "test"})
+# Folder names read as splits (as on disk: lower case). The split written to the
+# shard files is the folder's own name (``val-00000-of-00001.tfrecord``).
+SPLIT_NAMES = frozenset({"train", "val", "valid", "validation", "dev", "test", "eval"})
 DEFAULT_SPLIT = "train"
 CIFAR_LABELS_FILE = "labels.txt"
 _CIFAR_NAME = re.compile(r"^(?P<id>[^_/]+)_(?P<cls>[^/]+)\.[A-Za-z0-9]+$")
-_CSV_REQUIRED = ("image", "label")
-_RESERVED_CSV_COLUMNS = ("image", "label", "split")
+# Column names of a CSV manifest, first match wins (TFRecorder writes image_uri).
+IMAGE_COLUMNS = ("image", "image_uri", "image_path", "path", "filename", "file", "uri")
+LABEL_COLUMNS = ("label", "class", "category")
+SPLIT_COLUMN = "split"
+# Cells of a column looked at to tell whether it holds image paths.
+_PATH_SAMPLE_CELLS = 5
 
 
 @dataclasses.dataclass
@@ -60,6 +76,8 @@ class Listing:
       ignored: files skipped as plainly not images (``.txt``, ``.DS_Store``, ...).
       dead_letters: inputs refused while listing (no class, unknown class, ...).
       extra_features: ``{name: dtype}`` of the extra columns of a CSV manifest.
+      skipped: paths passed over while walking, with the reason (not inputs: links
+        met twice, link loops, FIFOs, unreadable folders); not bad inputs.
     """
 
     layout: str
@@ -68,6 +86,7 @@ class Listing:
     ignored: int = 0
     dead_letters: list[DeadLetter] = dataclasses.field(default_factory=list)
     extra_features: dict[str, str] = dataclasses.field(default_factory=dict)
+    skipped: list[DeadLetter] = dataclasses.field(default_factory=list)
 
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -128,6 +147,92 @@ def detect_layout(root: str, paths: Iterable[str]) -> str:
     return "cifar" if any(p == labels for p in paths) else "class_folders"
 
 
+def top_level_folders(root: str, paths: Iterable[str]) -> set[str]:
+    """The top-level folders under ``root`` that hold image files (at any depth)."""
+    folders = set()
+    for path in paths:
+        rel = _relative(root, path)
+        if "/" in rel and is_image_filename(rel):
+            folders.add(rel.split("/", 1)[0])
+    return folders
+
+
+def folders_are_splits(root: str, folders: Iterable[str]) -> bool:
+    """Whether the top-level ``folders`` of ``root`` are split folders.
+
+    True when every one is a split name (``SPLIT_NAMES``), False when none is.
+
+    Raises:
+      ValueError: when some are split names and others are not (the tree could
+        be ``ROOT/<split>/<class>/`` with strays, or classes named like splits).
+    """
+    folders = set(folders)
+    splits, others = sorted(folders & SPLIT_NAMES), sorted(folders - SPLIT_NAMES)
+    if splits and others:
+        base = root.rstrip("/") or "/"
+        raise ValueError(
+            f"top-level folders {splits} look like splits but {others} do not, so it is "
+            f"ambiguous whether {base} holds <split>/<class>/ or <class>/ folders; be explicit: "
+            f"point --input at one split folder (e.g. {base}/{splits[0]}; its images go to split "
+            f"'{DEFAULT_SPLIT}'), or move or rename folders so that all or none of them are split "
+            f"names ({', '.join(sorted(SPLIT_NAMES))})"
+        )
+    return bool(splits)
+
+
+def find_image_column(header: Sequence[str]) -> str | None:
+    """The first of ``IMAGE_COLUMNS`` in a CSV header, or ``None``."""
+    return next((name for name in IMAGE_COLUMNS if name in header), None)
+
+
+def manifest_columns(
+    header: Sequence[str], image_column: str | None = None, label_column: str | None = None
+) -> tuple[str, str]:
+    """``(image column, label column)`` of a CSV manifest's header.
+
+    Args:
+      header: the column names.
+      image_column, label_column: the names to use; default: the first of
+        ``IMAGE_COLUMNS`` / ``LABEL_COLUMNS`` in the header.
+
+    Raises:
+      ValueError: naming the flag to pass when a column is missing.
+    """
+    header = list(header)
+    for flag, given in (("--image_column", image_column), ("--label_column", label_column)):
+        if given is not None and given not in header:
+            raise ValueError(f"{flag}: column {given!r} is not in the CSV header {header}")
+    image = image_column or find_image_column(header)
+    label = label_column or next((name for name in LABEL_COLUMNS if name in header), None)
+    missing = [(kind, f"{kind}: one of {', '.join(names)}, or pass {flag} NAME")
+               for kind, found, names, flag in (
+                   ("image", image, IMAGE_COLUMNS, "--image_column"),
+                   ("label", label, LABEL_COLUMNS, "--label_column"))
+               if found is None]
+    if missing:
+        raise ValueError(f"the CSV manifest needs an image and a label column; missing "
+                         f"{[kind for kind, _ in missing]} ({'; '.join(h for _, h in missing)}); "
+                         f"found {header}")
+    if image == label:
+        raise ValueError(f"the image column and the label column are both {image!r}; pass "
+                         "--image_column and --label_column naming different columns")
+    if SPLIT_COLUMN in (image, label):
+        raise ValueError(f"column {SPLIT_COLUMN!r} names the split; it cannot be the "
+                         f"{'image' if image == SPLIT_COLUMN else 'label'} column")
+    return image, label
+
+
+def image_path_column(header: Sequence[str], rows: Sequence[Sequence[str]]) -> tuple[str, str] | None:
+    """``(column, first cell)`` of the first column whose first few non-empty cells
+    all name image files (``a/1.jpg``), or ``None``."""
+    for i, name in enumerate(header):
+        cells = [row[i].strip() for row in rows if i < len(row) and row[i].strip()]
+        cells = cells[:_PATH_SAMPLE_CELLS]
+        if cells and all(is_image_filename(cell) for cell in cells):
+            return name, cells[0]
+    return None
+
+
 def _split_images(
     root: str, files: Sequence[tuple[str, int]]
 ) -> tuple[list[tuple[str, str, int]], int]:
@@ -178,12 +283,14 @@ def list_class_folders(
       root: the input root (no trailing slash needed).
       files: ``(path, size)`` of every file under the root.
       labels: class names in label order; default: the sorted class folder names.
+
+    Raises:
+      ValueError: when the top-level folders mix split names and other names.
     """
     images, ignored = _split_images(root, files)
     parts = [rel.split("/") for rel, _, _ in images]
     # Split folders when every top-level folder holding images is a split name.
-    top_folders = {p[0] for p in parts if len(p) >= 2}
-    by_split = bool(top_folders) and top_folders <= SPLIT_NAMES
+    by_split = folders_are_splits(root, {p[0] for p in parts if len(p) >= 2})
     dead: list[DeadLetter] = []
     placed = []  # (split, class, rel, path, size)
     for (rel, path, size), p in zip(images, parts):
@@ -254,6 +361,8 @@ def list_csv_manifest(
     text: str,
     size_of: Callable[[str], int | None],
     labels: Sequence[str] | None = None,
+    image_column: str | None = None,
+    label_column: str | None = None,
 ) -> Listing:
     """Images named by a CSV manifest.
 
@@ -264,26 +373,32 @@ def list_csv_manifest(
         does not exist (the row then goes to the dead letter).
       labels: class names in label order; default: the sorted label values when
         they are names, no names when they are all integers.
+      image_column, label_column: the columns of the image paths and the labels;
+        default: the first of ``IMAGE_COLUMNS`` / ``LABEL_COLUMNS`` in the header.
 
     Raises:
       ValueError: if a required column is missing or an extra column is named
         like a reserved image feature.
     """
-    reader = csv.reader(io.StringIO(text, newline=""))
+    # One physical line is one row: an image path holds no newline, so a quote that is
+    # never closed costs its own line, not every row after it.
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines or not lines[0].strip():
+        raise ValueError(f"{csv_path}: the CSV manifest is empty (no header row)")
     try:
-        header = [h.strip() for h in next(reader)]
-    except StopIteration:
-        raise ValueError(f"{csv_path}: the CSV manifest is empty") from None
+        header = [h.strip() for h in _cells(lines[0])]
+    except csv.Error as err:
+        raise ValueError(f"{csv_path}: the header row cannot be read: {err}") from None
     duplicated = sorted({h for h in header if header.count(h) > 1})
     if duplicated:
         raise ValueError(f"{csv_path}: the CSV header names columns {duplicated} more than once")
-    missing = [c for c in _CSV_REQUIRED if c not in header]
-    if missing:
-        raise ValueError(
-            f"{csv_path}: the CSV manifest needs columns {list(_CSV_REQUIRED)} "
-            f"(optional: split); missing {missing}, found {header}"
-        )
-    extra_names = [h for h in header if h not in _RESERVED_CSV_COLUMNS]
+    try:
+        image_column, label_column = manifest_columns(header, image_column, label_column)
+    except ValueError as err:
+        raise ValueError(f"{csv_path}: {err}") from None
+    extra_names = [h for h in header if h not in (image_column, label_column, SPLIT_COLUMN)]
     clashing = [h for h in extra_names if h.startswith("image/") or not h]
     if clashing:
         raise ValueError(
@@ -293,8 +408,17 @@ def list_csv_manifest(
     base = posixpath.dirname(csv_path)
     dead: list[DeadLetter] = []
     rows = []  # (line, cells)
-    for cells in reader:
-        line = reader.line_num
+    for line, text_line in enumerate(lines[1:], start=2):
+        if not text_line.strip():
+            continue
+        try:
+            cells = _cells(text_line)
+        except csv.Error:
+            dead.append(DeadLetter(f"{csv_path}:{line}", "list", "bad_quoting",
+                                   "the quoting on this line is broken: a quote never closed, or "
+                                   "text after a closing quote (an image manifest holds one row "
+                                   "per line)", row=text_line))
+            continue
         if not any(c.strip() for c in cells):
             continue
         if len(cells) != len(header):
@@ -305,7 +429,7 @@ def list_csv_manifest(
             continue
         rows.append((line, dict(zip(header, (c.strip() for c in cells)))))
     dtypes = {name: _infer_dtype([row[name] for _, row in rows]) for name in extra_names}
-    label_values = [row["label"] for _, row in rows]
+    label_values = [row[label_column] for _, row in rows]
     int_labels = labels is None and all(_is_int(v) for v in label_values)
     if labels is not None:
         vocabulary = list(labels)
@@ -317,7 +441,9 @@ def list_csv_manifest(
     refs = []
     for line, row in rows:
         source = f"{csv_path}:{line}"
-        image = row["image"]
+        image = row[image_column]
+        if image.startswith("file://"):
+            image = image[len("file://"):]
         path = image if image.startswith("/") or "://" in image else posixpath.join(base, image)
         rel = image if not image.startswith("/") else image.lstrip("/")
         if not is_image_filename(image):
@@ -328,7 +454,7 @@ def list_csv_manifest(
         if size is None:
             dead.append(DeadLetter(source, "list", "missing_file", f"image {path} does not exist"))
             continue
-        value = row["label"]
+        value = row[label_column]
         if int_labels:
             label, text = int(value), ""
         elif value in index:
@@ -339,10 +465,19 @@ def list_csv_manifest(
             dead.append(DeadLetter(source, "list", "unknown_class",
                                    f"label {value!r} is not a known class"))
             continue
-        split = row.get("split") or DEFAULT_SPLIT
+        split = row.get(SPLIT_COLUMN) or DEFAULT_SPLIT
         extra = tuple((name, dtypes[name], _cast(dtypes[name], row[name])) for name in sorted(extra_names))
         refs.append(_ref(split, rel, path, size, label, text, extra))
     return _finish("csv", refs, vocabulary, 0, dead, dict(sorted(dtypes.items())))
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of one CSV line (a trailing carriage return dropped).
+
+    Raises:
+      csv.Error: when a quote on the line is never closed.
+    """
+    return next(csv.reader([line.rstrip("\r")], strict=True), [])
 
 
 def _is_int(value: str) -> bool:
