@@ -77,6 +77,16 @@ def expected_features(root: str, rel: str, label: int, text: str) -> dict[str, l
     }
 
 
+def dead_letters(output: str) -> list[dict]:
+    """Every dead letter of an output folder, file by file, line by line."""
+    letters = []
+    folder = os.path.join(output, "dead_letter")
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            letters += [json.loads(line) for line in f]
+    return letters
+
+
 def sha256_file(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()

@@ -12,7 +12,7 @@ from PIL import Image
 from beam_tfrecords.cli import main
 from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.transforms.codec.tfrecord import iter_records
-from tests.conftest import load_manifest, read_dataset, sha256_file
+from tests.conftest import dead_letters, load_manifest, read_dataset, sha256_file
 
 pytestmark = pytest.mark.e2e
 
@@ -107,13 +107,6 @@ EXPECTED_REASONS = {
 }
 
 
-def _dead_letters(output):
-    letters = []
-    folder = os.path.join(output, "dead_letter")
-    for name in sorted(os.listdir(folder)):
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
-            letters += [json.loads(line) for line in f]
-    return letters
 
 
 def test_bad_inputs_go_to_the_dead_letter_within_budget(tmp_path, capsys):
@@ -127,7 +120,7 @@ def test_bad_inputs_go_to_the_dead_letter_within_budget(tmp_path, capsys):
     }
     assert len(written) == 40
     assert not written & set(EXPECTED_REASONS)
-    letters = _dead_letters(out)
+    letters = dead_letters(out)
     by_source = {os.path.relpath(d["source"], root): d for d in letters}
     assert set(by_source) == set(EXPECTED_REASONS)
     for rel, reason in EXPECTED_REASONS.items():
@@ -154,7 +147,7 @@ def test_bad_inputs_beyond_budget_fail_the_run_and_publish_nothing(tmp_path, cap
     assert not os.path.exists(os.path.join(out, "manifest.json"))
     assert not [name for name in os.listdir(out) if ".tfrecord" in name]
     assert not os.path.exists(os.path.join(out, ".beam-tfrecords"))
-    assert len(_dead_letters(out)) == 4
+    assert len(dead_letters(out)) == 4
     with open(os.path.join(out, "run_report.json"), encoding="utf-8") as f:
         report = json.load(f)
     assert report["status"] == "error_budget_exceeded"
@@ -296,7 +289,7 @@ def test_default_validation_catches_garbled_scan_data_that_headers_lets_through(
         run = run_convert(str(root), str(tmp_path / mode), validate=mode, max_bad_fraction=0.5)
         assert run.ok and run.report["records"] == 8, mode
         assert run.report["bad_records"] == {"decode_error": 1}, mode
-        letters = _dead_letters(str(tmp_path / mode))
+        letters = dead_letters(str(tmp_path / mode))
         assert [os.path.basename(d["source"]) for d in letters] == ["garbled.jpg"], mode
 
 
@@ -310,7 +303,7 @@ def test_no_convertible_image_fails_without_manifest(tmp_path, capsys):
                  "--max_bad_fraction", "1"]) == 1
     assert "NO RECORDS WRITTEN" in capsys.readouterr().out
     assert not os.path.exists(os.path.join(out, "manifest.json"))
-    assert len(_dead_letters(out)) == 1
+    assert len(dead_letters(out)) == 1
 
 
 def test_verify_fails_what_is_not_a_finished_dataset(tmp_path, capsys):

@@ -26,6 +26,8 @@ from beam_tfrecords.transforms.codec.images import ImageError, ImageInfo, inspec
 from beam_tfrecords.transforms.io.helpers import image_example
 
 # Mutated headers may declare sizes above Pillow's warning threshold (the reference decode).
+from tests.conftest import dead_letters
+
 pytestmark = pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
 
 
@@ -436,13 +438,6 @@ def test_fuzz_set_is_reproducible():
 
 # --- through a whole conversion ----------------------------------------------------------------
 
-def _dead_letters(output):
-    letters = []
-    folder = os.path.join(output, "dead_letter")
-    for name in sorted(os.listdir(folder)):
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
-            letters += [json.loads(line) for line in f]
-    return letters
 
 
 @pytest.mark.e2e
@@ -454,7 +449,7 @@ def test_conversion_dead_letters_bombs_and_honours_max_pixels(tmp_path, run_conv
     result = run_convert(str(root), str(tmp_path / "out"), max_bad_fraction=0.5)
     assert result.ok and result.report["records"] == 8
     assert result.report["bad_records"] == {"too_many_pixels": 2}
-    letters = _dead_letters(str(tmp_path / "out"))
+    letters = dead_letters(str(tmp_path / "out"))
     assert sorted(os.path.basename(d["source"]) for d in letters) == ["bomb.jpg", "bomb.png"]
     assert all("--max_pixels" in d["message"] for d in letters)
     # A limit below the smallest sample image (64 x 64): every image refused.

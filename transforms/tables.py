@@ -43,7 +43,7 @@ from beam_tfrecords.transforms.codec.table_batches import (
     sequence_table_batch,
 )
 from beam_tfrecords.transforms.codec.table_rows import RowEncoder
-from beam_tfrecords.transforms.codec.tfrecord import checkpoints
+from beam_tfrecords.transforms.codec.tfrecord import ObservingReader, checkpoints
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
@@ -220,36 +220,27 @@ class _FileCounts:
         return self.newlines + (1 if self.last_byte not in (b"", b"\n") else 0)
 
 
-class _CountingReader(io.RawIOBase):
+class _CountingReader(ObservingReader):
     """Passes a stream through (from byte ``start`` of its file), counting the
     segment's quote characters (an odd count at its end means a quote was never
     closed) and the file's newlines (each byte once, whatever segments re-read)."""
 
     def __init__(self, source, start: int, counts: _FileCounts):
-        super().__init__()
-        self._source = source
+        super().__init__(source, self._count)
         self._position = start
         self._counts = counts
         self.quotes = 0
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        data = self._source.read(len(buffer))
-        n = len(data)
-        buffer[:n] = data
-        if n:
-            self.quotes += data.count(self._counts.quote)
-            counts = self._counts
-            end = self._position + n
-            if end > counts.counted_to:
-                fresh = data[max(0, counts.counted_to - self._position):]
-                counts.newlines += fresh.count(b"\n")
-                counts.last_byte = fresh[-1:]
-                counts.counted_to = end
-            self._position = end
-        return n
+    def _count(self, data: bytes) -> None:
+        self.quotes += data.count(self._counts.quote)
+        counts = self._counts
+        end = self._position + len(data)
+        if end > counts.counted_to:
+            fresh = data[max(0, counts.counted_to - self._position):]
+            counts.newlines += fresh.count(b"\n")
+            counts.last_byte = fresh[-1:]
+            counts.counted_to = end
+        self._position = end
 
     def close(self) -> None:
         self._source.close()

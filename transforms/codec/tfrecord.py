@@ -32,6 +32,7 @@ from beam_tfrecords.schemas.shards import check_compression
 __all__ = [
     "RECORD_OVERHEAD",
     "FileDigest",
+    "ObservingReader",
     "RecordError",
     "TFRecordWriter",
     "checkpoints",
@@ -221,13 +222,14 @@ class RecordError(ValueError):
         return RecordError, (self.kind, self.index, self.offset, self.detail)
 
 
-class _HashingReader(io.RawIOBase, _Digests):
-    """A read-only stream that hashes every byte read from ``source``."""
+class ObservingReader(io.RawIOBase):
+    """A read-only stream that passes ``source`` through and shows ``observe`` every
+    piece of bytes read, in order (to hash or count what a parser consumes)."""
 
-    def __init__(self, source: BinaryIO):
-        io.RawIOBase.__init__(self)
-        _Digests.__init__(self)
+    def __init__(self, source: BinaryIO, observe):
+        super().__init__()
         self._source = source
+        self._observe = observe
 
     def readable(self) -> bool:
         return True
@@ -237,13 +239,21 @@ class _HashingReader(io.RawIOBase, _Digests):
         n = len(data)
         buffer[:n] = data
         if n:
-            self.update(data)
+            self._observe(data)
         return n
 
     def drain(self) -> None:
-        """Reads and hashes whatever the consumer left unread in ``source``."""
+        """Reads whatever the consumer left unread in ``source``, observing it too."""
         while data := self._source.read(_READ_CHUNK):
-            self.update(data)
+            self._observe(data)
+
+
+class _HashingReader(ObservingReader, _Digests):
+    """A read-only stream that hashes every byte read from ``source``."""
+
+    def __init__(self, source: BinaryIO):
+        _Digests.__init__(self)
+        ObservingReader.__init__(self, source, self.update)
 
 
 def iter_records(stream: BinaryIO, check_crc: bool = True) -> Iterator[bytes]:
