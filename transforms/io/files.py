@@ -125,7 +125,7 @@ def _walk_local(folder: str, skipped: list | None = None) -> Iterator[tuple[str,
     while real or linked:
         current = real.pop() if real else linked.pop()
         try:
-            entries = sorted(os.scandir(current), key=lambda e: (e.is_symlink(), e.name))
+            entries = list(os.scandir(current))
         except FileNotFoundError:
             continue
         except OSError as err:
@@ -133,6 +133,10 @@ def _walk_local(folder: str, skipped: list | None = None) -> Iterator[tuple[str,
             continue
         files, later = [], []
         for entry in entries:
+            if entry.is_file(follow_symlinks=False):  # The common case: one stat, no link.
+                info = entry.stat(follow_symlinks=False)
+                files.append((entry, info, (info.st_dev, info.st_ino)))
+                continue
             try:
                 info = entry.stat(follow_symlinks=True)
             except OSError as err:
