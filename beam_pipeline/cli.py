@@ -200,7 +200,10 @@ def _print_summary(report: dict) -> None:
     for path in report["dead_letter_files"]:
         print(f"dead letter: {files.join(report['output'], path)}")
     for failure in report["verification_failures"]:
-        print(f"VERIFICATION FAILED: {failure['path']}: {failure['error']}")
+        if report["status"] == "commit_failed":
+            print(f"COMMIT FAILED: {failure['error']}")
+        else:
+            print(f"VERIFICATION FAILED: {failure['path']}: {failure['error']}")
     for path in report["shards_outside_band"]:
         print(f"warning: shard outside the size band: {path}")
     if report["status"] == "accounting_failed":

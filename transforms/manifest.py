@@ -27,6 +27,7 @@ from beam_tfrecords.schemas.shards import ShardBand, ShardTarget
 from beam_tfrecords.schemas.version import __version__
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.commit import publish, release_lock, remove_folder
+from beam_tfrecords.transforms.shards import STORAGE_ERRORS
 
 __all__ = ["Commit", "CommitSettings", "finalize"]
 
@@ -89,7 +90,8 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
 
     Returns:
       The run report: ``status`` is ``ok``, or, with nothing published,
-      ``verification_failed`` (a shard did not write or verify),
+      ``verification_failed`` (a shard did not write or verify), ``commit_failed``
+      (the store refused moving a shard to its final name),
       ``no_records``, ``error_budget_exceeded`` or ``output_exists``. In memory
       only, ``manifest_json`` holds the published manifest.
     """
@@ -168,16 +170,27 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
             manifest["sequence_features"] = FeatureSpec(
                 {name: (dtype, list(shape)) for name, dtype, shape in summary.sequence_features}
             ).to_json()
-        published = publish(target.output, target.temp_dir,
-                            [(r.temp_path or r.path, r.path) for r in results], _json_bytes(manifest))
-        report["manifest"] = published.manifest_path
-        report["manifest_json"] = manifest
-        report["shards_outside_band"] = [
-            path for split in manifest["splits"].values() for path in split["shards_outside_band"]
-        ]
-        report["removed_stale_shards"] = list(published.removed_stale_shards)
+        try:
+            published = publish(target.output, target.temp_dir,
+                                [(r.temp_path or r.path, r.path) for r in results],
+                                _json_bytes(manifest))
+        except STORAGE_ERRORS as err:
+            # No manifest was published; some shards may sit at final names (the
+            # documented window), and the next run replaces or removes them.
+            report["status"] = "commit_failed"
+            report["verification_failures"] = [{"path": target.output, "error": str(err)}]
+        else:
+            report["manifest"] = published.manifest_path
+            report["manifest_json"] = manifest
+            report["shards_outside_band"] = [
+                path for split in manifest["splits"].values() for path in split["shards_outside_band"]
+            ]
+            report["removed_stale_shards"] = list(published.removed_stale_shards)
     if report["manifest"] is None:
-        remove_folder(target.temp_dir)  # Nothing of a failed run reaches a final name.
+        try:
+            remove_folder(target.temp_dir)  # Nothing of a failed run reaches a final name.
+        except STORAGE_ERRORS as err:
+            _log.warning("Could not remove %s (the next run will): %s", target.temp_dir, err)
     for spool in summary.spools:  # Spools outside the temporary folder (none on our paths).
         files.delete_files([spool])
     files.write_bytes(files.join(target.output, REPORT_NAME),

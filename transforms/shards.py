@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -225,13 +226,33 @@ class _Written:
     checkpoints: tuple[tuple[int, int], ...]
 
 
+@contextlib.contextmanager
+def _discarded_on_failure(sink) -> Iterator[None]:
+    """Drops the bytes of a write stream whose write or close failed.
+
+    A GCS writer (google-cloud-storage's ``BlobWriter``) whose ``close()`` failed
+    keeps its buffer, and when garbage-collected, at any later moment, closes
+    again: a fresh upload of those bytes to the shard's temporary name, perhaps
+    after a retry's object was verified, or after the run ended. A closed buffer
+    makes it inert.
+    """
+    try:
+        yield
+    except BaseException:
+        buffer = getattr(sink, "_buffer", None)  # BlobWriter's; other streams have none.
+        if buffer is not None and not buffer.closed:
+            buffer.close()
+        raise
+
+
 def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSource) -> _Written:
     labels: Counter = Counter()
     dead: list[DeadLetter] = []
     progress = _Progress(spec, source.count(spec))
     done = written = last_checkpoint = 0
     checkpoints: list[tuple[int, int]] = []
-    with files.open_write(temp) as sink:
+    sink = files.open_write(temp)
+    with _discarded_on_failure(sink), sink:
         writer = TFRecordWriter(sink, compression)
         for number, chunk in enumerate(source.chunks(spec)):
             dead.extend(chunk.dead)
