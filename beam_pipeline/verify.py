@@ -51,9 +51,10 @@ class VerifyReport:
     def lines(self) -> list[str]:
         """A per-shard report for people."""
         mode = f"against {MANIFEST_NAME}" if self.with_manifest else "CRC scan (no manifest)"
-        out = [f"Verifying {self.location} ({mode})"]
         if self.problem:
-            return [*out, f"  FAIL  {self.problem}", "0 files checked; the dataset is not verified"]
+            return [f"Verifying {self.location}", f"  FAIL  {self.problem}",
+                    "0 files checked; the dataset is not verified"]
+        out = [f"Verifying {self.location} ({mode})"]
         for c in self.checks:
             if c.ok:
                 how = f"  ({c.how})" if c.how and c.how != "re-read" else ""
