@@ -34,6 +34,7 @@ from beam_tfrecords.transforms.io.commit import (
 from beam_tfrecords.transforms.plan.layouts import (
     CIFAR_LABELS_FILE,
     IMAGE_COLUMNS,
+    SPLIT_NAMES,
     detect_layout,
     find_image_column,
     folders_are_splits,
@@ -307,6 +308,13 @@ def _check_images(config: ConvertConfig) -> None:
     else:
         # The listing's own rule, on the whole listing: ROOT/<split>/<class>/ when every
         # top-level folder is a split name, ROOT/<class>/ when none is, else refused.
+        # A local root whose folders are all split names, or none, needs no listing here:
+        # the folders holding images are a subset of them (the run lists once, later).
+        if files.is_local(root) and pattern == files.join(root, "**") and os.path.isdir(root):
+            with os.scandir(root) as entries:
+                names = {e.name for e in entries if e.is_dir(follow_symlinks=True)}
+            if names <= SPLIT_NAMES or not names & SPLIT_NAMES:
+                return
         paths = [path for path, _ in files.list_files(pattern)]
         if layout == "auto" and detect_layout(root, paths) == "cifar":
             return
