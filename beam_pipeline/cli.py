@@ -218,6 +218,16 @@ def _print_summary(report: dict) -> None:
               "inputs or raise --max_bad_fraction, and run again")
 
 
+def _writable(path: str) -> bool:
+    """Whether a local file can be written at ``path`` (checked before a run)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return False
+    if os.path.exists(path):
+        return os.access(path, os.W_OK)
+    return os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)
+
+
 def _interrupted(prog: str):
     def handler(signum, frame):  # pylint: disable=unused-argument
         sys.stdout.flush()
@@ -237,6 +247,10 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
     unknown = _unknown_beam_flags(beam_args, ours)
     if unknown:
         print(f"{prog}: error: unknown flags: {', '.join(unknown)}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.report_json and not _writable(args.report_json):
+        print(f"{prog}: error: --report_json: cannot write {args.report_json} (its folder is "
+              "missing or not writable); choose another path", file=sys.stderr)
         return EXIT_USAGE
     # Ctrl-C: Beam turns it into an error inside whatever step is running (with a
     # logged traceback); stop at once instead. Nothing is published before the commit,

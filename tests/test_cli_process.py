@@ -76,3 +76,14 @@ def test_ctrl_c_exits_130_with_one_line_and_publishes_nothing(tmp_path):
     assert "Traceback" not in stderr
     assert not os.path.exists(os.path.join(out, "manifest.json"))
     assert not [name for name in os.listdir(out) if ".tfrecord" in name]
+
+
+def test_an_unwritable_report_path_is_refused_before_running(tmp_path):
+    root, out = str(tmp_path / "in"), str(tmp_path / "out")
+    make_class_folder_sample(root, per_class=1, splits=None)
+    refused = _run(SCRIPT, "convert", "--input", root, "--output", out,
+                   "--report_json", str(tmp_path / "missing" / "report.json"))
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        "beam-tfrecords convert: error: --report_json: cannot write")
+    assert not os.path.exists(out)  # Refused before anything ran.
