@@ -26,6 +26,7 @@ __all__ = [
     "__version__",
     "build_pipeline",
     "convert",
+    "dataset_shards",
     "submit",
 ]
 
@@ -38,6 +39,7 @@ _EXPORTS = {
     "WriteVerifiedShards": "beam_tfrecords.transforms.shards",
     "build_pipeline": "beam_tfrecords.pipeline",
     "convert": "beam_tfrecords.pipeline",
+    "dataset_shards": "beam_tfrecords.verify",
     "submit": "beam_tfrecords.pipeline",
 }
 

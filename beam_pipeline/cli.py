@@ -5,7 +5,9 @@ our flags are parsed here; every other flag is handed to Beam untouched, after
 checking that Beam knows it (a misspelt flag fails fast instead of being
 silently dropped). Exit status: 0 when the dataset is complete and within the
 error budget, 1 when the run failed, 2 for bad flags or inputs (or an output
-another run holds), 130 when interrupted (Ctrl-C). Every failure ends in one
+another run holds), 3 when the drift gate (``--compare_to``) found the data moved
+(nothing published), 99 when ``--skip_unchanged``/``--incremental`` found nothing
+to do (nothing written), 130 when interrupted (Ctrl-C). Every failure ends in one
 line; ``--debug`` (before the command) adds the traceback.
 """
 
@@ -23,12 +25,17 @@ from collections.abc import Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
+from beam_tfrecords import console
 from beam_tfrecords.inspect import contact_sheets, describe_record, sample_records
 from beam_tfrecords.pipeline import ConvertError, convert
-from beam_tfrecords.preflight import resolve_config, sample_rows, table_inputs
+from beam_tfrecords.preflight import infer_table_schema, resolve_config, table_inputs
 from beam_tfrecords.schemas.config import (
     COLOR_MODES,
     DEFAULT_MAX_PIXELS,
+    DRIFT_MAX_CLASS_SHARE_CHANGE,
+    DRIFT_MAX_MEAN_SHIFT,
+    DRIFT_MAX_MISSING_CHANGE,
+    FINGERPRINTS,
     FITS,
     IMAGE_BYTES_MODES,
     IMAGE_FORMATS,
@@ -39,18 +46,22 @@ from beam_tfrecords.schemas.config import (
     parse_size,
     parse_splits,
 )
+from beam_tfrecords.schemas.inputs import SKIPPED_EXIT_STATUS
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME, parse_manifest
 from beam_tfrecords.schemas.shards import COMPRESSIONS
 from beam_tfrecords.schemas.table_schema import dump_schema
 from beam_tfrecords.schemas.version import __version__
 from beam_tfrecords.transforms.io import files
-from beam_tfrecords.transforms.plan.table_inference import infer_schema
-from beam_tfrecords.transforms.tables import csv_header
+from beam_tfrecords.transforms.tables import table_header
 from beam_tfrecords.verify import verify_dataset
 
 __all__ = ["config_from_args", "convert_parser", "main"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# The run worked but its statistics moved past the drift gate's limits (status
+# drift_found): nothing published. Apart from 1 so a scheduler can tell "the data
+# changed, look at it" from "the run broke".
+EXIT_DRIFT = 3
 _PROG = "beam-tfrecords"
 
 
@@ -144,8 +155,30 @@ def _convert_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--fail_on_leakage", action="store_true",
                    help="publish nothing (exit 1) when an image's content sits in more than one "
                    "split; without it such copies are listed in the manifest")
+    p.add_argument("--progress", default="auto", choices=console.PROGRESS_MODES,
+                   help="auto (default): one line updated in place on a terminal, else a log line "
+                   "every --progress_seconds; bar, log, or off")
+    p.add_argument("--progress_seconds", type=float, default=30.0,
+                   help="seconds between progress log lines (default 30; 0: no progress)")
     p.add_argument("--report_json", default=None,
                    help="also write the run report to this local file")
+    u = p.add_argument_group("scheduled runs (see 'Scheduled runs' in the README)")
+    u.add_argument("--skip_unchanged", action="store_true",
+                   help="when the input files and the options that shape the records match the "
+                   f"dataset at --output, do nothing and exit {SKIPPED_EXIT_STATUS}; otherwise "
+                   "a full run (which needs --overwrite to replace the dataset)")
+    u.add_argument("--incremental", action="store_true",
+                   help="convert only inputs the dataset at --output does not hold (new files, "
+                   "and changed ones, reported) into a new part OUT/part-NNNNN/, listed in the "
+                   f"dataset's manifest; nothing new: exit {SKIPPED_EXIT_STATUS}. A first run "
+                   "(no dataset yet) is a full run")
+    u.add_argument("--fingerprint", default="stat", choices=FINGERPRINTS,
+                   help="how a local file counts as unchanged: stat (default): the same size and "
+                   "modification time, or, if the time moved, the same content hash; content: "
+                   "the same content hash, every file read")
+    u.add_argument("--date", default="",
+                   help="YYYY-MM-DD filling {date}, {yyyy}, {mm}, {dd}, {yyyymmdd} in --input "
+                   "and --output (default: today, UTC)")
     m = p.add_argument_group("CSV image manifests (default: the usual column names)")
     m.add_argument("--image_column", default=None,
                    help="the column of image paths (default: the first of image, image_uri, "
@@ -173,12 +206,27 @@ def _convert_parser(prog: str) -> argparse.ArgumentParser:
                    help="group the rows of each key into one SequenceExample")
     t.add_argument("--sequence_order", default=None,
                    help="with --sequence_key: the column that orders rows within a sequence")
+    g = p.add_argument_group("drift gate (see 'Statistics and drift gate' in the README)")
+    g.add_argument("--compare_to", default=None,
+                   help="compare the run's statistics with this dataset's (a manifest.json, a "
+                   "dataset folder, local or gs://, or 'previous': the one at --output, if any) "
+                   f"and publish nothing (exit {EXIT_DRIFT}) when they moved past the limits")
+    g.add_argument("--drift_max_mean_shift", type=float, default=DRIFT_MAX_MEAN_SHIFT,
+                   help="standard deviations (of the old values) a numeric feature's mean may "
+                   f"move (default {DRIFT_MAX_MEAN_SHIFT:g})")
+    g.add_argument("--drift_max_missing_change", type=float, default=DRIFT_MAX_MISSING_CHANGE,
+                   help="how much a feature's missing rate may change, absolute (default "
+                   f"{DRIFT_MAX_MISSING_CHANGE:g})")
+    g.add_argument("--drift_max_class_share_change", type=float,
+                   default=DRIFT_MAX_CLASS_SHARE_CHANGE,
+                   help="how much an image class's share of the records, or a string feature's "
+                   f"top value's share, may change, absolute (default {DRIFT_MAX_CLASS_SHARE_CHANGE:g})")
     return p
 
 
 def _add_table_flags(p: argparse.ArgumentParser) -> None:
     """The CSV dialect flags, shared by ``convert`` and ``infer-schema``."""
-    d = p.add_argument_group("CSV dialect")
+    d = p.add_argument_group("CSV dialect (not for Parquet or JSON Lines)")
     d.add_argument("--csv_delimiter", default=",", help="cell delimiter (default ','; '\\t' for TSV)")
     d.add_argument("--csv_quote", default='"', help="quote character (default '\"')")
     d.add_argument("--no_header", action="store_true", help="the files have no header row")
@@ -217,7 +265,12 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
         max_side=args.max_side, min_side=args.min_side, size=tuple(args.size), fit=args.fit,
         image_format=args.image_format, jpeg_quality=args.jpeg_quality, color_mode=args.color_mode,
         sequence_order=args.sequence_order, image_column=args.image_column,
-        label_column=args.label_column, **_dialect(args),
+        label_column=args.label_column, skip_unchanged=args.skip_unchanged,
+        incremental=args.incremental, fingerprint=args.fingerprint, date=args.date,
+        compare_to=args.compare_to, drift_max_mean_shift=args.drift_max_mean_shift,
+        drift_max_missing_change=args.drift_max_missing_change,
+        drift_max_class_share_change=args.drift_max_class_share_change,
+        **_dialect(args),
     )
 
 
@@ -243,7 +296,7 @@ def _unknown_beam_flags(beam_args: Sequence[str], ours: Sequence[str]) -> list[s
     return messages
 
 
-def _print_summary(report: dict) -> None:
+def _print_summary(report: dict, seconds: float | None = None) -> None:
     if report["status"] == "failed":
         where = (f"report: {files.join(report['output'], REPORT_NAME)}"
                  if "report_not_written" not in report else "no report could be written there")
@@ -254,7 +307,7 @@ def _print_summary(report: dict) -> None:
     print(f"status: {report['status']}")
     print(f"output: {report['output']}")
     print(f"manifest: {report['manifest'] or 'not written'}")
-    print(f"records: {report['records']} in {report['shards']} shards, {report['bytes'] / 1e6:.1f} MB")
+    print("\n".join(console.summary_table(report, seconds)))
     print(f"bad inputs: {budget['bad']} of {budget['inputs']} "
           f"({budget['bad_fraction']:.2%}; budget {budget['max_bad_fraction']:.2%})")
     for reason, count in report["bad_records"].items():
@@ -321,6 +374,12 @@ def _print_summary(report: dict) -> None:
               "(--fail_on_leakage); remove the copies (--drop_duplicates drops files with "
               "equal bytes; copies stored alike from different files, such as one picture "
               "as PNG and TIFF, need removing by hand)")
+    drift = report.get("drift")
+    if drift and drift["status"] == "failed" and report["status"] == "drift_found":
+        print(f"drift: {drift['message']}; DRIFT FOUND, so nothing was published (exit "
+              f"{EXIT_DRIFT}; every check is in run_report.json 'drift')")
+    elif drift:
+        print(f"drift: {drift['message']}")
     if report["status"] == "no_records":
         print("NO RECORDS WRITTEN: no input image or row could be converted; no manifest was written")
     if budget["exceeded"]:
@@ -345,6 +404,7 @@ def _writable(path: str) -> bool:
 
 def _interrupted(prog: str):
     def handler(signum, frame):  # pylint: disable=unused-argument
+        console.clear_line()
         sys.stdout.flush()
         print(f"{prog}: {_INTERRUPTED}", file=sys.stderr, flush=True)
         os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
@@ -367,27 +427,43 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
         print(f"{prog}: error: --report_json: cannot write {args.report_json} (its folder is "
               "missing or not writable); choose another path", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        reporter = console.Reporter(args.progress, args.progress_seconds,
+                                    console.runs_in_process(beam_args))
+    except ValueError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
     # Ctrl-C: Beam turns it into an error inside whatever step is running (with a
     # logged traceback); stop at once instead. Nothing is published before the commit,
     # and the next run removes this run's temporaries and takes over its lock.
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, _interrupted(prog)) if in_main_thread else None
     try:
-        result = convert(config_from_args(args), beam_args, on_plan=_print_plan)
+        result = convert(config_from_args(args), beam_args, on_plan=reporter.on_plan(_print_plan))
     except (ConvertError, ValueError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     finally:
+        reporter.stop()
         if in_main_thread:
             signal.signal(signal.SIGINT, previous)
+    if result.report["status"] == "skipped":
+        print(f"SKIPPED: {result.report['reason']}; nothing was written "
+              f"(exit {SKIPPED_EXIT_STATUS})")
+        if args.report_json:
+            with open(args.report_json, "w", encoding="utf-8") as f:
+                json.dump(result.report, f, indent=2)
+        return SKIPPED_EXIT_STATUS
     if result.report["status"] == "dry_run":
         print(f"dry run: the job was built and checked, not run; nothing was written to "
               f"{result.report['output']}")
         return EXIT_OK
-    _print_summary(result.report)
+    _print_summary(result.report, reporter.elapsed)
     if args.report_json:
         with open(args.report_json, "w", encoding="utf-8") as f:
             json.dump(result.report, f, indent=2)
+    if result.report["status"] == "drift_found":
+        return EXIT_DRIFT
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
@@ -458,9 +534,11 @@ def _run_inspect(argv: Sequence[str], prog: str) -> int:
 
 
 def _run_infer_schema(argv: Sequence[str], prog: str) -> int:
-    p = _Parser(prog=prog, description="Infer a table schema from a CSV's first "
-                                "rows; convert --schema accepts it unchanged.")
-    p.add_argument("--input", required=True, help="CSV file or glob (the first file is sampled)")
+    p = _Parser(prog=prog, description="Infer a table schema from the first rows of a "
+                "CSV (cell text: numbers, bools, number lists like 3;17;42) or of a Parquet or "
+                "JSON Lines file (its column types); convert --schema accepts it unchanged.")
+    p.add_argument("--input", required=True, help="CSV, Parquet (.parquet) or JSON Lines "
+                   "(.jsonl, .ndjson, .gz) file or glob (the first file is sampled)")
     p.add_argument("--sample_rows", type=int, default=10_000, help="rows to read (default 10000)")
     p.add_argument("--output", default=None, help="write the schema here (default: stdout)")
     _add_table_flags(p)
@@ -469,15 +547,15 @@ def _run_infer_schema(argv: Sequence[str], prog: str) -> int:
         config = ConvertConfig(input=args.input, output="-", layout="table", **_dialect(args))
         config = resolve_config(config, PipelineOptions([]))
         found = table_inputs(config.input)
-        header = csv_header(config.dialect, found[0][0])
-        rows = sample_rows(config, found[0][0], header, args.sample_rows)
-        text = dump_schema(infer_schema(header, rows))
+        header = table_header(config.dialect, found[0][0])
+        schema, rows = infer_table_schema(config, found[0][0], header, args.sample_rows)
+        text = dump_schema(schema)
     except (ConvertError, ValueError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     if args.output:
         files.write_bytes(args.output, text.encode("utf-8"))
-        print(f"schema of {len(header)} columns from {len(rows)} rows: {args.output}")
+        print(f"schema of {len(header)} columns from {rows} rows: {args.output}")
     else:
         sys.stdout.write(text)
     return EXIT_OK
@@ -487,7 +565,7 @@ _COMMANDS = {
     "convert": (_run_convert, "images or CSV tables to verified, size-banded TFRecord shards"),
     "verify": (_run_verify, "re-check a dataset against its manifest, shard by shard"),
     "inspect": (_run_inspect, "summarize a dataset, print records, draw a contact sheet"),
-    "infer-schema": (_run_infer_schema, "write a table schema inferred from a CSV's first rows"),
+    "infer-schema": (_run_infer_schema, "write a table schema inferred from a table's first rows"),
 }
 
 
@@ -533,6 +611,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not debug:
         for handler in logging.getLogger().handlers:
             handler.setFormatter(_OneLineFormatter(handler.formatter._fmt if handler.formatter else None))  # pylint: disable=protected-access
+    console.quiet_logs()
     for noisy in ("apache_beam", "google", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     prog = f"{_PROG} {argv[0]}"

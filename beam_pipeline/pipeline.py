@@ -22,11 +22,12 @@ from beam_tfrecords.preflight import (
     OutputBusy,
     OutputExistsError,
     RunPlan,
+    drift_gate,
     plan_run,
     take_output,
 )
 from beam_tfrecords.schemas.config import ConvertConfig
-from beam_tfrecords.schemas.manifest import REPORT_NAME
+from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME
 from beam_tfrecords.transforms.images import (
     ImageRecords,
     ListImages,
@@ -39,9 +40,11 @@ from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.commit import release_lock, remove_folder
 from beam_tfrecords.transforms.io.helpers import helper_pool
 from beam_tfrecords.transforms.manifest import Commit, CommitSettings
+from beam_tfrecords.transforms.plan.layouts import resolve_input
 from beam_tfrecords.transforms.sequences import BuildSequences, PlanSequenceShards
 from beam_tfrecords.transforms.shards import SpoolCopy, VerifyShards, WriteShards
 from beam_tfrecords.transforms.tables import EncodeTables, PlanTableShards, table_summary
+from beam_tfrecords.updates import config_fingerprint
 
 _log = logging.getLogger(__name__)
 
@@ -68,16 +71,31 @@ class ConvertResult:
         return self.report["status"] == "ok"
 
     @property
+    def skipped(self) -> bool:
+        """A scheduled run that found nothing to do (and wrote nothing)."""
+        return self.report["status"] == "skipped"
+
+    @property
     def manifest_path(self) -> str | None:
         return self.report["manifest"]
 
 
 def _commit_settings(plan: RunPlan) -> CommitSettings:
     config = plan.config
+    _, root, _ = resolve_input(config.input, config.layout)
+    is_part = plan.update is not None and plan.update.action == "part"
+    options = config.to_json()
+    if is_part:
+        options["output"] = plan.dataset_output
     return CommitSettings(plan.target, config.band, config.max_bad_fraction,
-                          options=tuple(config.to_json().items()), overwrite=True,
+                          options=tuple(options.items()), overwrite=True,
                           release_lock=plan.target.run_id, dropped_columns=plan.dropped_columns,
-                          fail_on_leakage=config.fail_on_leakage)
+                          fail_on_leakage=config.fail_on_leakage,
+                          options_fingerprint=config_fingerprint(config), input_root=root,
+                          dataset_output=plan.dataset_output if is_part else "",
+                          part=plan.update.part if is_part else "",
+                          update=json.dumps(plan.update.to_json()) if plan.update else "",
+                          drift=drift_gate(config, plan.dataset_output))
 
 
 def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
@@ -112,7 +130,8 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
         listing = pipeline | "ListImages" >> ListImages(
             config.input, config.layout, config.labels, config.output, config.encode_processes,
             config.image_column, config.label_column, kept=plan.listing,
-            splits=config.splits, split_by=config.split_by, drop_duplicates=config.drop_duplicates)
+            splits=config.splits, split_by=config.split_by, drop_duplicates=config.drop_duplicates,
+            vocabulary=plan.vocabulary, only=plan.only)
         summary = listing.summary
         source = ImageRecords(config.validate, config.read_threads, config.encode_processes,
                               max_pixels=config.max_pixels, image_bytes=config.image_bytes,
@@ -183,7 +202,7 @@ def _record_failure(plan: RunPlan, err: BaseException) -> dict:
     can be (best effort, as the storage may be what failed); the run's
     temporaries are removed so a full disk gets its space back."""
     _log.error("The pipeline failed", exc_info=err)
-    output, target = plan.config.output, plan.target
+    output, target = plan.dataset_output or plan.config.output, plan.target
     report = {"status": "failed", "output": output, "manifest": None, "error": _failure(err),
               "run_id": target.run_id}
     try:
@@ -205,24 +224,43 @@ def submit(config: ConvertConfig, beam_args: Sequence[str] = ()):
     pipeline's last step releases the output's lock.
 
     Returns:
-      Beam's ``PipelineResult``.
+      Beam's ``PipelineResult``; ``None`` when a scheduled run found nothing to do
+      (``skip_unchanged`` or ``incremental``, see ``beam_pipeline.updates``).
 
     Raises:
       ConvertError: on options or inputs that cannot work (before anything runs).
     """
     options = PipelineOptions(list(beam_args))
     plan = plan_run(config, options)
+    if _skipped(plan):
+        return None
     try:
         take_output(plan)
     except BaseException:
         drop_listing(plan.listing)
         raise
     try:
-        return _start(plan, options)
+        result = _start(plan, options)
+        if options.view_as(TestOptions).dry_run:
+            release_lock(plan.dataset_output or plan.config.output, plan.target.run_id)
+            remove_folder(plan.target.temp_dir)
+        return result
     except BaseException:
         drop_listing(plan.listing)
-        release_lock(plan.config.output, plan.target.run_id)
+        release_lock(plan.dataset_output or plan.config.output, plan.target.run_id)
         raise
+
+
+def _skipped(plan: RunPlan) -> bool:
+    return plan.update is not None and plan.update.action == "skip"
+
+
+def _skip_report(plan: RunPlan) -> dict:
+    """The report of a run that found nothing to do (written nowhere: the output
+    is not touched)."""
+    return {"status": "skipped", "output": plan.dataset_output or plan.config.output,
+            "manifest": files.join(plan.dataset_output or plan.config.output, MANIFEST_NAME),
+            "reason": plan.update.reason, "update": plan.update.to_json()}
 
 
 def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
@@ -245,6 +283,10 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
     """
     options = PipelineOptions(list(beam_args))
     plan = plan_run(config, options)
+    if _skipped(plan):
+        if on_plan is not None:
+            on_plan(plan)
+        return ConvertResult(_skip_report(plan))
     try:
         if on_plan is not None:
             on_plan(plan)
@@ -260,10 +302,11 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
             return ConvertResult(_record_failure(plan, err))
     finally:
         drop_listing(plan.listing)
-        release_lock(plan.config.output, plan.target.run_id)
+        release_lock(plan.dataset_output or plan.config.output, plan.target.run_id)
     if options.view_as(TestOptions).dry_run:
+        remove_folder(plan.target.temp_dir)  # The input entries the launcher wrote there.
         return ConvertResult({"status": "dry_run", "output": plan.config.output, "manifest": None})
-    report_path = files.join(plan.config.output, REPORT_NAME)
+    report_path = files.join(plan.dataset_output or plan.config.output, REPORT_NAME)
     if not files.exists(report_path):
         raise RuntimeError(f"the pipeline finished without writing {report_path}")
     return ConvertResult(json.loads(files.read_text(report_path)))

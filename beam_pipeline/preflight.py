@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import csv
 import dataclasses
+import datetime
 import io
 import itertools
 import os
@@ -25,9 +26,15 @@ from apache_beam.options.pipeline_options import (
     TestOptions,
 )
 
-from beam_tfrecords.schemas.config import ConvertConfig, CsvDialect
+from beam_tfrecords.schemas.config import ConvertConfig, CsvDialect, expand_templates
 from beam_tfrecords.schemas.features import IMAGE_FEATURE_SPEC
-from beam_tfrecords.schemas.manifest import DEAD_LETTER_DIR, MANIFEST_NAME, REPORT_NAME
+from beam_tfrecords.schemas.inputs import INPUTS_NAME, InputFile, encode_inputs
+from beam_tfrecords.schemas.manifest import (
+    DEAD_LETTER_DIR,
+    MANIFEST_NAME,
+    REPORT_NAME,
+    parse_manifest,
+)
 from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.schemas.table_schema import TableSchema, load_schema
 from beam_tfrecords.transforms.images import keep_listing, list_images
@@ -37,7 +44,21 @@ from beam_tfrecords.transforms.io.commit import (
     acquire_lock,
     new_run_id,
     release_lock,
+    remove_folder,
     remove_stale_temporaries,
+)
+from beam_tfrecords.transforms.io.fingerprint import file_entries, hash_entries, relative_path, role_entry
+from beam_tfrecords.transforms.io.table_readers import (
+    JSONL_SUFFIXES,
+    PARQUET_SUFFIXES,
+    table_format,
+    typed_sample,
+)
+from beam_tfrecords.transforms.plan.drift import (
+    PREVIOUS,
+    DriftGate,
+    baseline_of,
+    drift_manifest_path,
 )
 from beam_tfrecords.transforms.plan.layouts import (
     CIFAR_LABELS_FILE,
@@ -51,8 +72,9 @@ from beam_tfrecords.transforms.plan.layouts import (
     parse_labels_text,
     resolve_input,
 )
-from beam_tfrecords.transforms.plan.table_inference import infer_schema
-from beam_tfrecords.transforms.tables import csv_header, table_files
+from beam_tfrecords.transforms.plan.table_inference import infer_schema, infer_typed_schema
+from beam_tfrecords.transforms.tables import csv_header, table_files, table_header
+from beam_tfrecords.updates import Update, UpdateRefused, decide, manifest_digest, read_dataset
 
 __all__ = [
     "ConvertError",
@@ -60,6 +82,7 @@ __all__ = [
     "RunPlan",
     "plan_run",
     "resolve_config",
+    "infer_table_schema",
     "sample_rows",
     "table_inputs",
     "take_output",
@@ -69,6 +92,11 @@ _INFER_SAMPLE_ROWS = 10_000
 # Rows read to tell whether a CSV without an image column names images anyway.
 _PATH_SAMPLE_ROWS = 20
 _CSV_SUFFIXES = (".csv", ".tsv")
+# Always tables (never image manifests).
+_TYPED_SUFFIXES = PARQUET_SUFFIXES + JSONL_SUFFIXES
+_CSV_DIALECT_FLAGS = (("--no_header", "no_header"), ("--columns", "columns"),
+                      ("--csv_delimiter", "csv_delimiter"), ("--csv_quote", "csv_quote"),
+                      ("--encoding", "encoding"), ("--no_quoted_newlines", "quoted_newlines"))
 _GLOB = re.compile(r"[*?\[]")
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ConvertConfig)
              if f.default is not dataclasses.MISSING}
@@ -116,6 +144,14 @@ class RunPlan:
       inputs: what the preflight decided, as lines for people (see ``describe``).
       listing: for images, a token for the listing the preflight made (the
         listing step takes it when it runs in this process).
+      input_files: the fingerprint entries of the inputs this run converts.
+      role_files: entries of the labels file, schema, CSV manifest (by role).
+      update: what a scheduled run decided (``skip``, ``run`` or ``part``; see
+        ``beam_pipeline.updates``); ``None`` for a plain run.
+      dataset_output: the dataset's folder (the lock is taken there): the
+        ``--output`` given; ``config.output`` is the part's folder for a part.
+      vocabulary: for an incremental run over images, the dataset's classes.
+      only: for an incremental run over images, the files to convert.
     """
 
     config: ConvertConfig
@@ -126,6 +162,12 @@ class RunPlan:
     dropped_columns: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()
     listing: str | None = None
+    input_files: tuple[InputFile, ...] = ()
+    role_files: tuple[InputFile, ...] = ()
+    update: Update | None = None
+    dataset_output: str = ""
+    vocabulary: tuple[str, ...] = ()
+    only: tuple[str, ...] = ()
 
     @property
     def is_table(self) -> bool:
@@ -164,12 +206,15 @@ def _is_table(config: ConvertConfig) -> bool:
     """Whether ``--input`` is a table: ``--layout table``; or, with ``--layout auto``,
     a ``.csv``/``.tsv`` file or glob whose header has no image column (see
     ``layouts.IMAGE_COLUMNS``; with one, or with ``--image_column`` or
-    ``--label_column``, it is an image manifest), or any other file or glob
-    given a ``--schema`` (a folder stays a folder of images)."""
+    ``--label_column``, it is an image manifest), a Parquet (``.parquet``, ``.pq``)
+    or JSON Lines (``.jsonl``, ``.ndjson``, also ``.gz``) file or glob, or any other
+    file or glob given a ``--schema`` (a folder stays a folder of images)."""
     if config.layout == "table":
         return True
     if config.layout != "auto":
         return False
+    if config.input.lower().endswith(_TYPED_SUFFIXES):
+        return bool(files.list_files(config.input, limit=1))
     if config.input.lower().endswith(_CSV_SUFFIXES):
         found = files.list_files(config.input, limit=1)
         if not found or config.image_column or config.label_column:
@@ -204,14 +249,15 @@ def _refuse(flags: list[str], only: str, what: str, hint: str = "") -> None:
 
 
 def table_inputs(path: str) -> tuple[tuple[str, int], ...]:
-    """The CSV files of a table's ``--input`` (a file or a glob), sorted, with sizes.
+    """The table files (CSV, Parquet, JSON Lines) of a table's ``--input`` (a file or a
+    glob), sorted, with sizes.
 
     Raises:
       ConvertError: for a folder, or when nothing matches.
     """
     if _is_folder(path):
-        raise ConvertError(f"--input must be a CSV file or glob (e.g. '{path.rstrip('/')}/*.csv'), "
-                           f"not a folder: {path}")
+        raise ConvertError(f"--input must be a table file or glob (CSV, Parquet or JSON Lines, "
+                           f"e.g. '{path.rstrip('/')}/*.csv'), not a folder: {path}")
     found = tuple(table_files(path))
     if not found:
         raise ConvertError(f"--input: no files match {path}")
@@ -251,6 +297,22 @@ def sample_rows(config: ConvertConfig, path: str, header: list[str],
         return [row for row in itertools.islice(reader, limit) if len(row) == len(header)]
 
 
+def infer_table_schema(config: ConvertConfig, path: str, header: list[str],
+                       limit: int) -> tuple[TableSchema, int]:
+    """A schema inferred from the first ``limit`` rows of a table file (from the cell
+    text of a CSV, from the column types of a Parquet or JSON Lines file), and the
+    number of rows it was inferred from.
+
+    Raises:
+      ValueError: if the file cannot be read.
+    """
+    if table_format(path) == "csv":
+        rows = sample_rows(config, path, header, limit)
+        return infer_schema(header, rows), len(rows)
+    tables = typed_sample(path, limit)
+    return infer_typed_schema(header, tables), sum(t.num_rows for t in tables)
+
+
 def _table_schema(config: ConvertConfig, first: str, header: list[str]) -> TableSchema:
     """``--schema``, or a schema inferred from the first rows; checked against the header.
 
@@ -266,7 +328,10 @@ def _table_schema(config: ConvertConfig, first: str, header: list[str]) -> Table
         except ValueError as err:
             raise ConvertError(f"--schema {err}") from None
     else:
-        schema = infer_schema(header, sample_rows(config, first, header, _INFER_SAMPLE_ROWS))
+        try:
+            schema, _ = infer_table_schema(config, first, header, _INFER_SAMPLE_ROWS)
+        except ValueError as err:
+            raise ConvertError(f"--input {err}") from None
     missing = [c.name for c in schema.kept if c.name not in header]
     if missing:
         raise ConvertError(f"--schema names columns {missing} that {first} does not have "
@@ -432,7 +497,9 @@ def _describe_table(config: ConvertConfig, found, header: list[str], schema: Tab
                     dropped: tuple[str, ...]) -> list[str]:
     """The plan of a table input."""
     size = sum(s for _, s in found)
-    lines = [f"  table: {len(found):,} CSV file{'s' if len(found) > 1 else ''}, "
+    kinds = Counter({"csv": "CSV", "parquet": "Parquet", "jsonl": "JSON Lines"}[table_format(path)]
+                    for path, _ in found)
+    lines = [f"  table: {len(found):,} {'/'.join(sorted(kinds))} file{'s' if len(found) > 1 else ''}, "
              f"{size / 1e6:,.1f} MB; {len(header)} columns"]
     source = f"--schema {config.schema}" if config.schema else (
         f"inferred from the first {_INFER_SAMPLE_ROWS:,} rows of {found[0][0]}")
@@ -459,14 +526,91 @@ def _describe_table(config: ConvertConfig, found, header: list[str], schema: Tab
     return lines
 
 
+def _fill_templates(config: ConvertConfig) -> ConvertConfig:
+    """``{date}`` and the like in ``--input`` and ``--output``, filled from ``--date``
+    (default: today, UTC)."""
+    date = config.date or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    try:
+        return dataclasses.replace(config, input=expand_templates(config.input, date, "--input"),
+                                   output=expand_templates(config.output, date, "--output"),
+                                   date=date)
+    except ValueError as err:
+        raise ConvertError(str(err)) from None
+
+
+def _role_files(config: ConvertConfig, root: str) -> tuple[InputFile, ...]:
+    """Entries of the files besides the inputs that shape the records."""
+    roles = []
+    if config.labels:
+        roles.append((config.labels, "labels"))
+    elif config.layout == "cifar" or (config.layout == "auto" and not config.input.lower().endswith(".csv")
+                                      and files.exists(files.join(root, CIFAR_LABELS_FILE))):
+        roles.append((files.join(root, CIFAR_LABELS_FILE), "labels"))
+    if config.schema:
+        roles.append((config.schema, "schema"))
+    if config.layout == "csv":
+        roles.append((config.input, "manifest_csv"))
+    entries = []
+    for path, role in roles:
+        try:
+            entries.append(role_entry(path, role))
+        except OSError:
+            pass  # A missing file fails the plan elsewhere, with its flag named.
+    return tuple(entries)
+
+
+def _decide(config: ConvertConfig, dataset, entries, roles, paths, root, vocabulary=()) -> Update | None:
+    if not (config.skip_unchanged or config.incremental):
+        return None
+    try:
+        return decide(config, dataset, entries, roles, paths, root, vocabulary)
+    except UpdateRefused as err:
+        raise ConvertError(str(err)) from None
+
+
+def _as_part(config: ConvertConfig, target: ShardTarget, update: Update | None
+             ) -> tuple[ConvertConfig, ShardTarget]:
+    """For an incremental part, the config and target of the part's folder."""
+    if update is None or update.action != "part":
+        return config, target
+    output = files.join(config.output, update.part)
+    return (dataclasses.replace(config, output=output),
+            ShardTarget(output, target.compression, target.run_id))
+
+
+def _update_lines(update: Update | None) -> list[str]:
+    if update is None:
+        return []
+    lines = [f"scheduled run: {update.action}: {update.reason}"]
+    changes = update.changes
+    if changes is not None and changes.changed:
+        shown = ", ".join(now.path for _, now in changes.changed[:5])
+        lines.append(f"  changed since the dataset was made: {shown}"
+                     + (f" and {len(changes.changed) - 5} more" if len(changes.changed) > 5 else "")
+                     + ("; converted again into the new part, while their old records stay in "
+                        "the dataset: a full run (without --incremental) replaces them"
+                        if update.action == "part" else ""))
+    if changes is not None and changes.deleted:
+        shown = ", ".join(e.path for e in changes.deleted[:5])
+        lines.append(f"  deleted since the dataset was made: {shown}"
+                     + (f" and {len(changes.deleted) - 5} more" if len(changes.deleted) > 5 else "")
+                     + ("; their records stay until a full run" if update.action != "run" else ""))
+    return lines
+
+
 def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
              run_id: str | None = None) -> RunPlan:
     """Resolves and checks a conversion, reading what it must of the input once.
+
+    With ``skip_unchanged`` or ``incremental``, compares the input with the
+    dataset at the output (see ``beam_pipeline.updates``): ``plan.update`` says
+    what to do (a ``skip`` plan is not run).
 
     Raises:
       ConvertError: naming the flag or file to change.
     """
     options = options or PipelineOptions([])
+    config = _fill_templates(config)
     given_layout = config.layout
     if not options.view_as(TestOptions).dry_run:  # A dry run builds the job only.
         _check_buckets(config)
@@ -474,26 +618,64 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
         config = resolve_config(config, options)
     except ValueError as err:
         raise ConvertError(str(err)) from None
+    drift_gate(config)  # A --compare_to that cannot be read fails now, not after the run.
     _, root, _ = resolve_input(config.input, config.layout)
     output_root = config.output.rstrip("/") + "/"
     if (root.rstrip("/") + "/").startswith(output_root):
         raise ConvertError(f"--input {config.input} is inside --output {config.output}")
     target = ShardTarget(config.output, config.compression, run_id or new_run_id())
+    scheduled = config.skip_unchanged or config.incremental
+    dataset = read_dataset(config.output) if scheduled else None
+    dataset_output = config.output
     if not config.layout == "table":
         _check_images(config)
+        vocabulary = ()
+        if config.incremental and dataset is not None and not dataset.problem and not config.labels:
+            vocabulary = tuple(dataset.manifest.get("labels", {}).get("vocabulary", []))
         args = (config.input, config.layout, config.labels, config.image_column, config.label_column,
-                config.splits, config.split_by, config.drop_duplicates)
+                config.splits, config.split_by, config.drop_duplicates, vocabulary)
         try:
             listing = list_images(*args)
         except ValueError as err:
             text = str(err)
             raise ConvertError(text if text.startswith(config.input) else
                                f"--input {config.input}: {text}") from None
-        inputs = tuple(_describe_images(config, listing))
-        return RunPlan(config, target, inputs=inputs, listing=keep_listing(listing, args))
+        unknown = sorted({d.source.rsplit("/", 2)[-2] for d in listing.dead_letters
+                          if d.error == "unknown_class" and "/" in d.source})
+        if vocabulary and unknown:
+            raise ConvertError(f"--incremental: classes not in the dataset appeared "
+                               f"({', '.join(unknown[:5])}); the dataset's labels are numbered "
+                               "by its classes, so a full run is needed (without --incremental, "
+                               "with --overwrite)")
+        names = [ref.filename for ref in listing.refs]
+        entries = file_entries(root, [(ref.path, ref.size) for ref in listing.refs], names)
+        if config.fingerprint == "content":
+            entries = hash_entries(entries, [ref.path for ref in listing.refs])
+        roles = _role_files(config, root)
+        update = _decide(config, dataset, entries, roles,
+                         {ref.filename: ref.path for ref in listing.refs}, root, listing.vocabulary)
+        only: tuple[str, ...] = ()
+        if update is not None and update.action == "part":
+            only = tuple(sorted(update.include))
+            wanted = set(only)
+            listing.refs = [ref for ref in listing.refs if ref.filename in wanted]
+        if update is not None and update.changes is not None:
+            hashed = {e.path: e for e in update.changes.now}
+            entries = [hashed.get(e.path, e) for e in entries]
+        if only:
+            entries = [e for e in entries if e.path in set(only)]
+        config, target = _as_part(config, target, update)
+        inputs = tuple(_update_lines(update) + _describe_images(config, listing))
+        token = None if update is not None and update.action == "skip" else keep_listing(
+            listing, (*args, only))
+        return RunPlan(config, target, inputs=inputs, listing=token, input_files=tuple(entries),
+                       role_files=roles, update=update, dataset_output=dataset_output,
+                       vocabulary=vocabulary, only=only)
     found = table_inputs(config.input)
     if given_layout == "table":
         why, hint = "--layout table", ""
+    elif config.input.lower().endswith(_TYPED_SUFFIXES):
+        why, hint = "Parquet or JSON Lines", ""
     elif not config.input.lower().endswith(_CSV_SUFFIXES):
         why, hint = "--schema", ""
     else:
@@ -501,11 +683,15 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
         hint = " (or pass --image_column NAME to read the CSV as an image manifest)"
     _refuse(_given(config, _IMAGE_FLAGS + _MANIFEST_FLAGS), "images",
             f"{config.input} is a table ({why})", hint)
+    typed = [path for path, _ in found if table_format(path) != "csv"]
+    if typed:
+        _refuse(_given(config, _CSV_DIALECT_FLAGS), "CSV tables",
+                f"{config.input} holds Parquet or JSON Lines ({typed[0]})")
     try:
-        header = csv_header(config.dialect, found[0][0])
+        header = table_header(config.dialect, found[0][0])
     except ValueError as err:
         raise ConvertError(f"--input {err}") from None
-    if given_layout == "auto" and not config.schema:
+    if given_layout == "auto" and not config.schema and not typed:
         _refuse_image_paths(config, found[0][0], header)
     schema = _table_schema(config, found[0][0], header)
     named = {c.name for c in schema.columns}
@@ -514,8 +700,20 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
         raise ConvertError(f"--strict_schema: {found[0][0]} has columns that --schema does not "
                            f"name: {list(dropped)}; add them to the schema (with 'skip: true' to "
                            "drop them on purpose), or run without --strict_schema")
-    inputs = tuple(_describe_table(config, found, header, schema, dropped))
-    return RunPlan(config, target, found, tuple(header), schema, dropped, inputs)
+    # Tables are few, large files that the run reads whole: their content hash is
+    # always recorded (about 1 GB/s here), so a touched file is not a changed one.
+    entries = hash_entries(file_entries(root, found), [path for path, _ in found])
+    roles = _role_files(config, root)
+    update = _decide(config, dataset, entries, roles, {relative_path(root, p): p for p, _ in found}, root)
+    if update is not None and update.action == "part":
+        wanted = set(update.include)
+        found = tuple((path, size) for path, size in found if relative_path(root, path) in wanted)
+        entries = [e for e in entries if e.path in wanted]
+    config, target = _as_part(config, target, update)
+    inputs = tuple(_update_lines(update) + _describe_table(config, found, header, schema, dropped))
+    return RunPlan(config, target, found, tuple(header), schema, dropped, inputs,
+                   input_files=tuple(entries), role_files=roles, update=update,
+                   dataset_output=dataset_output)
 
 
 def take_output(plan: RunPlan) -> None:
@@ -530,24 +728,71 @@ def take_output(plan: RunPlan) -> None:
       OutputBusy: when another run holds the output's lock.
     """
     config, target = plan.config, plan.target
+    lock_output = plan.dataset_output or config.output
+    is_part = plan.update is not None and plan.update.action == "part"
     manifest = files.join(config.output, MANIFEST_NAME)
-    if files.exists(manifest) and not config.overwrite:
+    if not is_part and files.exists(manifest) and not config.overwrite:
+        why = f" ({plan.update.reason})" if plan.update is not None else ""
         raise OutputExistsError(
-            f"--output {config.output} already holds a dataset ({MANIFEST_NAME}); "
+            f"--output {config.output} already holds a dataset ({MANIFEST_NAME}){why}; "
             "pass --overwrite to replace it, or choose another folder"
         )
     try:
-        acquire_lock(config.output, target.run_id)
+        acquire_lock(lock_output, target.run_id)
     except OutputBusyError as err:
         raise OutputBusy(str(err)) from None
     except OSError as err:
-        raise ConvertError(f"--output {config.output}: cannot write there "
+        raise ConvertError(f"--output {lock_output}: cannot write there "
                            f"({err.strerror or err}); choose another folder") from None
     try:
-        remove_stale_temporaries(config.output, target.run_id)
-        stale = [files.join(config.output, REPORT_NAME)]
+        if plan.update is not None:
+            now = manifest_digest(files.read_text_if_exists(files.join(lock_output, MANIFEST_NAME)))
+            if now != plan.update.seen_manifest:
+                raise OutputBusy(f"--output {lock_output}: another run changed the dataset while "
+                                 "this one was planning; run again to compare with what it wrote")
+        remove_stale_temporaries(lock_output, target.run_id)
+        if is_part:
+            # A part folder the root manifest does not list is what a killed run left.
+            remove_folder(config.output)
+        stale = [files.join(lock_output, REPORT_NAME)]
         stale += [p for p, _ in files.list_files(files.join(config.output, DEAD_LETTER_DIR, "*.jsonl"))]
         files.delete_files(stale)
+        if plan.input_files or plan.role_files:
+            # The commit step completes the entries (content hashes it computed) and
+            # publishes them beside the manifest.
+            files.write_bytes(files.join(target.temp_dir, INPUTS_NAME),
+                              encode_inputs((*plan.role_files, *plan.input_files)))
     except BaseException:
-        release_lock(config.output, target.run_id)
+        release_lock(lock_output, target.run_id)
         raise
+
+
+def drift_gate(config: ConvertConfig, output: str = "") -> DriftGate | None:
+    """The drift gate of ``--compare_to``: the old dataset's feature spec and
+    statistics, read now (small), and the thresholds; ``None`` without the flag.
+    ``previous`` is the dataset at ``output`` (default ``config.output``; an
+    incremental part passes the dataset's root).
+
+    Raises:
+      ConvertError: when the named manifest does not exist or is not a manifest
+        (``previous`` without a manifest at ``--output`` is a gate that passes).
+    """
+    if config.compare_to is None:
+        return None
+    limits = dict(max_mean_shift=config.drift_max_mean_shift,
+                  max_missing_change=config.drift_max_missing_change,
+                  max_class_share_change=config.drift_max_class_share_change)
+    output = output or config.output
+    path = drift_manifest_path(config.compare_to, output)
+    try:
+        found = files.exists(path)
+        if not found and config.compare_to == PREVIOUS:
+            return DriftGate(config.compare_to, note=f"no dataset at {output} yet: nothing "
+                             "to compare with (--compare_to previous passes)", **limits)
+        if not found:
+            raise ValueError(f"{path} does not exist")
+        manifest = parse_manifest(files.read_text(path), path)
+    except (OSError, ValueError) as err:
+        raise ConvertError(f"--compare_to {config.compare_to}: {err} (give a manifest.json, a "
+                           "dataset folder holding one, or 'previous')") from None
+    return DriftGate(config.compare_to, path, baseline_of(manifest), **limits)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
 import os
 
+from beam_tfrecords.schemas.inputs import PART_PREFIX
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, manifest_shards, parse_manifest
 from beam_tfrecords.schemas.shards import WORK_DIR, parse_shard_name
 from beam_tfrecords.transforms.codec.tfrecord import FileDigest
@@ -24,7 +26,7 @@ from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.gcs import is_gcs
 from beam_tfrecords.transforms.shards import storage_crc32c_check, verify_shard
 
-__all__ = ["ShardCheck", "VerifyReport", "verify_dataset"]
+__all__ = ["ShardCheck", "VerifyReport", "dataset_shards", "verify_dataset"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +124,73 @@ def _check(path: str, expected: FileDigest | None, sizes: dict[str, int], full: 
     return ShardCheck(path, True, digest.records, digest.bytes, how="re-read")
 
 
+def _folder_jobs(folder: str, manifest: dict) -> tuple[list, list]:
+    """The shards one manifest lists, and TFRecord files beside them it does not."""
+    jobs = [(files.join(folder, e.path), FileDigest(e.records, e.bytes, e.crc32c, e.sha256))
+            for e in manifest_shards(manifest)]
+    listed = {path for path, _ in jobs}
+    extra = [
+        (path, f"TFRecord file not listed in {MANIFEST_NAME}")
+        for path, _ in files.list_files(files.join(folder, "*"))
+        if (parse_shard_name(path.rsplit("/", 1)[-1]) or path.endswith(_TFRECORD_SUFFIXES))
+        and path not in listed
+    ]
+    return jobs, extra
+
+
+def _manifest_jobs(location: str, manifest_path: str) -> tuple[list, list]:
+    """Every shard of a dataset (its first run's and each incremental part's, each
+    part's manifest checked against the SHA-256 the root manifest lists), and the
+    problems found on the way (unlisted TFRecords and part folders)."""
+    text = files.read_text(manifest_path)
+    manifest = parse_manifest(text, manifest_path)
+    jobs, extra = _folder_jobs(location, manifest)
+    listed_parts = set()
+    for part in manifest.get("parts", []):
+        folder = files.join(location, part["path"])
+        listed_parts.add(part["path"])
+        part_path = files.join(folder, MANIFEST_NAME)
+        part_text = files.read_text_if_exists(part_path)
+        if part_text is None:
+            extra.append((part_path, "the part's manifest is missing"))
+            continue
+        if hashlib.sha256(part_text.encode("utf-8")).hexdigest() != part.get("manifest_sha256"):
+            extra.append((part_path, f"does not match the SHA-256 the root {MANIFEST_NAME} lists"))
+            continue
+        part_jobs, part_extra = _folder_jobs(folder, parse_manifest(part_text, part_path))
+        jobs += part_jobs
+        extra += part_extra
+    prefix = files.join(location, PART_PREFIX)
+    for path, _ in files.list_files(files.join(location, "**")):
+        if path.startswith(prefix) and path.endswith(_TFRECORD_SUFFIXES) and f"/{WORK_DIR}/" not in path:
+            name = path[len(files.join(location, "")):].split("/", 1)[0]
+            if name not in listed_parts:
+                extra.append((path, f"in part folder {name}, which {MANIFEST_NAME} does not list "
+                              "(left by a killed incremental run; the next one removes it)"))
+    return jobs, extra
+
+
+def dataset_shards(location: str, split: str | None = None) -> list[str]:
+    """The shard paths of a published dataset, its parts' included, in manifest order.
+
+    Readers: ``tf.data.TFRecordDataset(dataset_shards(OUT, "train"))``.
+
+    Raises:
+      ValueError: when ``location`` holds no ``manifest.json``.
+    """
+    manifest_path = files.join(location, MANIFEST_NAME)
+    text = files.read_text_if_exists(manifest_path)
+    if text is None:
+        raise ValueError(f"{location} holds no {MANIFEST_NAME}: not a finished dataset")
+    manifest = parse_manifest(text, manifest_path)
+    folders = [(location, manifest)]
+    for part in manifest.get("parts", []):
+        folder = files.join(location, part["path"])
+        folders.append((folder, parse_manifest(files.read_text(files.join(folder, MANIFEST_NAME)))))
+    return [files.join(folder, e.path) for folder, m in folders for e in manifest_shards(m)
+            if split is None or e.split == split]
+
+
 def verify_dataset(location: str, threads: int = 2, full: bool = False,
                    scan_only: bool = False) -> VerifyReport:
     """Verifies a dataset folder (or a glob or file of TFRecords without a manifest).
@@ -154,19 +223,7 @@ def verify_dataset(location: str, threads: int = 2, full: bool = False,
                        "TFRecord files instead")
         return VerifyReport(location, False, (), problem)
     if files.exists(manifest_path):
-        manifest = parse_manifest(files.read_text(manifest_path), manifest_path)
-        entries = manifest_shards(manifest)
-        jobs = [
-            (files.join(location, e.path), FileDigest(e.records, e.bytes, e.crc32c, e.sha256))
-            for e in entries
-        ]
-        listed = {path for path, _ in jobs}
-        extra = [
-            (path, f"TFRecord file not listed in {MANIFEST_NAME}")
-            for path, _ in files.list_files(files.join(location, "*"))
-            if (parse_shard_name(path.rsplit("/", 1)[-1]) or path.endswith(_TFRECORD_SUFFIXES))
-            and path not in listed
-        ]
+        jobs, extra = _manifest_jobs(location, manifest_path)
         with_manifest = True
     else:
         pattern = location if "*" in location or location.endswith((".tfrecord", ".gz")) \
@@ -181,7 +238,7 @@ def verify_dataset(location: str, threads: int = 2, full: bool = False,
             extra = sorted(problems.items())
             found = [(path, size) for path, size in found if path not in problems]
         jobs = [(path, None) for path, _ in found]
-    sizes = dict(files.list_files(files.join(location, "*"))) if is_gcs(location) else {}
+    sizes = dict(files.list_files(files.join(location, "**"))) if is_gcs(location) else {}
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         checks = list(pool.map(lambda job: _check(*job, sizes, full), jobs))
     checks += [ShardCheck(path, False, error=why) for path, why in extra]

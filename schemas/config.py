@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 
 from beam_tfrecords.schemas.shards import COMPRESSIONS, ShardBand, is_valid_split_name
 
 __all__ = ["COLOR_MODES", "DEFAULT_MAX_PIXELS", "FITS", "IMAGE_BYTES_MODES", "IMAGE_FORMATS",
-           "ImageReshape", "LAYOUTS", "SPLIT_BY", "parse_size", "VALIDATE_MODES", "ConvertConfig", "CsvDialect",
+           "ImageReshape", "FINGERPRINTS", "LAYOUTS", "RUN_CONTROL_OPTIONS", "TEMPLATE_FIELDS", "expand_templates",
+           "parse_date", "SPLIT_BY", "parse_size", "VALIDATE_MODES", "ConvertConfig", "CsvDialect",
            "TableLayout", "parse_splits"]
 
 LAYOUTS = ("auto", "class_folders", "cifar", "csv", "table")
@@ -20,6 +22,27 @@ VALIDATE_MODES: tuple[str, ...] = ("headers", "structure", "decode")
 FITS: tuple[str, ...] = ("stretch", "crop", "pad")
 IMAGE_FORMATS: tuple[str, ...] = ("keep", "jpeg", "png")
 COLOR_MODES: tuple[str, ...] = ("keep", "rgb", "l")
+# Options that steer a run but not the records it writes: the input fingerprint
+# (skip if unchanged, incremental parts) leaves them out, so changing one of them
+# alone does not make a dataset "changed". Every new option that cannot change a
+# record's bytes, a shard's bytes or the manifest's dataset description belongs here.
+RUN_CONTROL_OPTIONS: frozenset[str] = frozenset({
+    "overwrite", "read_threads", "encode_processes", "max_bad_fraction",
+    "skip_unchanged", "incremental", "fingerprint", "date",
+    "compare_to", "drift_max_mean_shift", "drift_max_missing_change",
+    "drift_max_class_share_change",
+})
+# Drift gate defaults (--drift_max_*; README "Statistics and drift gate"): a mean
+# may move 2 standard deviations of the old values (sampling noise moves it about
+# std/sqrt(records), so only a real change gets near 2; a 3-std shift fails); a
+# missing rate, and a class's share of the records, 0.1 (ten points).
+DRIFT_MAX_MEAN_SHIFT = 2.0
+DRIFT_MAX_MISSING_CHANGE = 0.1
+DRIFT_MAX_CLASS_SHARE_CHANGE = 0.1
+# --fingerprint (see schemas.inputs): trust an unchanged size and time, or hash.
+FINGERPRINTS: tuple[str, ...] = ("stat", "content")
+# Placeholders --input and --output may hold, filled from --date (default: today, UTC).
+TEMPLATE_FIELDS: tuple[str, ...] = ("date", "yyyy", "mm", "dd", "yyyymmdd")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +208,20 @@ class ConvertConfig:
     # (default: the first of the usual names, see transforms.plan.layouts).
     image_column: str | None = None
     label_column: str | None = None
+    # The drift gate: compare the run's statistics with a published dataset's
+    # (a manifest.json, a dataset folder, or "previous": the one at --output) and
+    # publish nothing when they moved more than these (see transforms.plan.drift).
+    compare_to: str | None = None
+    drift_max_mean_shift: float = DRIFT_MAX_MEAN_SHIFT
+    drift_max_missing_change: float = DRIFT_MAX_MISSING_CHANGE
+    drift_max_class_share_change: float = DRIFT_MAX_CLASS_SHARE_CHANGE
+    # Scheduled runs (see beam_pipeline.updates): do nothing when the input and
+    # the options match the dataset at --output; or convert only new and changed
+    # inputs into a new part of it. --date fills {date} in --input and --output.
+    skip_unchanged: bool = False
+    incremental: bool = False
+    fingerprint: str = "stat"
+    date: str = ""
 
     def __post_init__(self):
         if not self.input:
@@ -205,6 +242,7 @@ class ConvertConfig:
             ("--validate", self.validate, VALIDATE_MODES),
             ("--image_bytes", self.image_bytes, IMAGE_BYTES_MODES),
             ("--split_by", self.split_by, SPLIT_BY),
+            ("--fingerprint", self.fingerprint, FINGERPRINTS),
         ):
             if value not in allowed:
                 raise ValueError(f"{flag} must be one of {', '.join(allowed)}; got {value!r}")
@@ -262,12 +300,34 @@ class ConvertConfig:
         if self.image_column is not None and self.image_column == self.label_column:
             raise ValueError("--image_column and --label_column must name different columns; "
                              f"both are {self.image_column!r}")
+        self._check_drift_gate()
         if self.layout in ("class_folders", "cifar", "table"):
             for flag, value in (("--image_column", self.image_column),
                                 ("--label_column", self.label_column)):
                 if value is not None:
                     raise ValueError(f"{flag} applies to CSV image manifests, not to "
                                      f"--layout {self.layout}")
+
+        if self.date:
+            parse_date(self.date)
+        for flag, value in (("--input", self.input), ("--output", self.output)):
+            expand_templates(value, "2000-01-01", flag)
+
+    def _check_drift_gate(self) -> None:
+        if self.compare_to is not None and not self.compare_to.strip():
+            raise ValueError("--compare_to needs a manifest.json, a dataset folder, or 'previous'")
+        limits = (("--drift_max_mean_shift", self.drift_max_mean_shift, DRIFT_MAX_MEAN_SHIFT, None),
+                  ("--drift_max_missing_change", self.drift_max_missing_change,
+                   DRIFT_MAX_MISSING_CHANGE, 1.0),
+                  ("--drift_max_class_share_change", self.drift_max_class_share_change,
+                   DRIFT_MAX_CLASS_SHARE_CHANGE, 1.0))
+        for flag, value, default, most in limits:
+            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
+                    or value == float("inf") or (most is not None and value > most)):
+                within = f"within [0, {most:g}]" if most is not None else "a number >= 0"
+                raise ValueError(f"{flag} must be {within}; got {value!r}")
+            if value != default and self.compare_to is None:
+                raise ValueError(f"{flag} applies only with --compare_to (the dataset to compare with)")
 
     @property
     def dialect(self) -> CsvDialect:
@@ -314,3 +374,31 @@ def parse_splits(text: str) -> tuple[tuple[str, float], ...]:
             raise ValueError(f"--splits: {part!r} is not NAME=FRACTION "
                              "(e.g. train=0.8,validation=0.1,test=0.1)") from None
     return tuple(splits)
+
+
+def parse_date(text: str) -> datetime.date:
+    """``--date``: ``YYYY-MM-DD``."""
+    try:
+        return datetime.date.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--date must be a day as YYYY-MM-DD (like 2026-11-22); got {text!r}") from None
+
+
+def expand_templates(path: str, date: str, flag: str = "--input") -> str:
+    """``path`` with ``{date}`` (``2026-11-22``), ``{yyyy}``, ``{mm}``, ``{dd}`` and
+    ``{yyyymmdd}`` filled from ``date`` (``YYYY-MM-DD``).
+
+    Raises:
+      ValueError: naming a placeholder we do not know (a literal brace is written ``{{``).
+    """
+    if "{" not in path and "}" not in path:
+        return path
+    day = parse_date(date)
+    values = {"date": day.isoformat(), "yyyy": f"{day.year:04d}", "mm": f"{day.month:02d}",
+              "dd": f"{day.day:02d}", "yyyymmdd": day.strftime("%Y%m%d")}
+    try:
+        return path.format(**values)
+    except (KeyError, IndexError, ValueError) as err:
+        raise ValueError(f"{flag} {path!r}: {err} is not a placeholder we fill; use "
+                         f"{', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)} (write {{{{ for a "
+                         "literal brace)") from None

@@ -147,10 +147,10 @@ class ShardSpec:
 class SpoolSegments:
     """Byte ranges of spool files that hold a shard's framed records, in order:
     ``((spool_path, start, end, records), ...)``; for images also, per segment,
-    ``(labels, notes, contents)`` of its records (see ``Chunk``)."""
+    ``(labels, notes, contents, images)`` of its records (see ``Chunk``)."""
 
     segments: tuple[tuple[str, int, int, int], ...]
-    extras: tuple[tuple[tuple, tuple, tuple], ...] = ()
+    extras: tuple[tuple[tuple, tuple, tuple, tuple], ...] = ()
 
     @property
     def count(self) -> int:
@@ -166,8 +166,8 @@ class ImageSpool:
       split: the split; ``file_index``: the spool's place in the split's key order.
       path: the spool file ('' when no image of the unit was good).
       sizes: framed size of each record, as little-endian int64 bytes.
-      labels, notes, contents: per record, its class text, its note ('' for
-        none) and ``(sha256, image/filename)``.
+      labels, notes, contents, images: per record, its class text, its note ('' for
+        none), ``(sha256, image/filename)`` and ``(format, mode, width, height)``.
       bad_counts, dead_letter_path: the unit's dead letters.
     """
 
@@ -177,9 +177,10 @@ class ImageSpool:
     sizes: bytes
     labels: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
-    contents: tuple[tuple[str, str], ...] = ()
+    contents: tuple[tuple[str, str, str], ...] = ()
     bad_counts: tuple[tuple[str, int], ...] = ()
     dead_letter_path: str = ""
+    images: tuple[tuple[str, str, int, int], ...] = ()
 
     def record_sizes(self):
         import numpy as np  # pylint: disable=import-outside-toplevel
@@ -200,7 +201,8 @@ class ShardResult:
       label_counts: ``((label_text, count), ...)`` of records written.
       note_counts: ``((note, count), ...)`` of records a manifest counts apart
         (images converted to PNG, 16-bit PNGs; see ``Chunk.notes``).
-      contents: for images, ``(sha256 hex, image/filename)`` of every record, in
+      contents: for images, ``(sha256 hex, image/filename, sha256 of the file's bytes or '' when
+        the same)`` of every record, in
         order (the commit finds duplicates and cross-split copies from them).
       bad_counts: ``((reason, count), ...)`` of inputs sent to the dead letter.
       dead_letter_path: the shard's dead-letter file, '' when none.
@@ -211,6 +213,8 @@ class ShardResult:
       storage_crc32c: for objects on GCS, the CRC-32C the store reports (hex);
         it must equal ``crc32c``.
       temp_path: see ``path``.
+      write_span: wall-clock ``(start, end)`` of its write, in seconds since the
+        epoch (for the run report's time per split); ``()`` when unknown.
     """
 
     split: str
@@ -231,7 +235,11 @@ class ShardResult:
     storage_crc32c: str = ""
     temp_path: str = ""
     note_counts: tuple[tuple[str, int], ...] = ()
-    contents: tuple[tuple[str, str], ...] = ()
+    contents: tuple[tuple[str, str, str], ...] = ()
+    # Images: ``(("format/jpeg", n), ("mode/RGB", n), ("width/32", n), ...)`` of the
+    # records written (see ``transforms.plan.statistics.image_counts``).
+    image_counts: tuple[tuple[str, int], ...] = ()
+    write_span: tuple[float, float] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,3 +299,6 @@ class InputSummary:
     skipped: tuple[tuple[str, int], ...] = ()
     skipped_path: str = ""
     duplicates_dropped: tuple[tuple[str, str, str], ...] = ()
+    # Tables: ``((split, TableStatistics), ...)`` of the rows written (see
+    # ``transforms.plan.statistics``; record counts only with sequences).
+    statistics: tuple = ()

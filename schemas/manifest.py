@@ -3,6 +3,54 @@
 ``manifest.json`` is written last, only after every shard was re-read and
 matched; a dataset without one is incomplete by definition. Shard paths in it
 are relative to the manifest's folder, so a dataset can be copied as a whole.
+
+Scheduled runs (see ``schemas.inputs``) add, under ``input``: ``files_list``
+(``{"path": "inputs.jsonl", "root": ..., "files": N, "sha256": ...}``: the input
+fingerprint file beside the manifest), ``fingerprint`` and ``options_fingerprint``.
+A dataset grown by incremental runs lists its parts in the root manifest::
+
+    "parts": [{"path": "part-00001", "created": ..., "manifest_sha256": ...,
+               "records": 100, "bytes": ..., "splits": {"train": {"records": 100,
+               "num_shards": 1}}, "input_root": ..., "input_files": 100}],
+    "dataset": {"parts": 1, "records": 1100, "splits": {"train": {"records": 1100,
+                "num_shards": 5}}}
+
+Each part folder is a dataset of its own (shards, ``manifest.json``,
+``inputs.jsonl``); the root's ``splits`` describe the first run's shards only.
+
+Each split carries ``statistics`` of the records written (dead letters left
+out), computed while writing (``transforms.plan.statistics``); ``--compare_to``
+compares them between datasets (``transforms.plan.drift``). Their shape is part
+of the format::
+
+    "statistics": {
+      "records": 1000,                      # every split
+      "features": {                         # tables (not with --sequence_key)
+        "age": {"kind": "numeric",          # int64, float (as float32), bool (0/1) columns
+                "count": 990,               # values summarised (lists: every value)
+                "missing": 10,              # records whose cell was empty (a default
+                                            # then fills it, and is counted in the values)
+                "non_finite": 0,            # NaN/inf values, left out of the four below
+                "min": 18, "max": 90,       # null when count is 0
+                "mean": 41.2, "std": 12.9}, # population std (ddof 0)
+        "city": {"kind": "string", "count": 1000, "missing": 0,
+                 "distinct": 37, "distinct_exact": true,   # else a KMV estimate (~3%)
+                 "top_values": [{"value": "Paris", "count": 120}, ...],  # up to 10
+                 "top_values_exact": true},  # false: Misra-Gries lower bounds
+        "blob": {"kind": "bytes", "count": 1000, "missing": 0,
+                 "distinct": 1000, "distinct_exact": false}
+      },
+      "images": {                           # images
+        "formats": {"jpeg": 900, "png": 100},
+        "modes": {"RGB": 990, "L": 10},     # ImageInfo.mode: L, LA, RGB, RGBA (+16)
+        "width": {"p0": 32, "p5": 32, "p50": 320, "p95": 1024, "p100": 1024},
+        "height": {...},                    # nearest-rank quantiles, null when empty
+        "classes": {"cat": 500, "dog": 500}
+      }
+    }
+
+Feature keys are feature names; a ``<feature>/shape`` feature has none. Tables
+grouped into sequences, and ``WriteVerifiedShards`` datasets, get ``records`` only.
 """
 
 from __future__ import annotations
@@ -115,6 +163,7 @@ def build_manifest(
     dead_letter_files: Sequence[str],
     budget: ErrorBudget,
     band: ShardBand,
+    statistics: Mapping[str, Mapping] | None = None,
 ) -> dict:
     """The manifest as a JSON-ready dict.
 
@@ -130,6 +179,7 @@ def build_manifest(
       dead_letter_files: dead-letter files, relative to the output folder.
       budget: the error budget and how it was spent.
       band: the shard size band.
+      statistics: ``{split: statistics}`` (see the module docstring), if any.
 
     Raises:
       ValueError: if a result is not verified (a manifest only describes proved shards).
@@ -152,7 +202,10 @@ def build_manifest(
         "options": dict(options),
         "input": dict(input_summary),
         "shard_band_bytes": [band.min_bytes, band.max_bytes],
-        "splits": {split: _split_json(rs, band) for split, rs in sorted(by_split.items())},
+        "splits": {split: {**_split_json(rs, band),
+                           **({"statistics": dict(statistics[split])}
+                              if statistics and split in statistics else {})}
+                   for split, rs in sorted(by_split.items())},
         "labels": {"vocabulary": list(vocabulary), "counts": label_counts},
         "features": feature_spec.to_json(),
         "bad_records": {

@@ -81,7 +81,7 @@ def dead_letters(output: str) -> list[dict]:
     """Every dead letter of an output folder, file by file, line by line."""
     letters = []
     folder = os.path.join(output, "dead_letter")
-    for name in sorted(os.listdir(folder)):
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         with open(os.path.join(folder, name), encoding="utf-8") as f:
             letters += [json.loads(line) for line in f]
     return letters

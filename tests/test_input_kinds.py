@@ -384,7 +384,8 @@ def test_infer_schema_on_a_folder(tmp_path, capsys):
     make_class_folder_sample(root, per_class=1, splits=None)
     assert main(["infer-schema", "--input", root]) == EXIT_USAGE
     assert _first_error_line(capsys) == (
-        INFER_ERROR + f"--input must be a CSV file or glob (e.g. '{root}/*.csv'), not a folder: {root}")
+        INFER_ERROR + "--input must be a table file or glob (CSV, Parquet or JSON Lines, "
+        f"e.g. '{root}/*.csv'), not a folder: {root}")
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["infer-schema", "--input", str(empty)]) == EXIT_USAGE
@@ -404,7 +405,7 @@ def test_table_layout_on_a_folder(tmp_path, capsys):
     root = str(tmp_path / "in")
     make_class_folder_sample(root, per_class=1, splits=None)
     assert _convert("--input", root, "--output", str(tmp_path / "out"), "--layout", "table") == EXIT_USAGE
-    assert _first_error_line(capsys).startswith(CONVERT_ERROR + "--input must be a CSV file or glob")
+    assert _first_error_line(capsys).startswith(CONVERT_ERROR + "--input must be a table file or glob")
 
 
 @pytest.mark.e2e

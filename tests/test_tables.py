@@ -11,7 +11,7 @@ import pytest
 
 from beam_tfrecords.cli import main
 from beam_tfrecords.transforms.codec.tensors import decode_tensor
-from tests.conftest import load_manifest, read_dataset, sha256_file
+from tests.conftest import dead_letters, load_manifest, read_dataset, sha256_file
 
 pytestmark = pytest.mark.e2e
 
@@ -35,13 +35,7 @@ def _records(out):
     return [r for shard in sorted(read_dataset(out)) for r in read_dataset(out)[shard]]
 
 
-def _dead(out):
-    folder = os.path.join(out, "dead_letter")
-    letters = []
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
-            letters += [json.loads(line) for line in f]
-    return letters
+_dead = dead_letters
 
 
 def test_every_type_list_and_default(tmp_path):

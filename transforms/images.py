@@ -37,7 +37,7 @@ from beam_tfrecords.schemas.elements import (
 from beam_tfrecords.schemas.shards import ShardBand, shard_name
 from beam_tfrecords.transforms.codec.image_example import image_example_size
 from beam_tfrecords.transforms.codec.tfrecord import RECORD_OVERHEAD
-from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io import files, progress
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.helpers import (
@@ -95,7 +95,8 @@ _CHUNK_BYTES = 4 << 20
 def list_images(input_path: str, layout: str = "auto", labels_path: str | None = None,
                 image_column: str | None = None, label_column: str | None = None,
                 splits: tuple[tuple[str, float], ...] = (), split_by: str = "path",
-                drop_duplicates: bool = False) -> Listing:
+                drop_duplicates: bool = False, vocabulary: tuple[str, ...] = (),
+                only: tuple[str, ...] = ()) -> Listing:
     """Lists and labels the images that ``input_path`` names.
 
     Args:
@@ -108,13 +109,21 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
         ``split_by='content'``, of its bytes (every file is read once more).
       drop_duplicates: leave out every image whose bytes equal another's, keeping
         the first by ordering key (every file is read once more).
+      vocabulary: class names in label order when there is no labels file (an
+        incremental run labels as the dataset it adds to did).
+      only: when given, keep only the images of these ``image/filename`` values
+        (an incremental run's new and changed files).
 
     Raises:
       ValueError: when the labels file or CSV manifest cannot be used, or when
         ``splits`` are given for an input that names its splits (these are
         caught before the pipeline runs, by the preflight).
     """
-    listing = _list_images(input_path, layout, labels_path, image_column, label_column)
+    listing = _list_images(input_path, layout, labels_path, image_column, label_column,
+                           vocabulary)
+    if only:
+        wanted = set(only)
+        listing.refs = [ref for ref in listing.refs if ref.filename in wanted]
     if splits and listing.split_source:
         raise ValueError(f"--splits: the input already names its splits "
                          f"({listing.split_source}); use one or the other")
@@ -160,9 +169,12 @@ def _contents(listing: Listing) -> list[str]:
 
 
 def _list_images(input_path: str, layout: str, labels_path: str | None,
-                 image_column: str | None, label_column: str | None) -> Listing:
+                 image_column: str | None, label_column: str | None,
+                 vocabulary: tuple[str, ...] = ()) -> Listing:
     layout, root, pattern = resolve_input(input_path, layout)
     labels = parse_labels_text(files.read_text(labels_path)) if labels_path else None
+    if labels is None and vocabulary:
+        labels = list(vocabulary)
     if layout == "csv":
         under_root = dict(files.list_files(files.join(root, "**")))
 
@@ -210,8 +222,8 @@ def keep_listing(listing: Listing, args: tuple) -> str:
     """Holds a listing for the ``ListImages`` step of this process; returns its token.
 
     ``args`` are the listing's arguments ``(input_path, layout, labels_path,
-    image_column, label_column, splits, split_by, drop_duplicates)``: a step lists
-    again unless its own match.
+    image_column, label_column, splits, split_by, drop_duplicates, vocabulary,
+    only)``: a step lists again unless its own match.
     """
     token = uuid.uuid4().hex
     with _kept_lock:
@@ -247,9 +259,10 @@ class _ListImagesFn(beam.DoFn):
     def __init__(self, input_path: str, layout: str, labels_path: str | None, output: str,
                  helper_processes: int, columns: tuple[str | None, str | None] = (None, None),
                  kept: str | None = None, splits: tuple = (), split_by: str = "path",
-                 drop_duplicates: bool = False):
+                 drop_duplicates: bool = False, vocabulary: tuple[str, ...] = (),
+                 only: tuple[str, ...] = ()):
         self._kept = kept
-        self._splits = (tuple(splits), split_by, drop_duplicates)
+        self._splits = (tuple(splits), split_by, drop_duplicates, tuple(vocabulary), tuple(only))
         self._input = input_path
         self._layout = layout
         self._labels = labels_path
@@ -280,6 +293,7 @@ class _ListImagesFn(beam.DoFn):
         )
         beam.metrics.Metrics.counter("list", "images").inc(len(listing.refs))
         beam.metrics.Metrics.counter("list", "dead_letter").inc(len(listing.dead_letters))
+        progress.plan(inputs=len(listing.refs), input_bytes=sum(r.size for r in listing.refs))
         yield beam.pvalue.TaggedOutput(
             SUMMARY_TAG,
             InputSummary(
@@ -312,7 +326,7 @@ class ListImages(beam.PTransform):
       image_column, label_column: a CSV manifest's columns (default: by name).
       kept: a token from ``keep_listing``: the listing already made, used when the
         step runs in the process that made it (else the step lists again).
-      splits, split_by, drop_duplicates: see ``list_images``.
+      splits, split_by, drop_duplicates, vocabulary, only: see ``list_images``.
 
     Returns a ``DoOutputsTuple``: ``.refs`` holds one ``ImageRefs`` element;
     ``.summary`` holds one ``InputSummary``.
@@ -321,11 +335,12 @@ class ListImages(beam.PTransform):
     def __init__(self, input_path: str, layout: str, labels_path: str | None, output: str,
                  helper_processes: int = 0, image_column: str | None = None,
                  label_column: str | None = None, kept: str | None = None,
-                 splits: tuple = (), split_by: str = "path", drop_duplicates: bool = False):
+                 splits: tuple = (), split_by: str = "path", drop_duplicates: bool = False,
+                 vocabulary: tuple[str, ...] = (), only: tuple[str, ...] = ()):
         super().__init__()
         self._fn = _ListImagesFn(input_path, layout, labels_path, output, helper_processes,
                                  (image_column, label_column), kept, splits, split_by,
-                                 drop_duplicates)
+                                 drop_duplicates, vocabulary, only)
 
     def expand(self, pbegin):
         return (
@@ -389,6 +404,7 @@ def plan_image_shards(images: ImageRefs, band: ShardBand, compression: str) -> l
             ))
     _log.info("Planned %d shards for %d images in %.1f s", len(specs),
               sum(s.records.count for s in specs), time.monotonic() - start)
+    progress.plan(shards=len(specs))
     return specs
 
 
@@ -477,16 +493,19 @@ class ImageRecords(RecordSource):
         encode = functools.partial(encode_chunk, validate=self._validate, max_pixels=self._max_pixels,
                                    image_bytes=self._image_bytes, reshape=self._reshape)
         for chunk, (framed, outcomes) in zip(chunks, ordered_map(pool, encode, chunks, workers + 2)):
-            dead, labels, notes, contents = [], [], [], []
+            progress.add(inputs=len(chunk), input_bytes=sum(ref.size for ref in chunk))
+            dead, labels, notes, contents, images = [], [], [], [], []
             for ref, outcome in zip(chunk, outcomes):
                 if isinstance(outcome, DeadLetter):
                     dead.append(outcome)
                 else:
                     labels.append(ref.label_text or str(ref.label))
-                    contents.append((outcome[2], ref.filename))
+                    contents.append((outcome[2], ref.filename,
+                                     outcome[3] if outcome[3] != outcome[2] else ""))
                     notes.append(outcome[1])
+                    images.append(outcome[4])
             yield Chunk(framed, len(labels), tuple(dead), tuple(labels), len(chunk), tuple(notes),
-                        tuple(contents))
+                        tuple(contents), tuple(images))
 
 
 class _ImageToExampleFn(beam.DoFn):
@@ -634,7 +653,7 @@ class _SpoolUnitFn(beam.DoFn):
         spec = ShardSpec(split, 0, 1, f"{split}-unit-{index:05d}", sum(r.size for r in refs.unpack()),
                          refs)
         path = files.join(self._spool_dir, f"{split}-{index:05d}.spool")
-        sizes, labels, notes, contents, dead = [], [], [], [], []
+        sizes, labels, notes, contents, images, dead = [], [], [], [], [], []
         with files.open_write(path) as stream:
             for chunk in self._source.chunks(spec):
                 stream.write(chunk.framed)
@@ -642,18 +661,20 @@ class _SpoolUnitFn(beam.DoFn):
                 labels.extend(chunk.labels)
                 notes.extend(chunk.notes)
                 contents.extend(chunk.contents)
+                images.extend(chunk.images)
                 dead.extend(chunk.dead)
         dead_path = write_dead_letters(self._output, f"{split}-unit-{index:05d}", dead)
         beam.metrics.Metrics.counter("images", "spooled").inc(len(sizes))
         yield ImageSpool(split, index, path if sizes else "", np.asarray(sizes, "<i8").tobytes(),
                          tuple(labels), tuple(notes), tuple(contents),
-                         tuple(sorted(Counter(d.error for d in dead).items())), dead_path)
+                         tuple(sorted(Counter(d.error for d in dead).items())), dead_path,
+                         tuple(images))
 
 
 def plan_spooled_images(spools: Sequence[ImageSpool], band: ShardBand,
                         compression: str) -> list[ShardSpec]:
     """Shards cut from spooled images by their exact sizes, in key order, each
-    segment carrying its records' labels, notes and contents."""
+    segment carrying its records' labels, notes, contents and image facts."""
     by_path = {spool.path: spool for spool in spools if spool.path}
     offsets = {path: np.concatenate(([0], np.cumsum(s.record_sizes()))) for path, s in by_path.items()}
     specs = []
@@ -663,7 +684,7 @@ def plan_spooled_images(spools: Sequence[ImageSpool], band: ShardBand,
             spool = by_path[path]
             first, last = np.searchsorted(offsets[path], [begin, end])
             extras.append((spool.labels[first:last], spool.notes[first:last],
-                           spool.contents[first:last]))
+                           spool.contents[first:last], spool.images[first:last]))
         specs.append(dataclasses.replace(
             spec, records=SpoolSegments(spec.records.segments, tuple(extras))))
     return specs

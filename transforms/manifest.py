@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import json
 import logging
 from collections import Counter
@@ -22,11 +23,27 @@ import apache_beam as beam
 
 from beam_tfrecords.schemas.elements import InputSummary, ShardResult
 from beam_tfrecords.schemas.features import FeatureSpec, image_feature_spec
+from beam_tfrecords.schemas.inputs import (
+    INPUTS_NAME,
+    InputFile,
+    decode_inputs,
+    encode_inputs,
+    input_fingerprint,
+)
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME, ErrorBudget, build_manifest
 from beam_tfrecords.schemas.shards import ShardBand, ShardTarget
 from beam_tfrecords.schemas.version import __version__
 from beam_tfrecords.transforms.io import files
-from beam_tfrecords.transforms.io.commit import publish, release_lock, remove_folder
+from beam_tfrecords.transforms.io.commit import (
+    publish,
+    register_part,
+    release_lock,
+    remove_folder,
+    remove_parts,
+)
+from beam_tfrecords.transforms.io.faults import hold_point
+from beam_tfrecords.transforms.io.progress import split_totals
+from beam_tfrecords.transforms.plan.drift import DriftGate, statistics_and_drift
 from beam_tfrecords.transforms.plan.duplicates import duplicate_report
 from beam_tfrecords.transforms.shards import STORAGE_ERRORS
 
@@ -51,6 +68,14 @@ class CommitSettings:
       dropped_columns: a table's columns that the schema does not name (reported).
       fail_on_leakage: publish nothing when an image's content sits in more than
         one split (status ``leakage_found``).
+      options_fingerprint: the fingerprint of the options that shape the records
+        (see ``schemas.inputs``); ``input_root``: what input paths are relative to.
+      dataset_output, part: for an incremental part, the dataset's folder (the
+        part is published in ``target.output`` and then listed in the dataset's
+        manifest; the lock and the run report are the dataset's) and its name.
+      update: what a scheduled run decided, as JSON (for the report).
+      drift: the dataset to compare the run's statistics with (``--compare_to``);
+        a run that drifted publishes nothing (status ``drift_found``).
     """
 
     target: ShardTarget
@@ -61,6 +86,12 @@ class CommitSettings:
     release_lock: str = ""
     dropped_columns: tuple[str, ...] = ()
     fail_on_leakage: bool = False
+    options_fingerprint: str = ""
+    input_root: str = ""
+    dataset_output: str = ""
+    part: str = ""
+    update: str = ""
+    drift: DriftGate | None = None
 
 
 def _json_bytes(value: dict) -> bytes:
@@ -102,6 +133,35 @@ def _image_notes(results: Sequence[ShardResult]) -> dict:
     return notes
 
 
+def _input_files(settings: CommitSettings, results: Sequence[ShardResult]) -> list[InputFile] | None:
+    """The run's input entries (written by the launcher to the temporary folder),
+    with the content hash of every image the run read; ``None`` when there are none."""
+    data = files.read_bytes_if_exists(files.join(settings.target.temp_dir, INPUTS_NAME))
+    if data is None:
+        return None
+    entries = decode_inputs(data)
+    digests = {filename: source or digest for r in results for digest, filename, source in r.contents}
+    if digests:
+        entries = [dataclasses.replace(e, sha256=digests.get(e.path, e.sha256)) if not e.role else e
+                   for e in entries]
+    return entries
+
+
+def _part_entry(settings: CommitSettings, manifest: dict, manifest_bytes: bytes) -> dict:
+    splits = {name: {"records": info["records"], "num_shards": info["num_shards"]}
+              for name, info in manifest["splits"].items()}
+    return {
+        "path": settings.part,
+        "created": manifest["created"],
+        "manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
+        "records": sum(s["records"] for s in splits.values()),
+        "bytes": sum(info["bytes"] for info in manifest["splits"].values()),
+        "splits": splits,
+        "input_root": settings.input_root,
+        "input_files": manifest["input"].get("files_list", {}).get("files", 0),
+    }
+
+
 def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: InputSummary) -> dict:
     """Publishes the dataset (if every shard was proved and the budget held) and
     writes the run report.
@@ -110,7 +170,8 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
       The run report: ``status`` is ``ok``, or, with nothing published,
       ``verification_failed`` (a shard did not write or verify), ``commit_failed``
       (the store refused moving a shard to its final name),
-      ``no_records``, ``error_budget_exceeded`` or ``output_exists``. In memory
+      ``no_records``, ``error_budget_exceeded``, ``leakage_found``, ``drift_found``
+      (statistics moved past ``settings.drift``'s limits) or ``output_exists``. In memory
       only, ``manifest_json`` holds the published manifest.
     """
     target = settings.target
@@ -142,6 +203,7 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
         "shards_outside_band": [],
         "removed_stale_shards": [],
     }
+    report["splits"] = split_totals(results)  # For the CLI's summary table.
     if settings.dropped_columns:
         report["dropped_columns"] = list(settings.dropped_columns)
     notes = _image_notes(results)
@@ -163,13 +225,21 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
             for dropped, split, kept in summary.duplicates_dropped]
         report["duplicates_dropped"] = len(summary.duplicates_dropped)
     duplicates = duplicate_report(
-        (digest, r.split, filename) for r in results for digest, filename in r.contents)
+        (digest, r.split, filename) for r in results for digest, filename, *_ in r.contents)
     if duplicates:
         report["duplicates"] = {"groups": duplicates["groups"], "images": duplicates["images"],
                                 "across_splits": duplicates["across_splits"]["groups"],
                                 "within_split": duplicates["within_split"]["groups"]}
     if summary.layout == "table":
         input_json["rows"] = report["rows"] = _rows(summary, written, dead)
+    if settings.update:
+        report["update"] = json.loads(settings.update)
+    if settings.part:
+        report["part"] = settings.part
+    statistics, drift = statistics_and_drift(settings.drift, results, summary,
+                                             _feature_spec(summary).to_json())
+    if drift:
+        report["drift"] = drift
     manifest_path = files.join(target.output, MANIFEST_NAME)
     if summary.layout == "table" and not report["rows"]["accounted"]:
         # Rows or lines went missing between the file and the records: publish nothing.
@@ -184,10 +254,25 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
     elif settings.fail_on_leakage and duplicates and duplicates["across_splits"]["groups"]:
         report["status"] = "leakage_found"
         report["leakage"] = duplicates["across_splits"]
+    elif drift and drift["status"] == "failed":
+        report["status"] = "drift_found"  # Nothing published: the old dataset stays as it is.
     elif not settings.overwrite and files.exists(manifest_path):
         report["status"] = "output_exists"
     else:
         relative = [dataclasses.replace(r, path=r.path.rsplit("/", 1)[-1]) for r in results]
+        entries = _input_files(settings, results)
+        renames = [(r.temp_path or r.path, r.path) for r in results]
+        if entries is not None:
+            inputs_bytes = encode_inputs(entries)
+            staged_inputs = files.join(target.temp_dir, INPUTS_NAME)
+            files.write_bytes(staged_inputs, inputs_bytes)
+            renames.append((staged_inputs, files.join(target.output, INPUTS_NAME)))
+            input_json["files_list"] = {
+                "path": INPUTS_NAME, "root": settings.input_root,
+                "files": sum(1 for e in entries if not e.role),
+                "sha256": hashlib.sha256(inputs_bytes).hexdigest()}
+            input_json["fingerprint"] = input_fingerprint(entries, settings.options_fingerprint)
+            input_json["options_fingerprint"] = settings.options_fingerprint
         manifest = build_manifest(
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             tool_version=__version__,
@@ -200,6 +285,7 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
             dead_letter_files=dead_letter_files,
             budget=budget,
             band=settings.band,
+            statistics=statistics,
         )
         if notes:
             manifest["image_bytes"] = notes
@@ -211,10 +297,16 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
             manifest["sequence_features"] = FeatureSpec(
                 {name: (dtype, list(shape)) for name, dtype, shape in summary.sequence_features}
             ).to_json()
+        manifest_bytes = _json_bytes(manifest)
         try:
-            published = publish(target.output, target.temp_dir,
-                                [(r.temp_path or r.path, r.path) for r in results],
-                                _json_bytes(manifest))
+            published = publish(target.output, target.temp_dir, renames, manifest_bytes)
+            if settings.part:
+                hold_point("before_register")
+                register_part(settings.dataset_output, _part_entry(settings, manifest, manifest_bytes))
+            else:
+                report["removed_parts"] = remove_parts(target.output)
+                if entries is None:
+                    files.delete_files([files.join(target.output, INPUTS_NAME)])
         except STORAGE_ERRORS as err:
             # No manifest was published; some shards may sit at final names (the
             # documented window), and the next run replaces or removes them.
@@ -234,10 +326,11 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
             _log.warning("Could not remove %s (the next run will): %s", target.temp_dir, err)
     for spool in summary.spools:  # Spools outside the temporary folder (none on our paths).
         files.delete_files([spool])
-    files.write_bytes(files.join(target.output, REPORT_NAME),
+    home = settings.dataset_output or target.output
+    files.write_bytes(files.join(home, REPORT_NAME),
                       _json_bytes({k: v for k, v in report.items() if k != "manifest_json"}))
     if settings.release_lock:
-        release_lock(target.output, settings.release_lock)
+        release_lock(home, settings.release_lock)
     return report
 
 

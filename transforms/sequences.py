@@ -27,7 +27,7 @@ from beam_tfrecords.schemas.shards import ShardBand, shard_name
 from beam_tfrecords.schemas.table_schema import TableSchema
 from beam_tfrecords.transforms.codec.sequence import encode_sequence_example
 from beam_tfrecords.transforms.codec.tfrecord import TFRecordWriter, checkpoints, frame_record
-from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io import files, progress
 from beam_tfrecords.transforms.plan.shards import cut_shards
 
 __all__ = ["BuildSequences", "PlanSequenceShards", "SequenceSpool", "plan_sequence_shards"]
@@ -144,6 +144,7 @@ def plan_sequence_shards(spools: Sequence[SequenceSpool], band: ShardBand,
                 sum(shard_sizes[index]), SpoolSegments(tuple(tuple(s) for s in segments[index])),
                 checkpoints(shard_sizes[index]) if compression == "none" else (),
             ))
+    progress.plan(shards=len(specs))
     return specs
 
 

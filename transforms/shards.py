@@ -58,11 +58,13 @@ from beam_tfrecords.transforms.codec.tfrecord import (
     scan_stream,
 )
 from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io import progress as run_progress
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.gcs import object_crc32c
 from beam_tfrecords.transforms.io.helpers import SMALL_FILE_BYTES, ready_helper_pool, verify_range
 from beam_tfrecords.transforms.plan.shards import cut_shards
+from beam_tfrecords.transforms.plan.statistics import image_counts
 
 __all__ = [
     "Chunk",
@@ -78,7 +80,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-_PROGRESS_SECONDS = 10.0
 # Record boundaries are reported about this often, for parallel verification.
 _CHECKPOINT_BYTES = 16 << 20
 _CHUNK_BYTES = 4 << 20
@@ -126,8 +127,11 @@ class Chunk(NamedTuple):
       inputs: inputs consumed (for progress).
       notes: what the manifest counts about some records (e.g. images converted
         to PNG: ``converted_to_png/tiff``); '' for a record without one.
-      contents: for images, ``(sha256 hex, image/filename)`` of each record
+      contents: for images, ``(sha256 hex, image/filename, sha256 of the file's bytes or '' when
+        the same)`` of each record
         written (for the duplicates and leakage report).
+      images: for images, ``(format, mode, width, height)`` of each record written
+        (for the statistics; see ``plan.statistics.image_counts``).
     """
 
     framed: bytes
@@ -136,7 +140,8 @@ class Chunk(NamedTuple):
     labels: tuple[str, ...] = ()
     inputs: int = 0
     notes: tuple[str, ...] = ()
-    contents: tuple[tuple[str, str], ...] = ()
+    contents: tuple[tuple[str, str, str], ...] = ()
+    images: tuple[tuple[str, str, int, int], ...] = ()
 
 
 class RecordSource:
@@ -191,7 +196,7 @@ class SpoolCopy(RecordSource):
         segments: SpoolSegments = spec.records
         extras = segments.extras
         for number, (spool, begin, end, records) in enumerate(segments.segments):
-            labels, notes, contents = extras[number] if extras else ((), (), ())
+            labels, notes, contents, images = extras[number] if extras else ((), (), (), ())
             with files.open_read(spool) as source:
                 source.seek(begin)
                 left = end - begin
@@ -204,29 +209,16 @@ class SpoolCopy(RecordSource):
                         yield Chunk(block, 0)
                     else:
                         yield Chunk(block, records, (), tuple(labels), records, tuple(notes),
-                                    tuple(contents))
+                                    tuple(contents), tuple(images))
 
 
 class _Progress:
-    """Logs records, rate and ETA of one shard every few seconds."""
+    """When one shard's write started (the run's progress: ``io.progress``)."""
 
     def __init__(self, spec: ShardSpec, total: int):
         self._spec = spec
         self._total = total
-        self.start = self._last = time.monotonic()
-
-    def update(self, done: int, written_bytes: int) -> None:
-        now = time.monotonic()
-        if now - self._last < _PROGRESS_SECONDS:
-            return
-        self._last = now
-        rate = done / max(now - self.start, 1e-9)
-        _log.info(
-            "%s shard %d/%d: %d/%d inputs, %.0f/s, %.1f MB/s, ETA %.0f s",
-            self._spec.split, self._spec.index + 1, self._spec.num_shards, done, self._total, rate,
-            written_bytes / max(now - self.start, 1e-9) / 1e6,
-            (self._total - done) / max(rate, 1e-9),
-        )
+        self.start = time.monotonic()
 
 
 @dataclasses.dataclass
@@ -237,6 +229,7 @@ class _Written:
     checkpoints: tuple[tuple[int, int], ...]
     notes: Counter
     contents: list
+    images: Counter
 
 
 @contextlib.contextmanager
@@ -262,6 +255,7 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
     labels: Counter = Counter()
     notes: Counter = Counter()
     contents: list = []
+    images: Counter = Counter()
     dead: list[DeadLetter] = []
     progress = _Progress(spec, source.count(spec))
     done = written = last_checkpoint = 0
@@ -274,6 +268,7 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
             labels.update(chunk.labels)
             notes.update(note for note in chunk.notes if note)
             contents.extend(chunk.contents)
+            images.update(image_counts(chunk.images))
             writer.write_framed(chunk.framed, chunk.records)
             written += len(chunk.framed)
             done += chunk.inputs
@@ -282,13 +277,13 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
                 last_checkpoint = written
             if number == 1:
                 hold_point("mid_write")
-            progress.update(done, written)
+            run_progress.writing(chunk.records, len(chunk.framed))
         digest = writer.close()
     if checkpoints and checkpoints[-1] == (digest.bytes, digest.records):
         checkpoints.pop()  # The end of the file is not a boundary to check between.
     _log.info("Wrote %s: %d records, %.1f MB in %.1f s", spec.name, digest.records,
               digest.bytes / 1e6, time.monotonic() - progress.start)
-    return _Written(digest, labels, dead, tuple(checkpoints), notes, contents)
+    return _Written(digest, labels, dead, tuple(checkpoints), notes, contents, images)
 
 
 def write_shard(spec: ShardSpec, target: ShardTarget, source: RecordSource,
@@ -305,11 +300,13 @@ def write_shard(spec: ShardSpec, target: ShardTarget, source: RecordSource,
     temp = target.temp_path(spec.name)
     final = target.final_path(spec.name)
     error: BaseException | None = None
+    started = time.time()
     for attempt in range(1, attempts + 1):
         try:
             written = _write_once(spec, temp, target.compression, source)
             break
         except STORAGE_ERRORS as err:
+            run_progress.write_failed()
             error = err
             if attempt < attempts:
                 wait = _BACKOFF_SECONDS * 2 ** (attempt - 1)
@@ -324,6 +321,7 @@ def write_shard(spec: ShardSpec, target: ShardTarget, source: RecordSource,
     stem = spec.name.split(".tfrecord", 1)[0]
     dead_path = write_dead_letters(target.output, stem, written.dead)
     beam.metrics.Metrics.counter("write", "records").inc(written.digest.records)
+    run_progress.written(written.digest.records, written.digest.bytes)
     beam.metrics.Metrics.counter("write", "dead_letter").inc(len(written.dead))
     beam.metrics.Metrics.counter("write", "bytes").inc(written.digest.bytes)
     digest = written.digest
@@ -341,10 +339,12 @@ def write_shard(spec: ShardSpec, target: ShardTarget, source: RecordSource,
         label_counts=tuple(sorted(written.labels.items())),
         note_counts=tuple(sorted(written.notes.items())),
         contents=tuple(written.contents),
+        image_counts=tuple(sorted(written.images.items())),
         bad_counts=tuple(sorted(Counter(d.error for d in written.dead).items())),
         dead_letter_path=dead_path,
         checkpoints=() if compressed else (spec.checkpoints or written.checkpoints),
         temp_path=temp,
+        write_span=(started, time.time()),
     )
 
 
@@ -547,6 +547,7 @@ class _VerifyShardFn(beam.DoFn):
         for result in results:
             # Counted here, on the bundle's thread: Beam's metrics are per thread.
             beam.metrics.Metrics.counter("verify", "shards" if result.verified else "failed").inc()
+        run_progress.add(shards=len(results))
         return results
 
     def process(self, result: ShardResult) -> Iterator[ShardResult]:

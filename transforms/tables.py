@@ -1,7 +1,11 @@
-"""Tables: CSV files → spooled records → size-banded shards.
+"""Tables: CSV, Parquet and JSON Lines files → spooled records → size-banded shards.
 
-Row sizes are unknown until rows are encoded, so each CSV file is read once
-(pyarrow's streaming reader, a block at a time), its rows encoded in batches,
+Row sizes are unknown until rows are encoded, so each file is read once
+(pyarrow's streaming CSV reader a block at a time; Parquet a batch of a row
+group at a time; JSON Lines a block of lines at a time), its rows encoded in
+batches (typed Parquet and JSON values are first written as the cell text a CSV
+of the same table holds, see ``codec.table_cells``, so every format gives the
+same records),
 and the framed records appended to spool files, one per (file, split), in row
 order. Only small metadata leaves that step: each spool's record sizes. Shards
 are planned from the sizes and built by copying byte ranges out of the spools (a
@@ -42,13 +46,25 @@ from beam_tfrecords.transforms.codec.table_batches import (
     encode_table_batch,
     sequence_table_batch,
 )
+from beam_tfrecords.transforms.codec.table_cells import text_batch
 from beam_tfrecords.transforms.codec.table_rows import RowEncoder
 from beam_tfrecords.transforms.codec.tfrecord import ObservingReader, checkpoints
-from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io import files, progress
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.helpers import ordered_map, ready_helper_pool
+from beam_tfrecords.transforms.io.table_readers import (
+    JsonLinesReader,
+    ParquetReader,
+    table_columns,
+    table_format,
+)
 from beam_tfrecords.transforms.plan.shards import cut_shards
+from beam_tfrecords.transforms.plan.statistics import (
+    TableStatistics,
+    merge_table_statistics,
+    table_batch_statistics,
+)
 
 __all__ = [
     "EncodeTables",
@@ -57,6 +73,7 @@ __all__ = [
     "csv_header",
     "plan_table_shards",
     "table_files",
+    "table_header",
 ]
 
 ROWS_TAG = "rows"
@@ -68,8 +85,27 @@ _log = logging.getLogger(__name__)
 
 
 def table_files(pattern: str) -> list[tuple[str, int]]:
-    """The CSV files a path or glob names, sorted, with sizes."""
+    """The table files (CSV, Parquet, JSON Lines) a path or glob names, sorted, with sizes."""
     return sorted(files.list_files(pattern))
+
+
+def table_header(dialect: CsvDialect, path: str) -> list[str]:
+    """The column names of a table file: a CSV's header (see ``csv_header``), a
+    Parquet file's schema, or the keys of a JSON Lines file's first objects.
+
+    Raises:
+      ValueError: if the file cannot be read, has no columns, or names a column twice.
+    """
+    if table_format(path) == "csv":
+        return csv_header(dialect, path)
+    names = table_columns(path)
+    if not names:
+        raise ValueError(f"{path}: no columns (no JSON object in its first lines)")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"{path} names columns more than once ({', '.join(twice)}): a feature "
+                         "needs one column")
+    return names
 
 
 def csv_header(dialect: CsvDialect, path: str) -> list[str]:
@@ -117,6 +153,8 @@ class SpoolInfo:
         lines cover; they must be equal.
       multiline_rows, largest_span, multiline_first_lines: rows whose quoted
         cells hold newlines: how many, the most lines one spans, the first few.
+      statistics: the ``plan.statistics.TableStatistics`` of the rows spooled
+        (``None`` with sequences, or when no row was).
     """
 
     split: str
@@ -134,6 +172,7 @@ class SpoolInfo:
     multiline_rows: int = 0
     largest_span: int = 0
     multiline_first_lines: tuple[str, ...] = ()
+    statistics: object = None
 
     def record_sizes(self) -> np.ndarray:
         return np.frombuffer(self.sizes, dtype="<i8")
@@ -160,6 +199,7 @@ class _FileState:
     multiline_rows: int = 0
     largest_span: int = 0
     multiline_lines: list = dataclasses.field(default_factory=list)
+    statistics: dict = dataclasses.field(default_factory=dict)  # split → TableStatistics
 
     def note_multiline(self, line: int, span: int) -> None:
         self.multiline_rows += 1
@@ -374,7 +414,8 @@ def _drop_rows(encoded: EncodedBatch, drops: dict[int, tuple[str, str] | None]) 
         sizes[k] = sizes[k][keep]
     for row in drops:
         status[row] = BAD
-    return dataclasses.replace(encoded, status=status, blobs=blobs, sizes=sizes, errors=errors)
+    return dataclasses.replace(encoded, status=status, blobs=blobs, sizes=sizes, errors=errors,
+                               statistics=None)
 
 
 def _raw_row(cells: Sequence[str], delimiter: str, quote: str) -> str:
@@ -415,6 +456,9 @@ class _EncodeCsvFn(beam.DoFn):
 
     def process(self, element: tuple[int, str, int]) -> Iterator[SpoolInfo]:
         file_index, path, size = element
+        if table_format(path) != "csv":
+            yield from self._process_typed(element)
+            return
         dialect = self._dialect
         start = time.monotonic()
         hold_point("listing")
@@ -439,30 +483,99 @@ class _EncodeCsvFn(beam.DoFn):
             for index in (state.index, state.close_index):
                 if index is not None:
                     index.close()
-        dead = state.dead
+        _log.info("Encoded %s: %d rows (%d lines), %d dead-lettered, %d blank, in %.1f s", path,
+                  state.rows_in, state.counts.lines, len(state.dead), state.blank, time.monotonic() - start)
+        if state.lines_done != state.counts.lines:
+            _log.error("%s: %d physical lines, but the rows read account for %d", path,
+                       state.counts.lines, state.lines_done)
+        yield from self._infos(state, size, state.counts.lines)
+
+    def _infos(self, state: _FileState, size: int, lines_in: int) -> list[SpoolInfo]:
+        """The file's ``SpoolInfo``s (its totals on the first), its dead letters written."""
+        path, file_index, dead = state.path, state.file_index, state.dead
         stem = path.rsplit("/", 1)[-1].rsplit(".", 1)[0]
         dead_path = write_dead_letters(self._output, f"{stem}-{file_index:05d}", dead)
         bad = tuple(sorted(Counter(d.error for d in dead).items()))
         beam.metrics.Metrics.counter("table", "rows").inc(state.rows_in)
+        progress.inputs_at(id(state), state.rows_in, state.counts.counted_to, done=True)
         beam.metrics.Metrics.counter("table", "dead_letter").inc(len(dead))
-        _log.info("Encoded %s: %d rows (%d lines), %d dead-lettered, %d blank, in %.1f s", path,
-                  state.rows_in, state.counts.lines, len(dead), state.blank, time.monotonic() - start)
-        if state.lines_done != state.counts.lines:
-            _log.error("%s: %d physical lines, but the rows read account for %d", path,
-                       state.counts.lines, state.lines_done)
         infos = [
-            SpoolInfo(split, file_index, spool, np.concatenate(sizes).astype("<i8").tobytes())
+            SpoolInfo(split, file_index, spool, np.concatenate(sizes).astype("<i8").tobytes(),
+                      statistics=state.statistics.get(split))
             for split, (_, sizes, spool) in sorted(state.sinks.items())
         ]
         totals = dict(rows_in=state.rows_in, dead=len(dead), blank=state.blank, bad_counts=bad,
-                      dead_letter_path=dead_path, source_bytes=size, lines_in=state.counts.lines,
+                      dead_letter_path=dead_path, source_bytes=size, lines_in=lines_in,
                       lines_accounted=state.lines_done, multiline_rows=state.multiline_rows,
                       largest_span=state.largest_span, multiline_first_lines=tuple(state.multiline_lines))
         if infos:
             infos[0] = dataclasses.replace(infos[0], **totals)
         else:  # No good row: still report the file's counts.
             infos = [SpoolInfo("", file_index, "", b"", **totals)]
-        yield from infos
+        return infos
+
+    def _process_typed(self, element: tuple[int, str, int]) -> Iterator:
+        """A Parquet or JSON Lines file: typed pieces → cell text → the CSV encoder.
+
+        Its "lines" are, for Parquet, the rows its metadata counts; for JSON Lines,
+        its physical lines. Each must be covered by a row written, dead-lettered or
+        blank, or by a stretch that could not be read.
+        """
+        file_index, path, size = element
+        start = time.monotonic()
+        hold_point("listing")
+        schema, layout = self._schema, self._layout
+        kind = table_format(path)
+        header = table_header(self._dialect, path)
+        if kind == "jsonl":  # Objects may leave keys out: a column no early object names is empty.
+            needed = [c.name for c in schema.kept] + [c for c in (
+                layout.split_column, layout.key_column, layout.sequence_key, layout.sequence_order) if c]
+            header += [name for name in dict.fromkeys(needed) if name not in header]
+        task = TableTask(schema, tuple(header), layout.split_column, layout.splits,
+                         layout.key_column, ",", '"', layout.sequence_key, layout.sequence_order)
+        RowEncoder(schema, header)  # Fails here, with the columns named, on a wrong header.
+        state = _FileState(path, file_index, header, pickle.dumps(task), _FileCounts(b'"'))
+        specs = {c.name: c for c in schema.kept}
+        reader = ParquetReader(path, header) if kind == "parquet" else JsonLinesReader(path, _json_types(schema))
+        pending: collections.deque = collections.deque()  # (piece, problems) of each batch sent
+
+        def text_batches():
+            for piece in reader:
+                for stretch in piece.unreadable:
+                    stage = "validate" if stretch.reason == "bad_value" else "read"
+                    state.dead.append(DeadLetter(f"{path}:{stretch.number}", stage, stretch.reason,
+                                                 stretch.message, row=stretch.text))
+                    state.rows_in += 1
+                    state.lines_done += stretch.covers
+                state.blank += piece.blank
+                state.lines_done += piece.blank
+                if piece.table.num_rows:
+                    batch, problems = text_batch(piece.table, header, specs)
+                    pending.append((piece, problems))
+                    yield batch
+
+        try:
+            for batch, _, encoded in self._batches(text_batches(), state.task_bytes):
+                piece, problems = pending.popleft()
+                if problems:
+                    encoded = _drop_rows(encoded, problems)
+                numbers = piece.numbers
+                self._take_batch(state, batch, numbers, [], np.zeros(len(numbers), dtype=np.int64),
+                                 encoded, _piece_text(piece, batch))
+                state.lines_done += len(numbers)
+                yield from self._sequence_rows(state, numbers, encoded)
+        finally:
+            for stream, _, _ in state.sinks.values():
+                stream.close()
+            reader.close()
+        lines_in = reader.rows if kind == "parquet" else reader.lines
+        what = "rows in its metadata" if kind == "parquet" else "lines"
+        _log.info("Encoded %s: %d rows (%d %s), %d dead-lettered, %d blank, in %.1f s", path,
+                  state.rows_in, lines_in, what, len(state.dead), state.blank, time.monotonic() - start)
+        if state.lines_done != lines_in:
+            _log.error("%s: %d %s, but the rows read account for %d", path, lines_in, what,
+                       state.lines_done)
+        yield from self._infos(state, size, lines_in)
 
     def _open(self, state: _FileState, line: int, block: int):
         """A reader of the file from ``line`` on (the header is read only from line 1)."""
@@ -631,7 +744,7 @@ class _EncodeCsvFn(beam.DoFn):
                 return int(row), after
         return None
 
-    def _take_batch(self, state, batch, lines, invalid, newlines, encoded) -> None:
+    def _take_batch(self, state, batch, lines, invalid, newlines, encoded, row_text=None) -> None:
         path, header = state.path, state.header
         state.dead.extend(self._invalid_rows(path, invalid, len(header)))
         state.rows_in += sum(1 for _, text in invalid if text.strip())
@@ -648,7 +761,7 @@ class _EncodeCsvFn(beam.DoFn):
         state.rows_in += int((encoded.status != BLANK).sum())
         for row, reason, message in encoded.errors:
             state.dead.append(self._row_letter(path, int(lines[row]), batch, header, row,
-                                               reason, message))
+                                               reason, message, row_text))
         for split, blob, sizes in zip(encoded.splits, encoded.blobs, encoded.sizes):
             if not len(sizes):
                 continue
@@ -658,6 +771,13 @@ class _EncodeCsvFn(beam.DoFn):
             stream, all_sizes, _ = state.sinks[split]
             stream.write(blob)  # Already framed; the shard's copy is what gets digested.
             all_sizes.append(sizes)
+        if not self._layout.sequence_key:
+            parts = encoded.statistics
+            if parts is None:  # Rows were dropped after encoding: summarise those written.
+                parts = table_batch_statistics(self._schema, batch, encoded.status, encoded.splits)
+            for split, part in parts.items():
+                state.statistics.setdefault(split, TableStatistics()).merge(part)
+        progress.inputs_at(id(state), state.rows_in, progress.bytes_taken(state.counts, lines))
 
     def _sequence_rows(self, state, lines, encoded) -> Iterator:
         for key, group in encoded.groups.items():
@@ -686,17 +806,36 @@ class _EncodeCsvFn(beam.DoFn):
             ))
         return letters
 
-    def _row_letter(self, path, line, batch, header, row, reason, message) -> DeadLetter:
+    def _row_letter(self, path, line, batch, header, row, reason, message, row_text=None) -> DeadLetter:
+        if row_text is not None:  # Parquet, JSON Lines: the row as the file holds it.
+            return DeadLetter(f"{path}:{line}", "validate", reason, message, row=row_text(row))
         cells = [batch.column(name)[row].as_py() for name in header]
         return DeadLetter(f"{path}:{line}", "validate", reason, message,
                           row=_raw_row(cells, self._dialect.delimiter, self._dialect.quote))
 
 
+def _json_types(schema: TableSchema) -> dict[str, pa.DataType]:
+    """The Arrow types JSON values of int64 and float columns are read as (so an
+    integer never goes through a float, and a value of another type costs its line)."""
+    scalar = {"int64": pa.int64(), "float": pa.float64()}
+    return {c.name: pa.list_(scalar[c.type]) if c.is_list else scalar[c.type]
+            for c in schema.kept if c.type in scalar}
+
+
+def _piece_text(piece, batch: pa.RecordBatch):
+    """A row's text for its dead letter: its JSON line, or its cells as a JSON object."""
+    if piece.lines is not None:
+        return lambda row: piece.lines[row].decode("utf-8", errors="replace").rstrip("\r")
+    return lambda row: json.dumps({name: batch.column(name)[row].as_py() for name in batch.schema.names},
+                                  ensure_ascii=False)
+
+
 class EncodeTables(beam.PTransform):
-    """CSV files → ``SpoolInfo`` per (file, split): rows encoded into spool files.
+    """Table files (CSV, Parquet, JSON Lines) → ``SpoolInfo`` per (file, split): rows
+    encoded into spool files.
 
     Args:
-      inputs: the CSV files, ``(path, size)``, in order.
+      inputs: the table files, ``(path, size)``, in order.
       schema: the table schema.
       dialect: how the files are written.
       layout: splits and sequences.
@@ -752,6 +891,7 @@ def plan_table_shards(infos: Sequence[SpoolInfo], band: ShardBand, compression: 
                 int(sizes[members].sum()), SpoolSegments(tuple(segments)),
                 checkpoints(sizes[members]) if compression == "none" else (),
             ))
+    progress.plan(shards=len(specs))
     return specs
 
 
@@ -803,6 +943,7 @@ def table_summary(
                    max((i.largest_span for i in infos), default=0),
                    tuple(where for i in sorted(infos, key=lambda i: i.file_index)
                          for where in i.multiline_first_lines)[:_MULTILINE_SAMPLES]),
+        statistics=() if sequences else merge_table_statistics((i.split, i.statistics) for i in infos),
     )
 
 
@@ -843,7 +984,7 @@ class _RowsToExamplesFn(beam.DoFn):
     def __init__(self, schema: TableSchema, columns: Sequence[str], key_column: str | None):
         self._columns = tuple(columns)
         self._key_column = key_column
-        self._task = pickle.dumps(TableTask(schema, self._columns))
+        self._task = pickle.dumps(TableTask(schema, self._columns, statistics=False))
         self._rows: list[list[str]] = []
 
     def start_bundle(self):

@@ -192,6 +192,14 @@ class ImageInfo:
     bit_depth: int = 8
     unreadable: str = ""
 
+    @property
+    def mode(self) -> str:
+        """The channel layout ``tf.io.decode_image`` gives, named as Pillow names
+        modes: ``L``, ``LA``, ``RGB``, ``RGBA`` (4 channels: CMYK too), with ``16``
+        appended for 16-bit samples (``L16``, ``RGB16``, ...)."""
+        name = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}.get(self.channels, f"{self.channels}ch")
+        return name + ("16" if self.bit_depth == 16 else "")
+
 
 def is_image_filename(name: str) -> bool:
     """Tells whether a file name has an image extension.

@@ -20,6 +20,7 @@ from beam_tfrecords.schemas.shards import is_valid_split_name
 from beam_tfrecords.schemas.table_schema import TableSchema
 from beam_tfrecords.transforms.codec.table_rows import RowEncoder
 from beam_tfrecords.transforms.plan.splits import split_fraction
+from beam_tfrecords.transforms.plan.statistics import table_batch_statistics
 
 __all__ = [
     "BAD",
@@ -49,6 +50,8 @@ class TableTask:
     quote: str = '"'
     sequence_key: str | None = None
     sequence_order: str | None = None
+    # Summarise each batch for the manifest's statistics (RowsToExamples does not).
+    statistics: bool = True
 
     @property
     def split_names(self) -> tuple[str, ...]:
@@ -70,6 +73,9 @@ class EncodedBatch:
         ``(order, row, split, values)`` with ``values`` per kept column.
       newlines: per row, the line breaks inside its quoted cells (so the reader
         can number lines).
+      statistics: per split, the statistics of its rows in this batch
+        (``plan.statistics.table_batch_statistics``); ``None`` when not computed
+        (sequences), or no longer true (rows dropped after encoding).
     """
 
     status: np.ndarray
@@ -79,6 +85,7 @@ class EncodedBatch:
     errors: list[tuple[int, str, str]]
     groups: dict[str, list] = dataclasses.field(default_factory=dict)
     newlines: np.ndarray | None = None
+    statistics: dict | None = None
 
 
 # A stable number in [0, 1) for a split key (a cell, or the raw row).
@@ -136,6 +143,11 @@ def _cells(task: TableTask, batch: pa.RecordBatch, arrow_floats: bool = False) -
         array = batch.column(column.name)
         cells[column.name] = array if vectorized else array.to_pylist()
     return cells
+
+
+def _statistics(task: TableTask, batch: pa.RecordBatch, status: np.ndarray,
+                splits: list[str]) -> dict | None:
+    return table_batch_statistics(task.schema, batch, status, splits) if task.statistics else None
 
 
 def _blank_rows(batch: pa.RecordBatch) -> np.ndarray:
@@ -219,10 +231,11 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
             records[row] = None
         kept = [r for r in records if r is not None]
         if not kept:
-            return EncodedBatch(status, [], [], [], errors, newlines=_newlines(batch))
+            return EncodedBatch(status, [], [], [], errors, newlines=_newlines(batch), statistics={})
         return EncodedBatch(status, [DEFAULT_SPLIT], [b"".join(kept)],
                             [np.fromiter(map(len, kept), dtype=np.int64, count=len(kept))], errors,
-                            newlines=_newlines(batch))
+                            newlines=_newlines(batch),
+                            statistics=_statistics(task, batch, status, [DEFAULT_SPLIT]))
     splits = _row_splits(task, batch, cells)
     status = np.full(rows, BAD, dtype=np.int16)
     errors = {e.row: (e.row, e.reason, e.message) for e in row_errors}
@@ -256,4 +269,5 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
         sizes=[np.fromiter(map(len, p), dtype=np.int64, count=len(p)) for p in parts],
         errors=[errors[row] for row in sorted(errors)],
         newlines=_newlines(batch),
+        statistics=_statistics(task, batch, status, names),
     )

@@ -26,12 +26,14 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import socket
 import uuid
 from collections.abc import Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
+from beam_tfrecords.schemas.inputs import PART_PREFIX
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME
 from beam_tfrecords.schemas.shards import WORK_DIR, parse_shard_name
 from beam_tfrecords.transforms.io import files
@@ -44,8 +46,10 @@ __all__ = [
     "acquire_lock",
     "new_run_id",
     "publish",
+    "register_part",
     "release_lock",
     "remove_folder",
+    "remove_parts",
     "remove_stale_shards",
     "remove_stale_temporaries",
 ]
@@ -262,3 +266,50 @@ def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
     removed = remove_stale_shards(output, {dst for _, dst in renames})
     remove_folder(temp_dir)
     return Published(manifest_path, tuple(removed))
+
+
+def register_part(output: str, entry: dict) -> None:
+    """Lists a published part in the dataset's ``manifest.json`` (replaced whole:
+    an atomic rename locally, one object write on GCS), with the dataset's totals.
+
+    Call only while holding the dataset's lock, after the part's own manifest was
+    published: a part the root manifest does not list is not part of the dataset
+    (the next incremental run removes such a folder).
+    """
+    path = files.join(output, MANIFEST_NAME)
+    manifest = json.loads(files.read_text(path))
+    parts = [p for p in manifest.get("parts", []) if p.get("path") != entry["path"]] + [entry]
+    manifest["parts"] = parts
+    splits: dict[str, dict] = {}
+    for source in [{"splits": {k: {"records": v["records"], "num_shards": v["num_shards"]}
+                               for k, v in manifest["splits"].items()}}, *parts]:
+        for split, info in source["splits"].items():
+            total = splits.setdefault(split, {"records": 0, "num_shards": 0})
+            total["records"] += info["records"]
+            total["num_shards"] += info["num_shards"]
+    manifest["dataset"] = {"parts": len(parts), "records": sum(s["records"] for s in splits.values()),
+                           "splits": dict(sorted(splits.items()))}
+    data = (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    if files.is_local(path):
+        staged = files.join(output, WORK_DIR, f"{MANIFEST_NAME}.{uuid.uuid4().hex[:8]}")
+        files.write_bytes(staged, data)
+        os.replace(staged, path)
+    else:
+        files.write_bytes(path, data)
+
+
+def remove_parts(output: str) -> list[str]:
+    """Deletes every incremental part folder (``part-NNNNN/``) of ``output``; returns
+    their names (a full run replaces the whole dataset)."""
+    prefix = files.join(output, PART_PREFIX)
+    found = [path for path, _ in files.list_files(files.join(output, "**")) if path.startswith(prefix)]
+    names = sorted({path[len(files.join(output, "")):].split("/", 1)[0] for path in found})
+    names = [name for name in names if re.fullmatch(re.escape(PART_PREFIX) + r"\d{5,}", name)]
+    for name in names:
+        remove_folder(files.join(output, name))
+        if files.is_local(output):
+            try:
+                os.rmdir(files.join(output, name))
+            except OSError:
+                pass
+    return names

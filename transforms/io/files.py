@@ -34,6 +34,7 @@ __all__ = [
     "open_read",
     "open_write",
     "read_bytes",
+    "read_bytes_if_exists",
     "read_text",
     "read_text_if_exists",
     "write_bytes",
@@ -79,8 +80,14 @@ def read_text(path: str) -> str:
 
 def read_text_if_exists(path: str) -> str | None:
     """The file as UTF-8 text, or ``None`` when there is no such file."""
+    data = read_bytes_if_exists(path)
+    return None if data is None else data.decode("utf-8-sig")
+
+
+def read_bytes_if_exists(path: str) -> bytes | None:
+    """The file's bytes, or ``None`` when there is no such file."""
     try:
-        return read_text(path)
+        return read_bytes(path)
     except FileNotFoundError:
         return None
     except Exception as err:  # pylint: disable=broad-except

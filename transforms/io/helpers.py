@@ -107,9 +107,9 @@ def _read_errors() -> tuple[type[BaseException], ...]:
 
 def encode_image(ref: ImageRef, validate: str, max_pixels: int = DEFAULT_MAX_PIXELS,
                  image_bytes: str = "readable",
-                 reshape: ImageReshape | None = None) -> tuple[bytes, str, str] | DeadLetter:
-    """Reads, checks and encodes one image: ``(framed record, note, sha256)`` (see
-    ``image_example``), or why it was refused."""
+                 reshape: ImageReshape | None = None) -> tuple | DeadLetter:
+    """Reads, checks and encodes one image: ``(framed record, note, sha256, source
+    sha256, image)`` (see ``image_example``), or why it was refused."""
     try:
         data = _read(ref.path, ref.size)
     except _read_errors() as err:
@@ -117,14 +117,17 @@ def encode_image(ref: ImageRef, validate: str, max_pixels: int = DEFAULT_MAX_PIX
     outcome = image_example(ref, data, validate, max_pixels, image_bytes, reshape)
     if isinstance(outcome, DeadLetter):
         return outcome
-    return frame_record(outcome[0]), outcome[1], outcome[2]
+    return frame_record(outcome[0]), *outcome[1:]
 
 
 def image_example(ref: ImageRef, data: bytes, validate: str, max_pixels: int = DEFAULT_MAX_PIXELS,
                   image_bytes: str = "readable",
-                  reshape: ImageReshape | None = None) -> tuple[bytes, str, str] | DeadLetter:
+                  reshape: ImageReshape | None = None) -> tuple | DeadLetter:
     """Checks and encodes an image's bytes: ``(serialized Example, note, sha256 of
-    the stored image)``, or why it was refused.
+    the stored image, sha256 of the file's bytes)``, or why it was refused (the two
+    digests differ only for an image stored converted or reshaped; the second is
+    the input fingerprint's content hash), and the stored image's ``(format, mode,
+    width, height)`` (for the statistics; ``ImageInfo.mode``).
 
     With ``image_bytes='readable'``, an image ``tf.io.decode_image`` cannot read as
     stored is stored as a lossless PNG (see ``codec.readable``). The note says what
@@ -134,6 +137,7 @@ def image_example(ref: ImageRef, data: bytes, validate: str, max_pixels: int = D
     ``reshape`` the image is resized and re-encoded as it says (see
     ``codec.reshape``; always readable) and the note is ``reshape/<what>``.
     """
+    source = data
     try:
         note = ""
         if reshape is not None and reshape.active:
@@ -158,13 +162,14 @@ def image_example(ref: ImageRef, data: bytes, validate: str, max_pixels: int = D
         return DeadLetter(ref.path, "encode", "conversion_error",
                           f"the image could not be converted: {type(err).__name__}: {err}")
     digest = hashlib.sha256(data).hexdigest()
+    source_digest = digest if data is source else hashlib.sha256(source).hexdigest()
     try:
         example = encode_image_example(
             data, info, ref.label, ref.label_text, ref.filename, ref.extra, digest
         )
     except (ValueError, TypeError, OverflowError) as err:
         return DeadLetter(ref.path, "encode", "encode_error", f"cannot encode the record: {err}")
-    return example, note, digest
+    return example, note, digest, source_digest, (info.format, info.mode, info.width, info.height)
 
 
 def encode_chunk(chunk: list[ImageRef], validate: str, max_pixels: int = DEFAULT_MAX_PIXELS,
@@ -175,7 +180,7 @@ def encode_chunk(chunk: list[ImageRef], validate: str, max_pixels: int = DEFAULT
     Returns:
       The framed records of the good files, concatenated in order (one object to
       pass back instead of many), and per file either ``(framed size, note,
-      sha256)`` or its dead letter.
+      sha256, source sha256, (format, mode, width, height))`` or its dead letter.
     """
     framed, outcomes = [], []
     for ref in chunk:
@@ -184,7 +189,7 @@ def encode_chunk(chunk: list[ImageRef], validate: str, max_pixels: int = DEFAULT
             outcomes.append(outcome)
         else:
             framed.append(outcome[0])
-            outcomes.append((len(outcome[0]), outcome[1], outcome[2]))
+            outcomes.append((len(outcome[0]), *outcome[1:]))
     return b"".join(framed), outcomes
 
 

@@ -1,0 +1,344 @@
+"""What ``convert`` shows on the console while it runs and when it ends.
+
+While it runs: one line for the whole job, redrawn in place on a terminal
+(``converting: 2,310/3,142 images read · 1,904 records written · 412 MB ·
+96 MB/s · shards 3/4 · ETA 0:11``), or, when stderr is not a terminal (a log
+file, CI), the same as a log line every ``--progress_seconds``. The numbers are
+the counters of ``transforms.io.progress``, which the steps bump in this process
+on the in-process DirectRunner. Where the steps run in other processes
+(Dataflow, the DirectRunner's ``multi_processing`` mode) this process's
+counters stay at zero, so nothing is drawn here: each worker logs its own
+counts, and Dataflow shows the ``progress`` counters.
+
+When it ends: a table per split of records, shards, MB and time, from the run
+report (``summary_table``).
+
+Also: ``quiet_logs`` drops log lines a user cannot act on (Beam saying it
+chose the DirectRunner because no ``--runner`` was given).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+from beam_tfrecords.transforms.io import progress
+
+__all__ = ["PROGRESS_MODES", "Reporter", "clear_line", "quiet_logs", "summary_table"]
+
+PROGRESS_MODES = ("auto", "bar", "log", "off")
+_BAR_SECONDS = 0.25  # Redraws of the terminal line: at most 4 a second.
+_RATE_WINDOW = 5.0  # Seconds over which the rate is measured.
+_log = logging.getLogger("beam_tfrecords.progress")
+_active: Reporter | None = None
+
+
+class _NotForUsers(logging.Filter):
+    """Drops log records that are not about the user's data and that a user
+    cannot act on."""
+
+    _MESSAGES = (
+        # Beam, on every run without --runner: the DirectRunner is the documented default.
+        "Missing pipeline option (runner)",
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.msg if isinstance(record.msg, str) else ""
+        return not message.startswith(self._MESSAGES)
+
+
+def quiet_logs() -> None:
+    """Installs the filter of lines not for users on the root logger's handlers."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, _NotForUsers) for f in handler.filters):
+            handler.addFilter(_NotForUsers())
+
+
+def runs_in_process(beam_args: Sequence[str]) -> bool:
+    """Whether the runner runs every step in this process (the DirectRunner's
+    in-memory and multi-threading modes), where this process's counters see them."""
+    options = PipelineOptions(list(beam_args))
+    runner = options.view_as(StandardOptions).runner
+    mode = options.view_as(DirectOptions).direct_running_mode
+    return runner in (None, "DirectRunner", "direct") and mode in (None, "in_memory", "multi_threading")
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return (f"{hours}:" if hours else "") + (f"{rest // 60:02d}" if hours else f"{rest // 60}") + f":{rest % 60:02d}"
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:,.0f} MB" if nbytes >= 10e6 else f"{nbytes / 1e6:.1f} MB"
+
+
+class Reporter:
+    """Shows a run's progress from ``transforms.io.progress`` while it runs.
+
+    Args:
+      mode: ``bar`` (one line redrawn in place), ``log`` (a log line every
+        ``seconds``) or ``off``; ``auto``: ``bar`` when ``stream`` is a terminal,
+        else ``log``. ``seconds`` 0 is ``off``.
+      seconds: seconds between log lines (and between workers' own lines).
+      in_process: whether the steps run in this process (see ``runs_in_process``);
+        when not, nothing is shown here.
+      stream: where the line goes (default: stderr).
+    """
+
+    def __init__(self, mode: str = "auto", seconds: float = 30.0, in_process: bool = True,
+                 stream=None):
+        if mode not in PROGRESS_MODES:
+            raise ValueError(f"--progress must be one of {', '.join(PROGRESS_MODES)}; got {mode!r}")
+        if seconds < 0:
+            raise ValueError(f"--progress_seconds must be 0 (no progress) or more; got {seconds:g}")
+        self._stream = stream if stream is not None else sys.stderr
+        if mode == "auto":
+            terminal = getattr(self._stream, "isatty", lambda: False)()
+            mode = "bar" if terminal else "log"
+        self.mode = "off" if seconds == 0 else mode
+        self.seconds = seconds
+        self.in_process = in_process
+        self.unit = "images"
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._shown = ""  # The line on screen ('' when none).
+        self._started = time.monotonic()
+        self._first_input: float | None = None
+        self._samples: collections.deque = collections.deque()
+        self._handlers: list[tuple[logging.Handler, object, logging.Filter]] = []
+        self._sep = " · "
+        try:
+            self._sep.encode(getattr(self._stream, "encoding", None) or "ascii")
+        except (UnicodeEncodeError, LookupError):
+            self._sep = " | "
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the reporter was made (the run's wall time, for the CLI)."""
+        return time.monotonic() - self._started
+
+    def on_plan(self, show_plan: Callable) -> Callable:
+        """``convert``'s ``on_plan``: calls ``show_plan(plan)``, then starts showing."""
+
+        def planned(plan) -> None:
+            show_plan(plan)
+            self.start(plan)
+
+        return planned
+
+    def start(self, plan=None) -> None:
+        """Starts showing progress (of a run planned as ``plan``, a ``RunPlan``)."""
+        global _active  # pylint: disable=global-statement
+        progress.reset()
+        progress.set_interval(0 if self.mode == "off" else self.seconds)
+        if plan is not None and plan.is_table:
+            self.unit = "rows"
+            progress.plan(input_bytes=sum(size for _, size in plan.table_inputs))
+        if self.mode == "off":
+            progress.watch(True)  # Nor do the steps log their own lines here.
+            return
+        if not self.in_process:
+            _log.info("progress: this runner runs the steps in other processes; each logs its "
+                      "progress every %g s (Dataflow also shows the 'progress' counters)",
+                      self.seconds)
+            return
+        progress.watch(True)
+        if self.mode == "bar":
+            self._wrap_log_handlers()
+        _active = self
+        self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops showing progress; the terminal line is cleared."""
+        global _active  # pylint: disable=global-statement
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        self.clear()
+        for handler, stream, log_filter in self._handlers:
+            handler.removeFilter(log_filter)
+            handler.setStream(stream)
+        self._handlers = []
+        progress.watch(False)
+        if _active is self:
+            _active = None
+
+    # --- the line ---------------------------------------------------------------------
+
+    def fields(self, snap: progress.Snapshot, now: float | None = None) -> list[tuple[int, str]]:
+        """The pieces of the progress line, ``(priority, text)``, in order; the
+        lowest priorities are left out first when the line is too wide."""
+        now = time.monotonic() if now is None else now
+        if self._first_input is None and (snap.inputs or snap.input_bytes):
+            self._first_input = now
+        rate = self._rate(now, snap.input_bytes if self.unit == "rows" else snap.bytes)
+        eta = self._eta(snap, now)
+        speed = []
+        if rate is not None and (self._fraction(snap) or 0) < 1:  # None once all is read.
+            speed = [(2, f"{rate / 1e6:,.0f} MB/s" if rate >= 10e6 else f"{rate / 1e6:.1f} MB/s")]
+        if self.unit == "rows":  # The rate is of the input taken.
+            fields = [(9, f"{snap.inputs:,} rows read")]
+            if snap.planned_input_bytes:
+                fields.append((5, f"{snap.input_bytes / 1e6:,.0f}/{_mb(snap.planned_input_bytes)} read"))
+            fields += [*speed, (4, f"{snap.records:,} records written"), (6, _mb(snap.bytes))]
+        else:  # The rate is of the records written.
+            total = f"/{snap.planned_inputs:,}" if snap.planned_inputs is not None else ""
+            fields = [(9, f"{snap.inputs:,}{total} images read"), (4, f"{snap.records:,} records written"),
+                      (6, _mb(snap.bytes)), *speed]
+        shards = f"/{snap.planned_shards}" if snap.planned_shards is not None else ""
+        fields.append((7, f"shards {snap.shards}{shards}"))
+        if eta:
+            fields.append((8, eta))
+        return fields
+
+    def line(self, snap: progress.Snapshot, width: int | None = None, sep: str | None = None,
+             now: float | None = None) -> str:
+        """The progress line, at most ``width`` characters (unbounded when ``None``)."""
+        sep = self._sep if sep is None else sep
+        fields = self.fields(snap, now)
+        if snap == progress.Snapshot():
+            return "converting: starting"
+        text = "converting: " + sep.join(t for _, t in fields)
+        while width is not None and len(text) > width and len(fields) > 1:
+            fields.remove(min(fields, key=lambda f: f[0]))
+            text = "converting: " + sep.join(t for _, t in fields)
+        return text[:width] if width is not None else text
+
+    def _rate(self, now: float, value: int) -> float | None:
+        samples = self._samples
+        samples.append((now, value))
+        while len(samples) > 2 and now - samples[1][0] >= _RATE_WINDOW:
+            samples.popleft()
+        (then, before) = samples[0]
+        return (value - before) / (now - then) if now - then >= 1.0 else None
+
+    @staticmethod
+    def _fraction(snap: progress.Snapshot) -> float | None:
+        """How much of the input is taken (by bytes when known); ``None``: unknown."""
+        if snap.planned_input_bytes:
+            return snap.input_bytes / snap.planned_input_bytes
+        if snap.planned_inputs:
+            return snap.inputs / snap.planned_inputs
+        return None
+
+    def _eta(self, snap: progress.Snapshot, now: float) -> str:
+        done = self._fraction(snap)
+        if done is None:
+            return ""
+        if done >= 1:
+            return "finishing" if snap.planned_shards is None or snap.shards < snap.planned_shards else ""
+        if self._first_input is None or done <= 0 or now - self._first_input < 2.0:
+            return ""
+        return f"ETA {_duration((now - self._first_input) * (1 - done) / done)}"
+
+    # --- drawing ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        # Sampled every tick in both modes, so that a log line has a rate and an ETA.
+        next_log = time.monotonic() + self.seconds
+        while not self._stop.wait(_BAR_SECONDS):
+            snap, now = progress.snapshot(), time.monotonic()
+            if self.mode == "bar":
+                self._draw(snap)
+            elif now >= next_log:
+                next_log = now + self.seconds
+                _log.info("%s", self.line(snap, sep=", ", now=now))
+            else:
+                self.fields(snap, now)
+
+    def _draw(self, snap: progress.Snapshot) -> None:
+        width = shutil.get_terminal_size((80, 24)).columns - 1
+        text = self.line(snap, width)
+        with self._lock:
+            if text == self._shown:
+                return
+            self._stream.write("\r" + text + "\x1b[K")
+            self._stream.flush()
+            self._shown = text
+
+    def clear(self) -> None:
+        """Clears the line on the terminal, if one is shown (the next tick redraws it)."""
+        with self._lock:
+            if self._shown:
+                self._stream.write("\r\x1b[K")
+                self._stream.flush()
+                self._shown = ""
+
+    def _wrap_log_handlers(self) -> None:
+        """Log records to the terminal clear the line first; the run's own INFO lines
+        (each step's start and end) are left out, since the line and the summary say
+        the same; warnings and errors stay."""
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is self._stream:
+                log_filter = _StepLines()
+                handler.addFilter(log_filter)
+                self._handlers.append((handler, handler.setStream(_LineAware(self._stream, self)),
+                                       log_filter))
+
+
+class _StepLines(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not record.name.startswith("beam_tfrecords")
+
+
+class _LineAware:
+    """A stream whose writes clear the reporter's line first."""
+
+    def __init__(self, stream, reporter: Reporter):
+        self._stream = stream
+        self._reporter = reporter
+
+    def write(self, text: str) -> int:
+        with self._reporter._lock:  # pylint: disable=protected-access
+            self._reporter.clear()
+            return self._stream.write(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def clear_line() -> None:
+    """Clears the progress line of the running reporter, if any (before a last message)."""
+    if _active is not None:
+        _active.clear()
+
+
+# --- the summary ----------------------------------------------------------------------
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s" if value < 100 else _duration(value)
+
+
+def summary_table(report: dict, seconds: float | None = None) -> list[str]:
+    """The lines of the end-of-run table: records, shards, MB and time per split
+    (from the run report's ``splits``), and the total (the run's wall time,
+    ``seconds``, when given). Without ``splits`` (an older report), one line."""
+    splits = report.get("splits")
+    if splits is None:
+        return [f"records: {report['records']} in {report['shards']} shards, "
+                f"{report['bytes'] / 1e6:.1f} MB"]
+    rows = [("split", "records", "shards", "MB", "time")]
+    for split, values in sorted(splits.items()):
+        rows.append((split, f"{values['records']:,}", f"{values['shards']:,}",
+                     f"{values['bytes'] / 1e6:,.1f}", _seconds(values["seconds"])))
+    rows.append(("total", f"{report['records']:,}", f"{report['shards']:,}",
+                 f"{report['bytes'] / 1e6:,.1f}", _seconds(seconds) if seconds is not None else ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ["  ".join([row[0].ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(row[1:], widths[1:]))]).rstrip()
+             for row in rows]
+    return [*lines, "(time: a split's from its first shard's write to its last's; total: the whole run)"]

@@ -1,0 +1,151 @@
+"""The input fingerprint: which files a dataset was made from, and how to tell a
+changed one.
+
+Every published dataset (and every part of one, see ``PART_PREFIX``) holds
+``inputs.jsonl``: one JSON object per input file, sorted by path::
+
+    {"path": "cats/001.jpg", "size": 51234, "mtime_ns": 1763800000123456789,
+     "sha256": "9f86d0..."}                                   # a local file
+    {"path": "2026/11/22/rows.csv", "size": 103000000, "generation": "1763800000123456",
+     "crc32c": "c99465aa"}                                     # a gs:// object
+    {"path": "/data/labels.txt", "role": "labels", "size": 40, ...}   # what else shapes records
+
+``path`` is relative to the input root the manifest names (``input.root``);
+files that are not inputs but shape the records (the labels file, the table
+schema, a CSV image manifest) have a ``role`` and their own path. ``sha256`` is
+the content hash of a local file's bytes, recorded when the run read them anyway
+(every image it converted, every table, every file with a role); ``crc32c`` and
+``generation`` come from the GCS listing (nothing is downloaded).
+
+A file is unchanged when its size is the same and, locally, its modification time
+is the same or, if that moved (``touch``, a copy), its content hash is the same;
+on GCS when its crc32c is the same. With ``content`` fingerprints the time is not
+trusted and every local file's content hash is compared. The manifest names the
+file with its SHA-256 and holds the fingerprint of the whole input (``input.fingerprint``:
+the files' paths, sizes and contents) and of the options that shape the records
+(``options_fingerprint``), so a scheduler can compare two runs without reading
+either input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+
+__all__ = [
+    "FINGERPRINT_MODES",
+    "INPUTS_NAME",
+    "InputFile",
+    "PART_PREFIX",
+    "RECORD_SHAPING_EXCLUDED",
+    "SKIPPED_EXIT_STATUS",
+    "decode_inputs",
+    "encode_inputs",
+    "input_fingerprint",
+    "options_fingerprint",
+    "part_name",
+]
+
+INPUTS_NAME = "inputs.jsonl"
+# An incremental run's part of a dataset: a folder ``part-00001/`` beside the
+# first run's shards, itself a complete dataset (shards, manifest, inputs).
+PART_PREFIX = "part-"
+# --fingerprint: ``stat`` trusts an unchanged size and modification time (a moved
+# time is checked against the content hash); ``content`` hashes every local file.
+FINGERPRINT_MODES = ("stat", "content")
+# The exit status of a run that found nothing to do (Airflow's BashOperator marks
+# a task that exits 99 as skipped; cron and shells see a non-zero status).
+SKIPPED_EXIT_STATUS = 99
+# Options that never shape records, beyond schemas.config.RUN_CONTROL_OPTIONS:
+# where the input and output are (the files themselves are fingerprinted) and how
+# this run decides whether to run.
+RECORD_SHAPING_EXCLUDED = frozenset({"input", "output"})
+
+
+@dataclasses.dataclass(frozen=True)
+class InputFile:
+    """One input file as the fingerprint records it (see the module docstring)."""
+
+    path: str
+    size: int
+    mtime_ns: int = 0
+    sha256: str = ""
+    generation: str = ""
+    crc32c: str = ""
+    role: str = ""
+
+    @property
+    def content(self) -> str:
+        """What names the bytes: ``sha256:<hex>``, ``crc32c:<hex>``, or '' (not known)."""
+        if self.sha256:
+            return f"sha256:{self.sha256}"
+        return f"crc32c:{self.crc32c}" if self.crc32c else ""
+
+    def to_json(self) -> dict:
+        out: dict = {"path": self.path}
+        if self.role:
+            out["role"] = self.role
+        out["size"] = self.size
+        for name in ("mtime_ns", "generation", "sha256", "crc32c"):
+            value = getattr(self, name)
+            if value:
+                out[name] = value
+        return out
+
+    @classmethod
+    def from_json(cls, value: Mapping) -> InputFile:
+        if not isinstance(value, Mapping) or not isinstance(value.get("path"), str):
+            raise ValueError(f"not an input file entry: {value!r}")
+        return cls(value["path"], int(value["size"]), int(value.get("mtime_ns", 0)),
+                   str(value.get("sha256", "")), str(value.get("generation", "")),
+                   str(value.get("crc32c", "")), str(value.get("role", "")))
+
+
+def encode_inputs(entries: Iterable[InputFile]) -> bytes:
+    """``inputs.jsonl``'s bytes: one entry per line, files with a role first, then by path."""
+    ordered = sorted(entries, key=lambda e: (e.role == "", e.role, e.path))
+    return "".join(json.dumps(e.to_json(), ensure_ascii=False, sort_keys=False) + "\n"
+                   for e in ordered).encode("utf-8")
+
+
+def decode_inputs(data: bytes, source: str = INPUTS_NAME) -> list[InputFile]:
+    """Parses ``inputs.jsonl``.
+
+    Raises:
+      ValueError: naming the line that is not an entry.
+    """
+    entries = []
+    for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            entries.append(InputFile.from_json(json.loads(line)))
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{source} line {number}: {err}") from None
+    return entries
+
+
+def options_fingerprint(options: Mapping[str, object], run_control: Iterable[str]) -> str:
+    """SHA-256 of the options that shape the records (canonical JSON), hex."""
+    skip = set(run_control) | RECORD_SHAPING_EXCLUDED
+    shaping = {k: v for k, v in sorted(options.items()) if k not in skip}
+    return hashlib.sha256(json.dumps(shaping, sort_keys=True, default=list).encode()).hexdigest()
+
+
+def input_fingerprint(entries: Iterable[InputFile], options_digest: str) -> str:
+    """SHA-256 of every file's path, size and content (its time when the content is
+    not known) and of the options' fingerprint, hex."""
+    digest = hashlib.sha256(options_digest.encode())
+    for entry in sorted(entries, key=lambda e: (e.role, e.path)):
+        token = entry.content or f"mtime_ns:{entry.mtime_ns}:generation:{entry.generation}"
+        digest.update(json.dumps([entry.role, entry.path, entry.size, token]).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def part_name(number: int) -> str:
+    """``part-00001``: the folder of a dataset's incremental part ``number`` (>= 1)."""
+    if number < 1:
+        raise ValueError(f"part numbers start at 1, got {number}")
+    return f"{PART_PREFIX}{number:05d}"

@@ -1,0 +1,103 @@
+"""Fingerprints of input files: sizes and times from the file system or the GCS
+listing, content hashes of local files (see ``schemas.inputs``)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import os
+from collections.abc import Sequence
+
+from beam_tfrecords.schemas.inputs import InputFile
+from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io.gcs import _client, crc32c_gcs_to_hex, is_gcs
+
+__all__ = ["file_entries", "hash_entries", "local_sha256", "relative_path", "role_entry"]
+
+_HASH_BLOCK = 1 << 20
+
+
+def relative_path(root: str, path: str) -> str:
+    """``path`` relative to ``root`` ('/'-separated), or ``path`` itself outside it."""
+    prefix = root.rstrip("/") + "/"
+    return path[len(prefix):] if path.startswith(prefix) else path
+
+
+def local_sha256(path: str) -> str:
+    """SHA-256 of a local file's bytes, hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _gcs_listing(root: str) -> dict[str, tuple[int, str, str]]:
+    """``{gs://path: (size, generation, crc32c hex)}`` of every object under ``root``."""
+    bucket, _, prefix = root[len("gs://"):].partition("/")
+    prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+    found = {}
+    for blob in _client().client.list_blobs(bucket, prefix=prefix):
+        crc = crc32c_gcs_to_hex(blob.crc32c) if blob.crc32c else ""
+        found[f"gs://{bucket}/{blob.name}"] = (int(blob.size or 0), str(blob.generation or ""), crc)
+    return found
+
+
+def _gcs_object(path: str) -> tuple[int, str, str] | None:
+    """``(size, generation, crc32c hex)`` of one ``gs://`` object, ``None`` when absent."""
+    bucket, _, name = path[len("gs://"):].partition("/")
+    blob = _client().client.bucket(bucket).get_blob(name)
+    if blob is None:
+        return None
+    return int(blob.size or 0), str(blob.generation or ""), (crc32c_gcs_to_hex(blob.crc32c) if blob.crc32c else "")
+
+
+def file_entries(root: str, paths: Sequence[tuple[str, int]], names: Sequence[str] | None = None
+                 ) -> list[InputFile]:
+    """Entries (size and time, or GCS generation and crc32c) of ``(path, size)``
+    files, named by ``names`` (default: relative to ``root``). Content hashes of
+    local files are not computed here."""
+    names = names or [relative_path(root, path) for path, _ in paths]
+    listing = _gcs_listing(root) if any(is_gcs(path) for path, _ in paths) else {}
+    entries = []
+    for (path, size), name in zip(paths, names):
+        if is_gcs(path):
+            found = listing.get(path)
+            if found is None:  # Outside the root (a CSV manifest may point anywhere).
+                found = _gcs_object(path) or (size, "", "")
+            entries.append(InputFile(name, found[0], generation=found[1], crc32c=found[2]))
+        elif files.is_local(path):
+            try:
+                info = os.stat(path)
+            except OSError:
+                entries.append(InputFile(name, size))
+                continue
+            entries.append(InputFile(name, info.st_size, info.st_mtime_ns))
+        else:
+            entries.append(InputFile(name, size))
+    return entries
+
+
+def hash_entries(entries: Sequence[InputFile], paths: Sequence[str], threads: int = 8) -> list[InputFile]:
+    """The entries with the SHA-256 of each local file (read with ``threads``)."""
+    def one(item):
+        entry, path = item
+        if entry.sha256 or not files.is_local(path):
+            return entry
+        try:
+            return InputFile(entry.path, entry.size, entry.mtime_ns, local_sha256(path),
+                             role=entry.role)
+        except OSError:
+            return entry
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="hash-input") as pool:
+        return list(pool.map(one, zip(entries, paths)))
+
+
+def role_entry(path: str, role: str) -> InputFile:
+    """The entry of a file that shapes the records (labels, schema, CSV manifest):
+    its content hash always (they are small)."""
+    if is_gcs(path):
+        size, generation, crc = _gcs_object(path) or (0, "", "")
+        return InputFile(path, size, generation=generation, crc32c=crc, role=role)
+    info = os.stat(path)
+    return InputFile(path, info.st_size, info.st_mtime_ns, local_sha256(path), role=role)
