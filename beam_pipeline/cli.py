@@ -279,6 +279,17 @@ def convert_parser(prog: str = "beam-tfrecords convert") -> argparse.ArgumentPar
     return _convert_parser(prog)
 
 
+def _stray_arguments(beam_args: Sequence[str]) -> list[str]:
+    """Words left over that no flag takes: a value follows a ``--flag`` without ``=``;
+    anything else (``--input a.csv b.csv``, a shell-expanded glob) is a mistake."""
+    stray = []
+    for number, arg in enumerate(beam_args):
+        before = beam_args[number - 1] if number else ""
+        if not arg.startswith("-") and not (before.startswith("-") and "=" not in before):
+            stray.append(arg)
+    return stray
+
+
 def _unknown_beam_flags(beam_args: Sequence[str], ours: Sequence[str]) -> list[str]:
     """Flags that neither we (``ours``) nor any Beam options class know, with suggestions."""
     parser = _BeamArgumentParser(allow_abbrev=False)
@@ -419,6 +430,12 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
     parser = _convert_parser(prog)
     args, beam_args = parser.parse_known_args(argv)
     ours = [a for action in parser._actions for a in action.option_strings]  # pylint: disable=protected-access
+    stray = _stray_arguments(beam_args)
+    if stray:
+        print(f"{prog}: error: unexpected arguments: {' '.join(stray[:3])}"
+              f"{' ...' if len(stray) > 3 else ''} (a glob the shell expanded? quote it: "
+              "--input 'data/*.csv')", file=sys.stderr)
+        return EXIT_USAGE
     unknown = _unknown_beam_flags(beam_args, ours)
     if unknown:
         print(f"{prog}: error: unknown flags: {', '.join(unknown)}", file=sys.stderr)
@@ -511,7 +528,12 @@ def _run_inspect(argv: Sequence[str], prog: str) -> int:
     print(f"dataset: {args.location} (created {manifest['created']})")
     for split, info in manifest["splits"].items():
         print(f"  {split}: {info['records']} records in {info['num_shards']} shards, "
-              f"{info['bytes'] / 1e6:.1f} MB")
+              f"{info['bytes'] / 1e6:.1f} MB" + (" (the first run's)" if manifest.get("parts") else ""))
+    if manifest.get("parts"):
+        whole = manifest.get("dataset", {})
+        print(f"  with {len(manifest['parts'])} incremental parts: " + ", ".join(
+            f"{split} {info['records']} records in {info['num_shards']} shards"
+            for split, info in whole.get("splits", {}).items()) + " in all")
     print(f"  classes: {len(manifest['labels']['vocabulary'])}; "
           f"bad inputs: {manifest['bad_records']['total']}")
     samples = sample_records(args.location, max(args.records, args.per_split))

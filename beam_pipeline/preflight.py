@@ -27,7 +27,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from beam_tfrecords.schemas.config import ConvertConfig, CsvDialect, expand_templates
-from beam_tfrecords.schemas.features import IMAGE_FEATURE_SPEC
+from beam_tfrecords.schemas.features import IMAGE_FEATURE_SPEC, image_feature_spec
 from beam_tfrecords.schemas.inputs import INPUTS_NAME, InputFile, encode_inputs
 from beam_tfrecords.schemas.manifest import (
     DEAD_LETTER_DIR,
@@ -538,8 +538,9 @@ def _fill_templates(config: ConvertConfig) -> ConvertConfig:
         raise ConvertError(str(err)) from None
 
 
-def _role_files(config: ConvertConfig, root: str) -> tuple[InputFile, ...]:
-    """Entries of the files besides the inputs that shape the records."""
+def _role_files(config: ConvertConfig, root: str, layout: str = "") -> tuple[InputFile, ...]:
+    """Entries of the files besides the inputs that shape the records (``layout``:
+    the one the listing used, when known)."""
     roles = []
     if config.labels:
         roles.append((config.labels, "labels"))
@@ -548,7 +549,7 @@ def _role_files(config: ConvertConfig, root: str) -> tuple[InputFile, ...]:
         roles.append((files.join(root, CIFAR_LABELS_FILE), "labels"))
     if config.schema:
         roles.append((config.schema, "schema"))
-    if config.layout == "csv":
+    if "csv" in (config.layout, layout):
         roles.append((config.input, "manifest_csv"))
     entries = []
     for path, role in roles:
@@ -651,9 +652,16 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
         entries = file_entries(root, [(ref.path, ref.size) for ref in listing.refs], names)
         if config.fingerprint == "content":
             entries = hash_entries(entries, [ref.path for ref in listing.refs])
-        roles = _role_files(config, root)
+        roles = _role_files(config, root, listing.layout)
         update = _decide(config, dataset, entries, roles,
                          {ref.filename: ref.path for ref in listing.refs}, root, listing.vocabulary)
+        if update is not None and update.action == "part":
+            features = image_feature_spec(dict(listing.extra_features)).to_json()
+            if features != dataset.manifest.get("features"):
+                raise ConvertError("--incremental: the features the images would have differ from "
+                                   "the dataset's (a CSV manifest column added, removed or of "
+                                   "another type); a full run is needed (without --incremental, "
+                                   "with --overwrite)")
         only: tuple[str, ...] = ()
         if update is not None and update.action == "part":
             only = tuple(sorted(update.include))

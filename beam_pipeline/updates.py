@@ -206,6 +206,25 @@ def _hash_now(root_paths: dict[str, str]):
     return hash_now
 
 
+def _appended(old: InputFile, now: InputFile) -> bool:
+    """Whether the local file ``now`` is ``old`` with bytes added at its end (its first
+    ``old.size`` bytes hash to ``old.sha256``)."""
+    if not (old.sha256 and files.is_local(now.path) and now.size >= old.size):
+        return False
+    digest, left = hashlib.sha256(), old.size
+    try:
+        with open(now.path, "rb") as f:
+            while left > 0:
+                block = f.read(min(left, 1 << 20))
+                if not block:
+                    return False
+                digest.update(block)
+                left -= len(block)
+    except OSError:
+        return False
+    return digest.hexdigest() == old.sha256
+
+
 def _listed(paths: Sequence[str], limit: int = 3) -> str:
     shown = ", ".join(paths[:limit])
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
@@ -258,8 +277,10 @@ def _decide(config: ConvertConfig, dataset: Dataset | None, now: Sequence[InputF
     for entry in roles:
         old = dataset.roles.get(entry.role)
         if old is None or old.path != entry.path or (old.content or "x") != (entry.content or "y"):
-            if not (incremental and entry.role == "manifest_csv"):
-                why_full = why_full or f"the {entry.role.replace('_', ' ')} file {entry.path} changed"
+            if incremental and entry.role == "manifest_csv" and old is not None and _appended(old, entry):
+                continue  # Rows added, none changed: the new rows' images are new inputs.
+            why = " (its existing rows changed, not only rows added)" if entry.role == "manifest_csv" else ""
+            why_full = why_full or f"the {entry.role.replace('_', ' ')} file {entry.path} changed{why}"
     for role in dataset.roles:
         if role not in {e.role for e in roles}:
             why_full = why_full or f"the dataset was made with a {role} file; this run has none"

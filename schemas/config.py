@@ -308,6 +308,14 @@ class ConvertConfig:
                     raise ValueError(f"{flag} applies to CSV image manifests, not to "
                                      f"--layout {self.layout}")
 
+        if self.incremental and self.sequence_key:
+            raise ValueError("--incremental cannot add to sequences: a later file may hold more "
+                             "rows of a key already written as a sequence; use a full run "
+                             "(--skip_unchanged --overwrite rebuilds only when the input changed)")
+        if self.incremental and self.fail_on_leakage:
+            raise ValueError("--fail_on_leakage checks the records of one run; an --incremental "
+                             "part cannot see the older parts' images; use a full run "
+                             "(--skip_unchanged --overwrite) to check the whole dataset")
         if self.date:
             parse_date(self.date)
         for flag, value in (("--input", self.input), ("--output", self.output)):
@@ -379,6 +387,8 @@ def parse_splits(text: str) -> tuple[tuple[str, float], ...]:
 def parse_date(text: str) -> datetime.date:
     """``--date``: ``YYYY-MM-DD``."""
     try:
+        if len(text) != 10 or text[4] != "-" or text[7] != "-":
+            raise ValueError(text)
         return datetime.date.fromisoformat(text)
     except ValueError:
         raise ValueError(f"--date must be a day as YYYY-MM-DD (like 2026-11-22); got {text!r}") from None

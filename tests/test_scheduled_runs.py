@@ -356,3 +356,38 @@ def test_a_run_planned_before_another_finished_is_refused(tmp_path, capsys):
     assert not os.path.exists(os.path.join(out, ".beam-tfrecords", "lock.json"))
     assert sorted(_filenames(os.path.join(out, "part-00001"))) == sorted(added)
     assert verify_dataset(out).ok
+
+
+@pytest.mark.e2e
+def test_csv_image_manifest_edits_are_seen(tmp_path, capsys):
+    """An edited label in a CSV image manifest (auto layout) is a change; an incremental
+    run takes appended rows only, and refuses rows that changed."""
+    images = str(tmp_path / "img")
+    names = _add_images(images, 6)
+    manifest, out = tmp_path / "m.csv", str(tmp_path / "out")
+    manifest.write_text("image,label\n" + "".join(f"{images}/{n},{n.split('/')[0]}\n" for n in names[:4]))
+    assert _convert(capsys, "--input", str(manifest), "--output", out)[0] == 0
+    with open(manifest, "a", encoding="utf-8") as f:
+        f.write("".join(f"{images}/{n},{n.split('/')[0]}\n" for n in names[4:]))
+    code, printed = _convert(capsys, "--input", str(manifest), "--output", out, "--incremental")
+    assert code == 0, printed
+    assert len(_filenames(os.path.join(out, "part-00001"))) == 2
+    manifest.write_text(manifest.read_text().replace(",cat\n", ",dog\n", 1))
+    code = main(["convert", "--input", str(manifest), "--output", out, "--incremental", *QUIET])
+    assert code == 2 and "existing rows changed" in capsys.readouterr().err
+    before = _snapshot(out)
+    code = main(["convert", "--input", str(manifest), "--output", out, "--skip_unchanged", *QUIET])
+    assert code == 2 and "changed" in capsys.readouterr().err and _snapshot(out) == before
+
+
+@pytest.mark.unit
+def test_stray_words_and_refused_combinations(tmp_path, capsys):
+    code = main(["convert", "--input", str(tmp_path / "a.csv"), str(tmp_path / "b.csv"),
+                 "--output", str(tmp_path / "o")])
+    assert code == 2 and "unexpected arguments" in capsys.readouterr().err
+    for flags, text in ((["--sequence_key", "k"], "cannot add to sequences"),
+                        (["--fail_on_leakage", "--splits", "train=1"], "cannot see the older parts"),
+                        (["--date", "20261121"], "--date must be a day as YYYY-MM-DD")):
+        code = main(["convert", "--input", str(tmp_path), "--output", str(tmp_path / "o"),
+                     "--incremental", *flags])
+        assert code == 2 and text in capsys.readouterr().err, flags
