@@ -51,6 +51,10 @@ EXTRAS = {
         # subprocess or a runner; 3.x is the line that supports pytest 8.
         "pytest-xdist>=3.5,<4",
     ],
+    # make bench only (never needed at run time or by make test): the single-process
+    # baseline benchmarks/baseline_tfrecord_loop.py writes through this TFRecord
+    # library. Pinned exactly so the baseline's figures stay comparable over time.
+    "bench": ["tfrecord==1.14.6"],
 }
 
 setuptools.setup(

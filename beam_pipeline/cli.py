@@ -358,7 +358,10 @@ def _print_summary(report: dict, seconds: float | None = None) -> None:
         print(f"left out as copies of other images: {report['duplicates_dropped']} "
               "(--drop_duplicates; listed in the manifest's input.duplicates_dropped)")
     if report.get("dropped_columns"):
-        print(f"columns dropped (not in --schema): {', '.join(report['dropped_columns'])} "
+        late = report.get("late_columns") or {}
+        names = [f"{name} (first at {late[name]})" if name in late else name
+                 for name in report["dropped_columns"]]
+        print(f"columns dropped (not in the schema): {', '.join(names)} "
               "(--strict_schema refuses them; 'skip: true' in the schema drops one on purpose)")
     skipped = report.get("skipped")
     if skipped:

@@ -10,6 +10,7 @@ header or re-resolves an option.
 from __future__ import annotations
 
 import codecs
+import concurrent.futures
 import csv
 import dataclasses
 import datetime
@@ -19,6 +20,7 @@ import os
 import re
 from collections import Counter
 
+import numpy as np
 from apache_beam.options.pipeline_options import (
     DirectOptions,
     PipelineOptions,
@@ -47,7 +49,14 @@ from beam_tfrecords.transforms.io.commit import (
     remove_folder,
     remove_stale_temporaries,
 )
-from beam_tfrecords.transforms.io.fingerprint import file_entries, hash_entries, relative_path, role_entry
+from beam_tfrecords.transforms.io.fingerprint import (
+    file_entries,
+    hash_entries,
+    relative_path,
+    role_entry,
+    table_entries,
+    write_inputs,
+)
 from beam_tfrecords.transforms.io.table_readers import (
     JSONL_SUFFIXES,
     PARQUET_SUFFIXES,
@@ -72,6 +81,7 @@ from beam_tfrecords.transforms.plan.layouts import (
     parse_labels_text,
     resolve_input,
 )
+from beam_tfrecords.transforms.plan.ref_table import RefTable
 from beam_tfrecords.transforms.plan.table_inference import infer_schema, infer_typed_schema
 from beam_tfrecords.transforms.tables import csv_header, table_files, table_header
 from beam_tfrecords.updates import Update, UpdateRefused, decide, manifest_digest, read_dataset
@@ -152,6 +162,9 @@ class RunPlan:
         ``--output`` given; ``config.output`` is the part's folder for a part.
       vocabulary: for an incremental run over images, the dataset's classes.
       only: for an incremental run over images, the files to convert.
+      input_table, input_rows: for a plain run over a folder layout, the listing's
+        columns (``Listing.files``) and the rows it converts (``None``: all), which
+        ``inputs.jsonl`` is written from instead of ``input_files``.
     """
 
     config: ConvertConfig
@@ -168,6 +181,8 @@ class RunPlan:
     dataset_output: str = ""
     vocabulary: tuple[str, ...] = ()
     only: tuple[str, ...] = ()
+    input_table: RefTable | None = None
+    input_rows: object = None
 
     @property
     def is_table(self) -> bool:
@@ -438,7 +453,8 @@ def _describe_images(config: ConvertConfig, listing: Listing) -> list[str]:
     refs = listing.refs
     layout = {"class_folders": "class folders", "cifar": "CIFAR (<split>/<id>_<class>.<ext>)",
               "csv": "CSV image manifest"}.get(listing.layout, listing.layout)
-    splits = Counter(ref.split for ref in refs)
+    table = isinstance(refs, RefTable)  # A large listing, as columns: counted without objects.
+    splits = Counter(refs.split_counts() if table else (ref.split for ref in refs))
     lines = [f"  images: {len(refs):,} in layout {layout}; splits: {_counts(splits) or 'none'}"
              + (f" (from {listing.split_source})" if listing.split_source else "")]
     if listing.layout == "class_folders":
@@ -449,7 +465,7 @@ def _describe_images(config: ConvertConfig, listing: Listing) -> list[str]:
         source = "the CSV's label column"
     if config.labels:
         source += f", numbered by --labels {config.labels}"
-    classes = Counter(ref.label_text or str(ref.label) for ref in refs)
+    classes = Counter(refs.label_counts() if table else (ref.label_text or str(ref.label) for ref in refs))
     order = list(listing.vocabulary) or sorted(classes, key=lambda n: (len(n), n))
     lines.append(f"  labels from {source}: {len(order):,} class{'es' if len(order) != 1 else ''}: "
                  f"{_counts(classes, order)}")
@@ -491,6 +507,57 @@ def _describe_images(config: ConvertConfig, listing: Listing) -> list[str]:
     if len(order) == 1 and listing.layout != "csv":
         lines.append(f"  note: one class only ({order[0]!r}); is --input one folder too deep?")
     return lines
+
+
+def _check_table_headers(config: ConvertConfig, schema: TableSchema, found, header: list[str]) -> tuple[str, ...]:
+    """The columns no file's rows will be written from (in order of first appearance).
+
+    Every file's header is read (a CSV's first record, a Parquet schema, the keys
+    of a JSON Lines file's first objects), not only the first file's: a column
+    that only later files have would otherwise be dropped unseen, and a later
+    file without a schema column would fail the run half way.
+
+    Raises:
+      ConvertError: a CSV or Parquet file lacks a column the run needs, or (with
+        ``--strict_schema``) a file has a column the schema does not name.
+    """
+    headers = [(found[0][0], header)]
+    if len(found) > 1:
+        def read(path):
+            try:
+                return path, table_header(config.dialect, path)
+            except ValueError as err:
+                if table_format(path) == "jsonl" and "no columns" in str(err):
+                    return path, []  # Empty, or no object early: its lines are read one by one.
+                raise ConvertError(f"--input {err}") from None
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(found) - 1)) as pool:
+            headers += list(pool.map(read, [path for path, _ in found[1:]]))
+    named = {c.name for c in schema.columns}
+    needed = [c.name for c in schema.kept] + [c for c in (
+        config.split_column, config.key_column, config.sequence_key, config.sequence_order) if c]
+    first_seen: dict[str, str] = {}
+    for path, names in headers:
+        if table_format(path) != "jsonl":  # A JSON object may leave a key out: its cell is empty.
+            missing = [name for name in dict.fromkeys(needed) if name not in names]
+            if missing:
+                raise ConvertError(
+                    f"--input {path} has no column {', '.join(map(repr, missing))}, which "
+                    f"{'the schema' if config.schema else 'the schema inferred from ' + found[0][0]} "
+                    f"needs (its columns: {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}); "
+                    "give files of one layout, or convert them separately")
+        for name in names:
+            if name not in named:
+                first_seen.setdefault(name, path)
+    dropped = tuple(first_seen)
+    if dropped and config.strict_schema:
+        by_file: dict[str, list[str]] = {}
+        for name, path in first_seen.items():
+            by_file.setdefault(path, []).append(name)
+        listed = "; ".join(f"{path} has columns the schema does not name: {names}"
+                           for path, names in list(by_file.items())[:5])
+        raise ConvertError(f"--strict_schema: {listed}; add them to the schema (with 'skip: true' "
+                           "to drop them on purpose), or run without --strict_schema")
+    return dropped
 
 
 def _describe_table(config: ConvertConfig, found, header: list[str], schema: TableSchema,
@@ -599,6 +666,22 @@ def _update_lines(update: Update | None) -> list[str]:
     return lines
 
 
+def _fingerprint_columns(listing: Listing):
+    """``(table, rows)``: the listing's columns (``Listing.files``) and, when the
+    references are fewer (``--drop_duplicates``, unreadable files), the rows they
+    keep (else ``None``); ``(None, None)`` for a CSV manifest."""
+    table = listing.files
+    if table is None:
+        return None, None
+    if len(table) == len(listing.refs):
+        return table, None
+    if isinstance(listing.refs, RefTable):
+        kept = set(listing.refs.filename(i) for i in range(len(listing.refs)))
+    else:
+        kept = {ref.filename for ref in listing.refs}
+    return table, np.array([i for i in range(len(table)) if table.filename(i) in kept], np.int64)
+
+
 def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
              run_id: str | None = None) -> RunPlan:
     """Resolves and checks a conversion, reading what it must of the input once.
@@ -648,13 +731,34 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
                                f"({', '.join(unknown[:5])}); the dataset's labels are numbered "
                                "by its classes, so a full run is needed (without --incremental, "
                                "with --overwrite)")
-        names = [ref.filename for ref in listing.refs]
-        entries = file_entries(root, [(ref.path, ref.size) for ref in listing.refs], names)
-        if config.fingerprint == "content":
-            entries = hash_entries(entries, [ref.path for ref in listing.refs])
         roles = _role_files(config, root, listing.layout)
+        columns, rows = _fingerprint_columns(listing)
+        if columns is not None and not scheduled and config.fingerprint == "stat":
+            # A plain run writes its inputs.jsonl from the listing's columns (take_output):
+            # no entry object per file.
+            config, target = _as_part(config, target, None)
+            inputs = tuple(_describe_images(config, listing))
+            token = keep_listing(listing, (*args, ()))
+            return RunPlan(config, target, inputs=inputs, listing=token, role_files=roles,
+                           dataset_output=dataset_output, vocabulary=vocabulary,
+                           input_table=columns, input_rows=rows)
+        paths, names = [], []
+        for ref in listing.refs:  # One pass: a large listing makes its objects as it goes.
+            paths.append((ref.path, ref.size))
+            names.append(ref.filename)
+        entries = (table_entries(columns, rows) if columns is not None
+                   else file_entries(root, paths, names))
+        if config.fingerprint == "content":
+            if columns is not None:  # Entries in path order, as the paths must be.
+                entries.sort(key=lambda e: e.path)
+                by_name = dict(zip(names, (path for path, _ in paths)))
+                paths = [(by_name[e.path], e.size) for e in entries]
+                names = [e.path for e in entries]
+            entries = hash_entries(entries, [path for path, _ in paths])
         update = _decide(config, dataset, entries, roles,
-                         {ref.filename: ref.path for ref in listing.refs}, root, listing.vocabulary)
+                         dict(zip(names, (path for path, _ in paths))) if scheduled else {},
+                         root, listing.vocabulary)
+        del paths, names
         if update is not None and update.action == "part":
             features = image_feature_spec(dict(listing.extra_features)).to_json()
             if features != dataset.manifest.get("features"):
@@ -702,12 +806,7 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
     if given_layout == "auto" and not config.schema and not typed:
         _refuse_image_paths(config, found[0][0], header)
     schema = _table_schema(config, found[0][0], header)
-    named = {c.name for c in schema.columns}
-    dropped = tuple(name for name in header if name not in named)
-    if dropped and config.strict_schema:
-        raise ConvertError(f"--strict_schema: {found[0][0]} has columns that --schema does not "
-                           f"name: {list(dropped)}; add them to the schema (with 'skip: true' to "
-                           "drop them on purpose), or run without --strict_schema")
+    dropped = _check_table_headers(config, schema, found, header)
     # Tables are few, large files that the run reads whole: their content hash is
     # always recorded (about 1 GB/s here), so a touched file is not a changed one.
     entries = hash_entries(file_entries(root, found), [path for path, _ in found])
@@ -765,7 +864,11 @@ def take_output(plan: RunPlan) -> None:
         stale = [files.join(lock_output, REPORT_NAME)]
         stale += [p for p, _ in files.list_files(files.join(config.output, DEAD_LETTER_DIR, "*.jsonl"))]
         files.delete_files(stale)
-        if plan.input_files or plan.role_files:
+        if plan.input_table is not None:
+            # A listing's columns: streamed, in the bytes encode_inputs makes.
+            write_inputs(files.join(target.temp_dir, INPUTS_NAME), plan.role_files,
+                         plan.input_table, plan.input_rows)
+        elif plan.input_files or plan.role_files:
             # The commit step completes the entries (content hashes it computed) and
             # publishes them beside the manifest.
             files.write_bytes(files.join(target.temp_dir, INPUTS_NAME),

@@ -28,7 +28,7 @@ from beam_tfrecords.schemas.inputs import (
     options_fingerprint,
     part_name,
 )
-from beam_tfrecords.schemas.manifest import MANIFEST_NAME, parse_manifest
+from beam_tfrecords.schemas.manifest import MANIFEST_NAME, manifest_shards, parse_manifest
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.fingerprint import local_sha256
 from beam_tfrecords.transforms.plan.changes import Changes, compare_inputs
@@ -135,6 +135,9 @@ def read_dataset(output: str) -> Dataset | None:
                            manifest_sha256=digest)
         parts.append((part["path"], part_manifest))
         layers.append((_root_of(part_manifest), part_entries))
+    missing = _missing_shard(output, manifest, parts)
+    if missing:
+        return Dataset(output, manifest, problem=missing, manifest_sha256=digest)
     by_root: dict[str, dict[str, InputFile]] = {}
     roles: dict[str, InputFile] = {}
     stale = []
@@ -149,6 +152,20 @@ def read_dataset(output: str) -> Dataset | None:
                 held[entry.path] = entry
     return Dataset(output, manifest, tuple(parts), by_root, roles, tuple(stale),
                    manifest_sha256=digest)
+
+
+def _missing_shard(output: str, manifest: dict, parts: list) -> str | None:
+    """Why the shards the manifests list are not all there at their sizes (one
+    listing of the output; the content is ``verify``'s job), ``None`` if they are."""
+    present = dict(files.list_files(files.join(output, "**")))
+    for folder, listed in [("", manifest), *parts]:
+        for shard in manifest_shards(listed):
+            path = files.join(output, folder, shard.path) if folder else files.join(output, shard.path)
+            size = present.get(path)
+            if size != shard.bytes:
+                what = "is missing" if size is None else f"holds {size:,} bytes, not {shard.bytes:,}"
+                return f"shard {path} {what}"
+    return None
 
 
 def manifest_digest(text: str | None) -> str:

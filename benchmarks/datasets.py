@@ -8,6 +8,14 @@ depend on how work is spread over processes):
   about 2-3 KB each plus ``root/labels.txt``, like the PNG export of CIFAR-10.
 * ``make_photo_like``: ``root/<class>/<name>.jpg`` JPEGs 320-1024 px wide of
   about 150-250 KB each, until a total size is reached.
+* ``make_photo_copies``: a photo set made ``copies`` times larger, for scaling
+  runs: copy ``k`` of ``src/<class>/<name>.jpg`` is ``root/<class>_copy<k>/<name>.jpg``
+  (copy 0 keeps the class name). Copy 0 is a hard link to the source; every
+  other copy is a distinct file with distinct bytes (a JPEG comment segment
+  naming the copy is inserted after the start-of-image marker). Hard links of
+  one file within one set would not do: our converter lists a file reached
+  through two paths once (by device and inode), and identical bytes would show
+  up in its duplicate report.
 
 A set is complete once ``root/.complete`` exists; it is written last and records
 the parameters, so an interrupted or differently sized set is rebuilt and a
@@ -208,6 +216,69 @@ def make_photo_like(root, total_mb=600, seed=0, processes=2):
                 if written >= target:
                     break
     _finish(root, params, started, "photo")
+    return root
+
+
+def _marked_copy(data, copy):
+    """Returns JPEG bytes with a comment segment naming ``copy`` after the SOI marker.
+
+    The picture decodes to the same pixels; only the file's bytes (and so its
+    SHA-256) differ.
+    """
+    if data[:2] != b"\xff\xd8":
+        raise ValueError("not a JPEG: no start-of-image marker")
+    comment = f"benchmark copy {copy}".encode()
+    segment = b"\xff\xfe" + (len(comment) + 2).to_bytes(2, "big") + comment
+    return data[:2] + segment + data[2:]
+
+
+def make_photo_copies(src, root, copies, link_from=None):
+    """Builds ``copies`` copies of the photo set ``src`` unless ``root`` holds them.
+
+    Args:
+        src: A complete set of ``make_photo_like``.
+        root: Target folder.
+        copies: Number of copies (1 gives a set equal to ``src``, hard-linked).
+        link_from: Optional complete set of ``make_photo_copies`` of the same
+            ``src`` with at least as many copies; its files are hard-linked
+            instead of written again (so a 3x set costs no disk next to a 10x one).
+
+    Returns:
+        ``root``.
+
+    Raises:
+        ValueError: If ``src`` (or ``link_from``) is not a complete set.
+    """
+    source = _read_marker(src)
+    if source is None or source.get("kind") != "photo":
+        raise ValueError(f"{src} is not a complete photo set")
+    params = {"kind": "photo_copies", "source": source, "copies": copies}
+    if _start(root, params):
+        return root
+    if link_from is not None:
+        other = _read_marker(link_from)
+        if (other is None or other.get("source") != source
+                or other.get("copies", 0) < copies):
+            raise ValueError(f"{link_from} is not a complete copy set of {src} "
+                             f"with at least {copies} copies")
+    started = time.perf_counter()
+    classes = sorted(d for d in os.listdir(src) if os.path.isdir(os.path.join(src, d)))
+    for copy in range(copies):
+        for cls in classes:
+            folder = cls if copy == 0 else f"{cls}_copy{copy}"
+            os.makedirs(os.path.join(root, folder))
+            for name in sorted(os.listdir(os.path.join(src, cls))):
+                target = os.path.join(root, folder, name)
+                if link_from is not None:
+                    os.link(os.path.join(link_from, folder, name), target)
+                elif copy == 0:
+                    os.link(os.path.join(src, cls, name), target)
+                else:
+                    with open(os.path.join(src, cls, name), "rb") as f:
+                        data = _marked_copy(f.read(), copy)
+                    with open(target, "wb") as f:
+                        f.write(data)
+    _finish(root, params, started, f"photo x{copies}")
     return root
 
 

@@ -145,6 +145,9 @@ class TableLayout:
     key_column: str | None = None
     sequence_key: str | None = None
     sequence_order: str | None = None
+    # --strict_schema: a row holding a column the schema does not name (a JSON
+    # Lines key first seen past the header sample) is dead-lettered, not trimmed.
+    strict_columns: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,7 +350,7 @@ class ConvertConfig:
     def table_layout(self) -> TableLayout:
         """Splits and sequences of a table."""
         return TableLayout(self.split_column, self.splits, self.key_column, self.sequence_key,
-                           self.sequence_order)
+                           self.sequence_order, self.strict_schema)
 
     @property
     def reshape(self) -> ImageReshape:

@@ -268,6 +268,9 @@ class InputSummary:
         and lines the rows read account for (equal when nothing was lost).
       multiline: for tables, ``(rows, largest span, first lines)`` of rows whose
         quoted cells hold newlines.
+      late_columns: for tables, ``(column, "path:line")`` of columns first met
+        past the header the run planned with (JSON Lines keys no object of the
+        sampled first lines has): not written, so reported.
       duplicates_dropped: ``(filename, split, filename it copies)`` of images left
         out as copies of another (``--drop_duplicates``).
       skipped, skipped_path: ``((reason, count), ...)`` of paths passed over while
@@ -296,6 +299,7 @@ class InputSummary:
     lines_in: int = 0
     lines_accounted: int = 0
     multiline: tuple = (0, 0, ())
+    late_columns: tuple[tuple[str, str], ...] = ()
     skipped: tuple[tuple[str, int], ...] = ()
     skipped_path: str = ""
     duplicates_dropped: tuple[tuple[str, str, str], ...] = ()

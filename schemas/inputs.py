@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 __all__ = [
     "FINGERPRINT_MODES",
@@ -43,6 +43,8 @@ __all__ = [
     "SKIPPED_EXIT_STATUS",
     "decode_inputs",
     "encode_inputs",
+    "encode_inputs_chunks",
+    "file_line",
     "input_fingerprint",
     "options_fingerprint",
     "part_name",
@@ -103,11 +105,52 @@ class InputFile:
                    str(value.get("crc32c", "")), str(value.get("role", "")))
 
 
+_LINE_ENCODER = json.JSONEncoder(ensure_ascii=False)
+
+
 def encode_inputs(entries: Iterable[InputFile]) -> bytes:
     """``inputs.jsonl``'s bytes: one entry per line, files with a role first, then by path."""
     ordered = sorted(entries, key=lambda e: (e.role == "", e.role, e.path))
-    return "".join(json.dumps(e.to_json(), ensure_ascii=False, sort_keys=False) + "\n"
-                   for e in ordered).encode("utf-8")
+    encode = _LINE_ENCODER.encode  # What json.dumps(ensure_ascii=False) does, built once.
+    return "".join(encode(e.to_json()) + "\n" for e in ordered).encode("utf-8")
+
+
+_encode_text = json.encoder.encode_basestring  # The string encoder of ensure_ascii=False.
+
+
+def file_line(path: str, size: int, mtime_ns: int = 0, generation: str = "", crc32c: str = "") -> str:
+    """The line of ``encode_inputs`` for a file without a role or content hash, made
+    without an ``InputFile`` (the same characters; for listings of millions)."""
+    line = '{"path": ' + _encode_text(path) + ', "size": ' + int.__repr__(size)
+    if mtime_ns:
+        line += ', "mtime_ns": ' + int.__repr__(mtime_ns)
+    if generation:
+        line += ', "generation": ' + _encode_text(generation)
+    if crc32c:
+        line += ', "crc32c": ' + _encode_text(crc32c)
+    return line + "}\n"
+
+
+def encode_inputs_chunks(entries: Iterable[InputFile], file_lines: Iterable[str] = ()) -> Iterator[bytes]:
+    """``encode_inputs(entries)`` in chunks, followed by ``file_lines``: further
+    files' lines (``file_line``), already in path order, after the entries.
+
+    Raises:
+      ValueError: when ``file_lines`` are given and an entry has no role (its
+        place among them would be unknown).
+    """
+    entries = list(entries)
+    if any(not e.role for e in entries) and file_lines != ():
+        raise ValueError("entries without a role cannot be merged with file lines")
+    yield encode_inputs(entries)
+    block: list[str] = []
+    for line in file_lines:
+        block.append(line)
+        if len(block) >= 65536:
+            yield "".join(block).encode("utf-8")
+            block = []
+    if block:
+        yield "".join(block).encode("utf-8")
 
 
 def decode_inputs(data: bytes, source: str = INPUTS_NAME) -> list[InputFile]:

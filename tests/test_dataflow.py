@@ -138,7 +138,8 @@ def _dry_run(config: ConvertConfig, *extra: str, setup_file: bool = True):
     result = build_pipeline(config, PipelineOptions(flags)).run()
     result.wait_until_finish()
     seconds = time.monotonic() - started
-    assert seconds < 30, f"a dry run took {seconds:.1f} s"
+    # A hang guard, not a speed check (a dry run takes a few seconds; shared machines are noisy).
+    assert seconds < 300, f"a dry run took {seconds:.1f} s"
     job = result.job
     assert isinstance(job, apiclient.Job)
     assert job.proto.name.startswith("beamapp-")

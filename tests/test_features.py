@@ -108,6 +108,13 @@ def test_encode_example_equals_protobuf_deterministic_bytes(features):
     assert sorted(parsed.features.feature) == sorted(n for n, _, _ in features)
 
 
+def test_one_float_keeps_the_sign_of_zero_whatever_was_encoded_before():
+    for first, second in ((0.0, -0.0), (-0.0, 0.0)):
+        encode_example([("z", "float32", [first])])
+        parsed = example_pb2.Example.FromString(encode_example([("z", "float32", [second])]))
+        assert struct.pack("<f", parsed.features.feature["z"].float_list.value[0]) == struct.pack("<f", second)
+
+
 def test_encode_example_rejects_unknown_dtype():
     with pytest.raises(ValueError, match="float32"):
         encode_example([("x", "float64", [1.0])])

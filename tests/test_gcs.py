@@ -116,14 +116,20 @@ def test_object_crc32c_is_none_off_gcs(tmp_path):
 
 
 @pytest.mark.emulator
-def test_first_gcs_call_in_driver_is_immediate(gcs):
-    """The recipe: STORAGE_EMULATOR_HOST + NO_GCE_CHECK=true + ``import beam_tfrecords.transforms.io.gcs``."""
+def test_first_gcs_call_in_driver_is_immediate(gcs, caplog):
+    """The recipe: STORAGE_EMULATOR_HOST + NO_GCE_CHECK=true + ``import beam_tfrecords.transforms.io.gcs``.
+
+    A stall is the credential lookup retrying against the metadata server, which
+    logs each retry; the time is printed, not asserted (shared machines are noisy).
+    """
     from apache_beam.io.filesystems import FileSystems  # pylint: disable=import-outside-toplevel
 
     gcs.upload_bytes("gs://first-call/x", b"x")
-    _, elapsed = _timed("first GCS call in the driver (this process, FileSystems.match)",
-                        FileSystems.match, ["gs://first-call/**"])
-    assert elapsed < 5
+    with caplog.at_level(logging.DEBUG):
+        found, _ = _timed("first GCS call in the driver (this process, FileSystems.match)",
+                          FileSystems.match, ["gs://first-call/**"])
+    assert [m.path for m in found[0].metadata_list] == ["gs://first-call/x"]
+    assert _credential_retries(caplog) == []
 
 
 @pytest.mark.emulator
@@ -171,7 +177,6 @@ def test_first_gcs_call_in_fresh_process_is_immediate(gcs):
     elapsed, stderr = _first_call_in_fresh_process(recipe=True)
     print(f"[timing] first GCS call, fresh process, with the recipe: {elapsed:.3f} s")
     assert CREDENTIAL_RETRY not in stderr
-    assert elapsed < 5
 
 
 @pytest.mark.skipif(not os.environ.get("GCS_MEASURE_STALL"),
@@ -363,8 +368,12 @@ def test_convert_table_gs_to_gs(gcs, table_csv, tmp_path):
 
 
 @pytest.mark.emulator
-def test_convert_images_multi_processing_workers_do_not_stall(gcs, image_tree, tmp_path, caplog):
-    """Beam worker processes: ``--beam_plugin beam_tfrecords.transforms.io.gcs`` makes each one import the recipe."""
+def test_convert_images_multi_processing_workers_do_not_stall(gcs, image_tree, tmp_path, caplog, capfd):
+    """Beam worker processes: ``--beam_plugin beam_tfrecords.transforms.io.gcs`` makes each one import the recipe.
+
+    A worker without it looks for credentials on the metadata server and logs
+    its retries to the stderr it shares with this process (captured by ``capfd``).
+    """
     with caplog.at_level(logging.WARNING):
         code, elapsed = _timed("convert gs:// multi_processing x2 (--beam_plugin beam_tfrecords.transforms.io.gcs)",
                                main, ["convert", "--input", "gs://b/images", "--output",
@@ -373,7 +382,9 @@ def test_convert_images_multi_processing_workers_do_not_stall(gcs, image_tree, t
                                       "--direct_num_workers=2", "--beam_plugin=beam_tfrecords.transforms.io.gcs"])
     assert code == 0
     assert _credential_retries(caplog) == []
-    assert elapsed < 15  # A stalled worker alone would take >= 15 s.
+    worker_stderr = capfd.readouterr().err
+    assert CREDENTIAL_RETRY not in worker_stderr, worker_stderr[-2000:]
+    print(f"[timing] (not asserted: shared machines are noisy) {elapsed:.2f} s")
     local_out = str(tmp_path / "out-mp")
     assert main(["convert", "--input", image_tree, "--output", local_out, *SHARD_FLAGS]) == 0
     _check_against_local(gcs, "gs://b/out-mp", local_out)

@@ -108,6 +108,54 @@ def test_strict_schema_refuses_columns_the_schema_does_not_name(tmp_path):
 
 
 @pytest.mark.unit
+def test_every_file_of_a_table_glob_has_its_header_checked(tmp_path):
+    # A column only the second file has is dropped: reported, not unseen; strict refuses it.
+    folder = tmp_path / "in"
+    folder.mkdir()
+    _table(folder / "a.csv", columns=("id", "score"))
+    _table(folder / "b.csv", columns=("id", "score", "name"))
+    config = ConvertConfig(input=str(folder / "*.csv"), output=str(tmp_path / "out"))
+    assert plan_run(config).dropped_columns == ("name",)
+    with pytest.raises(ConvertError, match=r"--strict_schema: .*b\.csv has columns the schema does not name: \['name'\]"):
+        plan_run(ConvertConfig(input=config.input, output=config.output, strict_schema=True))
+    # A later file without a column the schema needs: refused before anything runs.
+    _table(folder / "c.csv", columns=("id",))
+    with pytest.raises(ConvertError, match=r"c\.csv has no column 'score', which the schema "
+                                           r"inferred from .*a\.csv needs \(its columns: id\)"):
+        plan_run(config)
+    # An empty JSON Lines file in a glob has no header, and no rows: it is planned.
+    (folder / "a.jsonl").write_text('{"id": 1, "score": 2.5}\n')
+    (folder / "b.jsonl").write_text("")
+    plan = plan_run(ConvertConfig(input=str(folder / "*.jsonl"), output=str(tmp_path / "jsonl")))
+    assert [path.rsplit("/", 1)[-1] for path, _ in plan.table_inputs] == ["a.jsonl", "b.jsonl"]
+
+
+@pytest.mark.e2e
+def test_json_lines_keys_first_seen_late_are_reported_or_dead_lettered(tmp_path):
+    # The header is the keys of the first 10,000 objects; 'z' first appears after them.
+    rows = [{"x": i} for i in range(10_500)]
+    for i in (10_100, 10_400):
+        rows[i]["z"] = "late"
+    table = tmp_path / "t.jsonl"
+    table.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    done = _cli("convert", "--input", str(table), "--output", str(tmp_path / "out"), "--progress", "off")
+    assert done.returncode == 0, done.stderr
+    assert f"columns dropped (not in the schema): z (first at {table}:10101)" in done.stdout
+    report = json.loads((tmp_path / "out" / "run_report.json").read_text())
+    assert report["dropped_columns"] == ["z"] and report["late_columns"] == {"z": f"{table}:10101"}
+    assert report["rows"]["written"] == 10_500
+    strict = _cli("convert", "--input", str(table), "--output", str(tmp_path / "strict"),
+                  "--strict_schema", "--progress", "off")
+    assert strict.returncode == 0, strict.stderr
+    report = json.loads((tmp_path / "strict" / "run_report.json").read_text())
+    assert (report["rows"]["written"], report["rows"]["dead_lettered"]) == (10_498, 2)
+    letters = [json.loads(line) for path in (tmp_path / "strict" / "dead_letter").iterdir()
+               for line in path.read_text().splitlines()]
+    assert sorted((d["source"], d["error"]) for d in letters) == [
+        (f"{table}:10101", "unknown_column"), (f"{table}:10401", "unknown_column")]
+
+
+@pytest.mark.unit
 def test_strict_schema_is_refused_on_images(tmp_path):
     root = _imagenet(tmp_path / "in")
     with pytest.raises(ConvertError, match=r"--strict_schema applies only to tables"):
@@ -125,7 +173,7 @@ def test_cli_prints_the_plan_before_running_and_the_dropped_columns_after(tmp_pa
     lines = done.stdout.splitlines()
     assert lines[0] == f"plan: {table} -> {out}"
     assert lines.index("status: ok") > lines.index("  splits: one split, 'train'")
-    assert ("columns dropped (not in --schema): score, name, note (--strict_schema refuses "
+    assert ("columns dropped (not in the schema): score, name, note (--strict_schema refuses "
             "them; 'skip: true' in the schema drops one on purpose)") in lines
     report = json.loads((out / "run_report.json").read_text())
     assert report["dropped_columns"] == ["score", "name", "note"]

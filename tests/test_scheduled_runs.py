@@ -117,6 +117,13 @@ def test_skip_unchanged_exits_99_and_touches_nothing(tmp_path, capsys):
     code, printed = _convert(capsys, "--input", root, "--output", out, "--skip_unchanged")
     assert code == 99 and "1 with a new time but the same content" in printed
     assert _snapshot(out) == before
+    # A shard gone from the output: the dataset is not what its manifest says, so no skip.
+    shard = os.path.join(out, "train-00000-of-00001.tfrecord")
+    os.rename(shard, shard + ".away")
+    code, printed = _convert(capsys, "--input", root, "--output", out, "--skip_unchanged")
+    assert code == 2, printed
+    assert f"shard {shard} is missing): a full run" in printed
+    os.rename(shard + ".away", shard)
 
 
 @pytest.mark.e2e

@@ -221,7 +221,8 @@ def test_bad_json_lines_and_blank_lines_are_accounted(tmp_path):
     src = tmp_path / "t.jsonl"
     lines = ['{"a": 1, "b": "x"}', "", '{"a": 2, "b": "y"', '[1, 2]', '{"a": 3.5, "b": "z"}',
              '{"a": 4}{"a": 5}', "   ", '{"a": 99999999999999999999, "b": "w"}', "{}", '{"a": 6, "b": "ok"}']
-    src.write_text("\n".join(lines))  # No newline after the last line.
+    # Line 11 holds bytes that are not UTF-8 inside a string; no newline after it.
+    src.write_bytes("\n".join(lines).encode() + b'\n{"a": 7, "b": "bad \xff\xfe"}')
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps({"columns": [{"name": "a", "type": "int64"}, {"name": "b"}]}))
     out = str(tmp_path / "out")
@@ -230,15 +231,16 @@ def test_bad_json_lines_and_blank_lines_are_accounted(tmp_path):
     records = [r for shard in read_dataset(out).values() for r in shard]
     assert records == [{"a": [1], "b": [b"x"]}, {"a": [6], "b": [b"ok"]}]
     dead = {d["source"].rsplit(":", 1)[1]: d for d in _dead(out)}
-    assert sorted(dead, key=int) == ["3", "4", "5", "6", "8"]
+    assert sorted(dead, key=int) == ["3", "4", "5", "6", "8", "11"]
+    assert dead["11"]["error"] == "invalid_utf8"
     assert dead["3"]["error"] == "bad_json" and dead["4"]["error"] == "bad_json"
     assert dead["5"]["error"] == "bad_value" and "3.5 is not an integer" in dead["5"]["message"]
     assert dead["5"]["row"] == lines[4]
     assert dead["8"]["error"] == "bad_value" and "does not fit in int64" in dead["8"]["message"]
     rows = _report(out)["rows"]
-    # 10 lines: 2 written, 5 dead-lettered, 3 blank ("", "   ", "{}").
-    assert rows["lines"] == {"in": 10, "accounted_for": 10}
-    assert (rows["written"], rows["dead_lettered"], rows["blank_skipped"]) == (2, 5, 3)
+    # 11 lines: 2 written, 6 dead-lettered, 3 blank ("", "   ", "{}").
+    assert rows["lines"] == {"in": 11, "accounted_for": 11}
+    assert (rows["written"], rows["dead_lettered"], rows["blank_skipped"]) == (2, 6, 3)
     assert rows["accounted"] is True
 
 

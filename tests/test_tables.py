@@ -287,3 +287,80 @@ def test_header_only_and_empty_csv(tmp_path, capsys):
     empty.write_text("")
     assert main(["convert", "--input", str(empty), "--output", str(tmp_path / "o2")]) == 2
     assert "cannot read a header row (the file is empty)" in capsys.readouterr().err
+
+
+def _whole_array_plan(spools, band, compression):
+    """The plan as one array of all a split's sizes gives it (the reference)."""
+    from beam_tfrecords.schemas.shards import shard_name
+    from beam_tfrecords.transforms.codec.tfrecord import checkpoints
+    from beam_tfrecords.transforms.plan.shards import cut_shards
+
+    sizes = np.concatenate([s for _, s in spools])
+    owner = np.concatenate([np.full(len(s), k) for k, (_, s) in enumerate(spools)])
+    offsets = np.concatenate([np.concatenate(([0], np.cumsum(s)[:-1])) for _, s in spools])
+    num_shards, shard_of = cut_shards(sizes, band)
+    plan = []
+    for index in range(num_shards):
+        members = np.nonzero(shard_of == index)[0]
+        segments = []
+        for k in np.unique(owner[members]):
+            rows = members[owner[members] == k]
+            first, last = int(rows[0]), int(rows[-1])
+            segments.append((spools[k][0], int(offsets[first]), int(offsets[last] + sizes[last]),
+                             len(rows)))
+        plan.append((index, num_shards, shard_name("train", index, num_shards, compression),
+                     int(sizes[members].sum()), tuple(segments),
+                     checkpoints(sizes[members]) if compression == "none" else ()))
+    return plan
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+@pytest.mark.parametrize("shape", ["many", "one_file", "huge_records", "tiny"])
+def test_plan_streamed_from_sidecars_matches_the_whole_array_plan(tmp_path, monkeypatch, shape,
+                                                                  compression):
+    """Shards are planned from the spools' sidecars a chunk at a time; the cuts,
+    segments, bytes and checkpoints are those of the whole-array plan."""
+    from beam_tfrecords.schemas.shards import ShardBand
+    from beam_tfrecords.transforms import tables
+
+    rng = np.random.default_rng(len(shape))
+    counts = {"many": [30000, 1, 70000, 25000], "one_file": [40000], "huge_records": [60, 5, 40],
+              "tiny": [1]}[shape]
+    spools, infos = [], []
+    for k, count in enumerate(counts):
+        sizes = rng.integers(16, 4000, count).astype("<i8")
+        if shape == "huge_records":
+            sizes[::7] = rng.integers(20 << 20, 40 << 20, len(sizes[::7]))
+        path = str(tmp_path / f"{k:05d}-train.spool")
+        (tmp_path / f"{k:05d}-train.spool.sizes").write_bytes(sizes.tobytes())
+        spools.append((path, sizes))
+        infos.append(tables.SpoolInfo("train", k, path, len(sizes), int(sizes.sum())))
+    infos.append(tables.SpoolInfo("", 9, ""))  # A file with no good row.
+    band = ShardBand(20 << 20, 30 << 20) if shape != "tiny" else ShardBand(1, 2)
+    monkeypatch.setattr(tables.SpoolInfo, "record_sizes",
+                        lambda self, chunk=997, _f=tables.SpoolInfo.record_sizes: _f(self, chunk))
+    specs = tables.plan_table_shards(list(reversed(infos)), band, compression)
+    got = [(s.index, s.num_shards, s.name, s.planned_bytes, s.records.segments, s.checkpoints)
+           for s in specs]
+    assert got == _whole_array_plan(spools, band, compression)
+    assert len(got) > 1 or shape == "tiny"
+    if compression == "none" and shape != "tiny":
+        assert any(s.checkpoints for s in specs)
+
+
+def test_plan_of_spooled_images_matches_the_whole_array_plan(tmp_path):
+    """Spooled images (``ImageSpool``, sizes carried whole) share the table planner."""
+    from beam_tfrecords.schemas.elements import ImageSpool
+    from beam_tfrecords.schemas.shards import ShardBand
+    from beam_tfrecords.transforms.tables import plan_table_shards
+
+    rng = np.random.default_rng(7)
+    spools = [(str(tmp_path / f"{k}.spool"), rng.integers(16, 400_000, count).astype("<i8"))
+              for k, count in enumerate([300, 50, 700])]
+    band = ShardBand(20 << 20, 30 << 20)
+    specs = plan_table_shards([ImageSpool("train", k, path, sizes.tobytes())
+                               for k, (path, sizes) in enumerate(spools)], band, "none")
+    got = [(s.index, s.num_shards, s.name, s.planned_bytes, s.records.segments, s.checkpoints)
+           for s in specs]
+    assert got == _whole_array_plan(spools, band, "none")
+    assert len(got) > 1

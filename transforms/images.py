@@ -3,8 +3,12 @@
 (``ImageRecords``), and, for users' own pipelines, ``ImagesToExamples``.
 
 The listing is metadata only (path, size, split, label), so it costs memory in
-proportion to the file count. It runs in one worker, as a file match does;
-everything after it is spread over shards.
+proportion to the file count: about 100 bytes per image plus its path once a
+folder layout lists more than ``COMPACT_LISTING_REFS`` images (held as columns,
+a ``RefTable``, and cut with a sort of 128-bit keys; see
+``benchmarks/bench_planning.py``), ~2 KB below that (a list of ``ImageRef``).
+It runs in one worker, as a file match does; everything after it is spread
+over shards, one element per shard.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import pickle
 import threading
 import time
 import uuid
@@ -59,6 +64,7 @@ from beam_tfrecords.transforms.plan.layouts import (
     parse_labels_text,
     resolve_input,
 )
+from beam_tfrecords.transforms.plan.ref_table import PathBuffer, RefTable, shard_cuts
 from beam_tfrecords.transforms.plan.shards import cut_shards, stable_key
 from beam_tfrecords.transforms.plan.splits import split_of
 from beam_tfrecords.transforms.shards import Chunk, RecordSource
@@ -74,6 +80,9 @@ __all__ = [
     "plan_spooled_images",
     "estimated_record_size",
     "drop_listing",
+    "image_shards",
+    "input_bytes",
+    "pack_refs",
     "keep_listing",
     "list_images",
     "plan_image_shards",
@@ -90,6 +99,9 @@ _TYPICAL_CHANNELS = 3
 _VARINT_SLACK = 16
 _CHUNK_FILES = 64
 _CHUNK_BYTES = 4 << 20
+# A folder layout listing more images than this keeps them as columns (a ``RefTable``):
+# below it, the list of ``ImageRef`` of before (the same records either way).
+COMPACT_LISTING_REFS = 200_000
 
 
 def list_images(input_path: str, layout: str = "auto", labels_path: str | None = None,
@@ -129,8 +141,13 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
                          f"({listing.split_source}); use one or the other")
     contents = None
     if (splits and split_by == "content") or drop_duplicates:
+        if isinstance(listing.refs, RefTable):  # Every file is read anyway.
+            listing.refs = listing.refs.by_filename()
         contents = _contents(listing)
-    if splits:
+    if splits and isinstance(listing.refs, RefTable) and contents is None:
+        listing.refs = listing.refs.with_splits(lambda name: split_of(name, splits))
+        listing.split_source = "--splits, by path"
+    elif splits:
         keys = contents if split_by == "content" else [ref.filename for ref in listing.refs]
         refs = []
         for ref, key in zip(listing.refs, keys):
@@ -190,21 +207,24 @@ def _list_images(input_path: str, layout: str, labels_path: str | None,
         return list_csv_manifest(input_path, files.read_text(input_path), size_of, labels,
                                  image_column, label_column)
     skipped: list = []
-    found, bad_names = [], []
-    for path, size in files.list_files(pattern, skipped=skipped):
+    found, bad_names = PathBuffer(root), []
+    for item in files.list_stamped(pattern, skipped=skipped):  # (path, size, stamp, crc)
         try:
-            path.encode("utf-8")
-            found.append((path, size))
+            found.add(*item)
         except UnicodeEncodeError:  # A name that is not UTF-8 cannot be a feature's text.
-            bad_names.append(DeadLetter(_printable(path), "list", "bad_file_name",
+            bad_names.append(DeadLetter(_printable(item[0]), "list", "bad_file_name",
                                         "the file name is not UTF-8 text; rename the file"))
     if layout == "auto":
-        layout = detect_layout(root, (path for path, _ in found))
+        layout = detect_layout(root, (item[0] for item in found))
     if layout == "cifar":
         labels_text = "\n".join(labels) if labels else files.read_text(files.join(root, CIFAR_LABELS_FILE))
-        listing = list_cifar(root, found, labels_text)
+        listing = list_cifar(root, found, labels_text, compact=True)
     else:
-        listing = list_class_folders(root, found, labels)
+        listing = list_class_folders(root, found, labels, compact=True)
+    del found
+    listing.files = listing.refs  # The fingerprint's columns (stamps from this listing).
+    if len(listing.refs) <= COMPACT_LISTING_REFS:
+        listing.refs = listing.refs.by_filename()
     listing.skipped = [DeadLetter(_printable(path), "list", reason, message)
                        for path, reason, message in skipped]
     listing.dead_letters.extend(bad_names)
@@ -276,8 +296,9 @@ class _ListImagesFn(beam.DoFn):
         listing = _take_listing(self._kept, args)
         reused = listing is not None
         listing = listing or list_images(*args)
+        total_bytes = input_bytes(listing.refs)
         if self._processes > 0 and listing.refs and (
-            sum(r.size for r in listing.refs) < SMALL_FILE_BYTES * len(listing.refs)
+            total_bytes < SMALL_FILE_BYTES * len(listing.refs)
         ):
             # Small files: start the shard writers' helper processes while planning runs.
             helper_pool(self._processes)
@@ -293,14 +314,14 @@ class _ListImagesFn(beam.DoFn):
         )
         beam.metrics.Metrics.counter("list", "images").inc(len(listing.refs))
         beam.metrics.Metrics.counter("list", "dead_letter").inc(len(listing.dead_letters))
-        progress.plan(inputs=len(listing.refs), input_bytes=sum(r.size for r in listing.refs))
+        progress.plan(inputs=len(listing.refs), input_bytes=total_bytes)
         yield beam.pvalue.TaggedOutput(
             SUMMARY_TAG,
             InputSummary(
                 root=root,
                 layout=listing.layout,
                 input_files=images,
-                input_bytes=sum(r.size for r in listing.refs),
+                input_bytes=total_bytes,
                 ignored_files=listing.ignored,
                 vocabulary=tuple(listing.vocabulary),
                 extra_features=tuple(listing.extra_features.items()),
@@ -311,7 +332,21 @@ class _ListImagesFn(beam.DoFn):
                 duplicates_dropped=tuple(listing.duplicates_dropped),
             ),
         )
-        yield ImageRefs.pack(listing.refs)
+        yield pack_refs(listing.refs)
+
+
+def input_bytes(refs: Sequence[ImageRef]) -> int:
+    """The bytes of the images a listing holds."""
+    if isinstance(refs, RefTable):
+        return int(refs.sizes.sum())
+    return sum(ref.size for ref in refs)
+
+
+def pack_refs(refs: Sequence[ImageRef]) -> ImageRefs:
+    """A listing's references as one element: a ``RefTable`` pickles as its columns."""
+    if isinstance(refs, RefTable):
+        return ImageRefs(pickle.dumps(refs, protocol=pickle.HIGHEST_PROTOCOL), len(refs))
+    return ImageRefs.pack(refs)
 
 
 class ListImages(beam.PTransform):
@@ -381,31 +416,56 @@ def plan_image_shards(images: ImageRefs, band: ShardBand, compression: str) -> l
     Returns:
       One spec per shard, split by split, in index order.
     """
-    by_split: dict[str, list[ImageRef]] = {}
-    for ref in images.unpack():
-        by_split.setdefault(ref.split, []).append(ref)
-    specs = []
+    return list(image_shards(images, band, compression))
+
+
+def image_shards(images: ImageRefs, band: ShardBand, compression: str) -> Iterator[ShardSpec]:
+    """``plan_image_shards``, one spec at a time. The plan of a ``RefTable`` makes
+    no reference object: each spec's ``ImageRefs`` holds its rows as a table of
+    their own (its writer iterates them as references, in order)."""
+    refs = images.unpack()
     start = time.monotonic()
-    for split in sorted(by_split):
-        items = sorted(by_split[split], key=lambda r: (r.key, r.filename))
-        sizes = [estimated_record_size(r) for r in items]
-        num_shards, shard_of = cut_shards(sizes, band)
-        members: list[list[int]] = [[] for _ in range(num_shards)]
-        for position, index in enumerate(shard_of.tolist()):
-            members[index].append(position)
-        for index, positions in enumerate(members):
-            specs.append(ShardSpec(
+    count = shards = 0
+    for split, num_shards, records, sizes in (_table_splits(refs, band) if isinstance(refs, RefTable)
+                                              else _ref_splits(refs, band)):
+        for index in range(num_shards):
+            members = records(index)
+            yield ShardSpec(
                 split=split,
                 index=index,
                 num_shards=num_shards,
                 name=shard_name(split, index, num_shards, compression),
-                planned_bytes=sum(sizes[p] for p in positions),
-                records=ImageRefs.pack([items[p] for p in positions]),
-            ))
-    _log.info("Planned %d shards for %d images in %.1f s", len(specs),
-              sum(s.records.count for s in specs), time.monotonic() - start)
-    progress.plan(shards=len(specs))
-    return specs
+                planned_bytes=int(sum(estimated_record_size(r) for r in members))
+                if sizes is None else int(sizes[index]),
+                records=members if isinstance(members, ImageRefs) else ImageRefs.pack(members),
+            )
+            count += members.count if isinstance(members, ImageRefs) else len(members)
+            shards += 1
+    _log.info("Planned %d shards for %d images in %.1f s", shards, count, time.monotonic() - start)
+    progress.plan(shards=shards)
+
+
+def _ref_splits(refs: Sequence[ImageRef], band: ShardBand):
+    """``(split, num_shards, shard -> its refs, None)`` per split of a list of references."""
+    by_split: dict[str, list[ImageRef]] = {}
+    for ref in refs:
+        by_split.setdefault(ref.split, []).append(ref)
+    for split in sorted(by_split):
+        items = sorted(by_split[split], key=lambda r: (r.key, r.filename))
+        num_shards, shard_of = cut_shards([estimated_record_size(r) for r in items], band)
+        bounds = np.searchsorted(shard_of, np.arange(num_shards + 1), side="left").tolist()
+        yield split, num_shards, lambda i, items=items, b=bounds: items[b[i]:b[i + 1]], None
+
+
+def _table_splits(table: RefTable, band: ShardBand):
+    """``(split, num_shards, shard -> its refs, shard byte sizes)`` per split of a table."""
+    overhead = np.array([_record_overhead(label, text, ()) for label, text in enumerate(table.vocabulary)]
+                        or [0], dtype=np.int64)
+    planned = overhead[table.labels] + table.sizes + table.name_lengths()
+    for split, num_shards, order, bounds in shard_cuts(table, band, planned):
+        running = np.concatenate(([0], np.cumsum(planned[order])))
+        per_shard = running[bounds[1:]] - running[bounds[:-1]]
+        yield split, num_shards, (lambda i, o=order, b=bounds: pack_refs(table.rows(o[b[i]:b[i + 1]]))), per_shard
 
 
 class PlanImageShards(beam.PTransform):
@@ -419,7 +479,7 @@ class PlanImageShards(beam.PTransform):
     def expand(self, refs):
         return (
             refs
-            | "CutSplits" >> beam.FlatMap(plan_image_shards, self._band, self._compression)
+            | "CutSplits" >> beam.FlatMap(image_shards, self._band, self._compression)
             # One element per shard: spread them so each worker writes some.
             | "Spread" >> beam.Reshuffle()
         )

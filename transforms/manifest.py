@@ -142,7 +142,9 @@ def _input_files(settings: CommitSettings, results: Sequence[ShardResult]) -> li
     entries = decode_inputs(data)
     digests = {filename: source or digest for r in results for digest, filename, source in r.contents}
     if digests:
-        entries = [dataclasses.replace(e, sha256=digests.get(e.path, e.sha256)) if not e.role else e
+        # Built directly: dataclasses.replace costs ~3x as much, once per input file.
+        entries = [e if e.role or e.path not in digests else
+                   InputFile(e.path, e.size, e.mtime_ns, digests[e.path], e.generation, e.crc32c)
                    for e in entries]
     return entries
 
@@ -204,8 +206,11 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
         "removed_stale_shards": [],
     }
     report["splits"] = split_totals(results)  # For the CLI's summary table.
-    if settings.dropped_columns:
-        report["dropped_columns"] = list(settings.dropped_columns)
+    late = [name for name, _ in summary.late_columns if name not in settings.dropped_columns]
+    if settings.dropped_columns or late:
+        report["dropped_columns"] = list(settings.dropped_columns) + late
+    if summary.late_columns:
+        report["late_columns"] = dict(summary.late_columns)
     notes = _image_notes(results)
     if notes:
         report["image_bytes"] = notes

@@ -255,7 +255,7 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
     labels: Counter = Counter()
     notes: Counter = Counter()
     contents: list = []
-    images: Counter = Counter()
+    kinds: Counter = Counter()  # (format, mode, width, height) -> records
     dead: list[DeadLetter] = []
     progress = _Progress(spec, source.count(spec))
     done = written = last_checkpoint = 0
@@ -268,7 +268,7 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
             labels.update(chunk.labels)
             notes.update(note for note in chunk.notes if note)
             contents.extend(chunk.contents)
-            images.update(image_counts(chunk.images))
+            kinds.update(chunk.images)
             writer.write_framed(chunk.framed, chunk.records)
             written += len(chunk.framed)
             done += chunk.inputs
@@ -281,6 +281,11 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
         digest = writer.close()
     if checkpoints and checkpoints[-1] == (digest.bytes, digest.records):
         checkpoints.pop()  # The end of the file is not a boundary to check between.
+    # Counted per kind of image, not per record: most records share a few kinds.
+    images: Counter = Counter()
+    for kind, count in kinds.items():
+        for key in image_counts((kind,)):
+            images[key] += count
     _log.info("Wrote %s: %d records, %.1f MB in %.1f s", spec.name, digest.records,
               digest.bytes / 1e6, time.monotonic() - progress.start)
     return _Written(digest, labels, dead, tuple(checkpoints), notes, contents, images)

@@ -7,10 +7,12 @@ batches (typed Parquet and JSON values are first written as the cell text a CSV
 of the same table holds, see ``codec.table_cells``, so every format gives the
 same records),
 and the framed records appended to spool files, one per (file, split), in row
-order. Only small metadata leaves that step: each spool's record sizes. Shards
-are planned from the sizes and built by copying byte ranges out of the spools (a
-TFRecord file is a plain concatenation of framed records), in file and row
-order, so a rerun gives the same bytes.
+order, each record's framed size to the spool's sidecar (``<spool>.sizes``).
+Only small metadata leaves that step: each spool's record and byte totals.
+Shards are planned by streaming the sidecars (the same cuts as one array of all
+sizes would give, in bounded memory) and built by copying byte ranges out of the
+spools (a TFRecord file is a plain concatenation of framed records), in file and
+row order, so a rerun gives the same bytes.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from collections.abc import Iterator, Sequence
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from beam_tfrecords.schemas.config import CsvDialect, TableLayout
-from beam_tfrecords.schemas.elements import DeadLetter, InputSummary, ShardSpec, SpoolSegments
+from beam_tfrecords.schemas.elements import DeadLetter, ImageSpool, InputSummary, ShardSpec, SpoolSegments
 from beam_tfrecords.schemas.shards import ShardBand, shard_name
 from beam_tfrecords.schemas.table_schema import TableSchema, load_schema
 from beam_tfrecords.transforms.codec.table_batches import (
@@ -48,7 +51,7 @@ from beam_tfrecords.transforms.codec.table_batches import (
 )
 from beam_tfrecords.transforms.codec.table_cells import text_batch
 from beam_tfrecords.transforms.codec.table_rows import RowEncoder
-from beam_tfrecords.transforms.codec.tfrecord import ObservingReader, checkpoints
+from beam_tfrecords.transforms.codec.tfrecord import ObservingReader
 from beam_tfrecords.transforms.io import files, progress
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
@@ -59,7 +62,7 @@ from beam_tfrecords.transforms.io.table_readers import (
     table_columns,
     table_format,
 )
-from beam_tfrecords.transforms.plan.shards import cut_shards
+from beam_tfrecords.transforms.plan.shards import choose_num_shards, cut_shard_runs
 from beam_tfrecords.transforms.plan.statistics import (
     TableStatistics,
     merge_table_statistics,
@@ -81,6 +84,8 @@ _BLOCK_BYTES = 4 << 20
 # A row longer than the block is read again with blocks 4x larger, up to this.
 _MAX_BLOCK_BYTES = 256 << 20
 _MULTILINE_SAMPLES = 5
+SIZES_SUFFIX = ".sizes"  # A spool's sidecar: its records' framed sizes.
+_CHECKPOINT_EVERY = 16 << 20  # codec.tfrecord.checkpoints' spacing (a test holds them equal).
 _log = logging.getLogger(__name__)
 
 
@@ -142,8 +147,10 @@ class SpoolInfo:
     Attributes:
       split: the split.
       file_index: the CSV's place in the sorted input list (orders spools).
-      path: the spool file.
-      sizes: framed size of each record, as little-endian int64 bytes.
+      path: the spool file; each record's framed size is in its sidecar,
+        ``sizes_path`` (little-endian int64s), not here: 8 bytes a row would
+        otherwise travel through the pipeline and be gathered in one place.
+      records, bytes: how many records the spool holds, and their framed bytes.
       rows_in, dead, blank: rows read (all splits: set on the file's first
         spool only), rows dead-lettered, blank rows skipped.
       bad_counts, dead_letter_path: the file's dead letters.
@@ -155,12 +162,16 @@ class SpoolInfo:
         cells hold newlines: how many, the most lines one spans, the first few.
       statistics: the ``plan.statistics.TableStatistics`` of the rows spooled
         (``None`` with sequences, or when no row was).
+      late_columns: ``(column, "path:line")`` of columns first seen past the
+        header the run planned with (JSON Lines keys no early object has): not
+        written, so reported (on the first spool only).
     """
 
     split: str
     file_index: int
     path: str
-    sizes: bytes
+    records: int = 0
+    bytes: int = 0
     rows_in: int = 0
     dead: int = 0
     blank: int = 0
@@ -173,9 +184,47 @@ class SpoolInfo:
     largest_span: int = 0
     multiline_first_lines: tuple[str, ...] = ()
     statistics: object = None
+    late_columns: tuple[tuple[str, str], ...] = ()
 
-    def record_sizes(self) -> np.ndarray:
-        return np.frombuffer(self.sizes, dtype="<i8")
+    @property
+    def sizes_path(self) -> str:
+        return self.path + SIZES_SUFFIX if self.path else ""
+
+    def record_sizes(self, chunk: int = 1 << 18) -> Iterator[np.ndarray]:
+        """The framed size of each record, in order, ``chunk`` records at a time."""
+        left = self.records
+        with files.open_read(self.sizes_path) as stream:
+            while left:
+                data = stream.read(8 * min(chunk, left))
+                if not data or len(data) % 8:
+                    raise OSError(f"{self.sizes_path} holds fewer than {self.records} record sizes")
+                sizes = np.frombuffer(data, dtype="<i8")
+                left -= len(sizes)
+                yield sizes
+
+
+class _SpoolSink:
+    """One (file, split)'s spool being written: framed records, and their sizes
+    to the sidecar."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.records = 0
+        self.bytes = 0
+        self._stream = files.open_write(path)
+        self._sizes = files.open_write(path + SIZES_SUFFIX)
+
+    def write(self, blob, sizes: np.ndarray) -> None:
+        self._stream.write(blob)  # Already framed; the shard's copy is what gets digested.
+        self._sizes.write(np.asarray(sizes, dtype="<i8").tobytes())
+        self.records += len(sizes)
+        self.bytes += int(np.sum(sizes))
+
+    def close(self) -> None:
+        try:
+            self._stream.close()
+        finally:
+            self._sizes.close()
 
 
 @dataclasses.dataclass
@@ -192,7 +241,7 @@ class _FileState:
     # (a _LineIndex only moves forward; these run ahead of ``index``).
     close_index: _LineIndex | None = None
     dead: list = dataclasses.field(default_factory=list)
-    sinks: dict = dataclasses.field(default_factory=dict)  # split → (stream, sizes, spool path)
+    sinks: dict = dataclasses.field(default_factory=dict)  # split → _SpoolSink
     rows_in: int = 0
     blank: int = 0
     lines_done: int = 0
@@ -200,6 +249,7 @@ class _FileState:
     largest_span: int = 0
     multiline_lines: list = dataclasses.field(default_factory=list)
     statistics: dict = dataclasses.field(default_factory=dict)  # split → TableStatistics
+    late_columns: dict = dataclasses.field(default_factory=dict)  # column → "path:line" first seen
 
     def note_multiline(self, line: int, span: int) -> None:
         self.multiline_rows += 1
@@ -316,36 +366,53 @@ def _text_after_close(text: str, delimiter: str, quote: str) -> str | None:
 
 
 class _LineIndex:
-    """Byte offsets of line starts, found by reading forward (queries only move on)."""
+    """Byte offsets of line starts, found by reading forward (queries only move on).
+
+    The line breaks of each chunk read are found at once (numpy), so moving on by
+    many lines costs no Python step per line and no copy of the chunk per line.
+    """
 
     def __init__(self, path: str):
         self._stream = files.open_read(path)
-        self._line, self._offset = 1, 0
+        self._line, self._offset = 1, 0  # The current line and where it starts.
+        self._base = 0  # File offset of _buffer[0].
         self._buffer = b""
+        self._breaks = np.empty(0, dtype=np.int64)  # Offsets in _buffer of its b"\n"s.
+        self._next = 0  # Index in _breaks of the first break at or after the current line.
+
+    def _read(self, size: int) -> bool:
+        more = self._stream.read(size)
+        if not more:
+            return False
+        start = self._offset - self._base
+        kept = len(self._buffer) - start
+        self._buffer = self._buffer[start:] + more
+        self._breaks = np.concatenate((self._breaks[self._next:] - start,
+                                       kept + np.flatnonzero(np.frombuffer(more, dtype=np.uint8) == 10)))
+        self._base, self._next = self._offset, 0
+        return True
 
     def offset_of(self, line: int) -> int:
         while self._line < line:
-            cut = self._buffer.find(b"\n")
-            if cut < 0:
-                more = self._stream.read(1 << 20)
-                if not more:
-                    return self._offset + len(self._buffer)
-                self._buffer += more
+            available = len(self._breaks) - self._next
+            if not available:
+                if not self._read(1 << 20):
+                    return self._base + len(self._buffer)
                 continue
-            self._offset += cut + 1
-            self._buffer = self._buffer[cut + 1:]
-            self._line += 1
+            step = min(line - self._line, available)
+            self._next += step
+            self._line += step
+            self._offset = self._base + int(self._breaks[self._next - 1]) + 1
         return self._offset
 
     def text_of(self, line: int, limit: int = 4096) -> str:
         """The line's text (cut to ``limit`` bytes), decoded leniently."""
         self.offset_of(line)
-        while b"\n" not in self._buffer[:limit] and len(self._buffer) < limit:
-            more = self._stream.read(1 << 16)
-            if not more:
-                break
-            self._buffer += more
-        return self._buffer[:limit].split(b"\n", 1)[0].decode("utf-8", errors="replace")
+        start = self._offset - self._base
+        while (b"\n" not in self._buffer[start:start + limit] and len(self._buffer) - start < limit
+               and self._read(1 << 16)):
+            start = self._offset - self._base
+        return self._buffer[start:start + limit].split(b"\n", 1)[0].decode("utf-8", errors="replace")
 
     def close(self) -> None:
         self._stream.close()
@@ -448,11 +515,18 @@ class _EncodeCsvFn(beam.DoFn):
                 encoded = encode(task_bytes, batch)
                 yield batch, encoded.newlines, encoded
             return
-        # The reader runs at most processes + 1 batches ahead; tee holds those few.
-        batches, in_order = itertools.tee(reader)
-        encoded_batches = ordered_map(pool, functools.partial(encode, task_bytes), batches, processes + 1)
-        for batch, encoded in zip(in_order, encoded_batches):
-            yield batch, encoded.newlines, encoded
+        # The reader runs at most processes + 1 batches ahead; ``in_flight`` holds
+        # those few. (Not ``itertools.tee``: it frees its items 57 at a time, so it
+        # held up to 57 batches, ~300 MB, whatever the window.)
+        in_flight: collections.deque = collections.deque()
+
+        def read():
+            for batch in reader:
+                in_flight.append(batch)
+                yield batch
+
+        for encoded in ordered_map(pool, functools.partial(encode, task_bytes), read(), processes + 1):
+            yield in_flight.popleft(), encoded.newlines, encoded
 
     def process(self, element: tuple[int, str, int]) -> Iterator[SpoolInfo]:
         file_index, path, size = element
@@ -478,8 +552,8 @@ class _EncodeCsvFn(beam.DoFn):
             while line is not None:
                 line, block = yield from self._segment(state, line, block)
         finally:
-            for stream, _, _ in state.sinks.values():
-                stream.close()
+            for sink in state.sinks.values():
+                sink.close()
             for index in (state.index, state.close_index):
                 if index is not None:
                     index.close()
@@ -500,18 +574,19 @@ class _EncodeCsvFn(beam.DoFn):
         progress.inputs_at(id(state), state.rows_in, state.counts.counted_to, done=True)
         beam.metrics.Metrics.counter("table", "dead_letter").inc(len(dead))
         infos = [
-            SpoolInfo(split, file_index, spool, np.concatenate(sizes).astype("<i8").tobytes(),
+            SpoolInfo(split, file_index, sink.path, sink.records, sink.bytes,
                       statistics=state.statistics.get(split))
-            for split, (_, sizes, spool) in sorted(state.sinks.items())
+            for split, sink in sorted(state.sinks.items())
         ]
         totals = dict(rows_in=state.rows_in, dead=len(dead), blank=state.blank, bad_counts=bad,
                       dead_letter_path=dead_path, source_bytes=size, lines_in=lines_in,
                       lines_accounted=state.lines_done, multiline_rows=state.multiline_rows,
-                      largest_span=state.largest_span, multiline_first_lines=tuple(state.multiline_lines))
+                      largest_span=state.largest_span, multiline_first_lines=tuple(state.multiline_lines),
+                      late_columns=tuple(state.late_columns.items()))
         if infos:
             infos[0] = dataclasses.replace(infos[0], **totals)
         else:  # No good row: still report the file's counts.
-            infos = [SpoolInfo("", file_index, "", b"", **totals)]
+            infos = [SpoolInfo("", file_index, "", **totals)]
         return infos
 
     def _process_typed(self, element: tuple[int, str, int]) -> Iterator:
@@ -526,7 +601,12 @@ class _EncodeCsvFn(beam.DoFn):
         hold_point("listing")
         schema, layout = self._schema, self._layout
         kind = table_format(path)
-        header = table_header(self._dialect, path)
+        try:
+            header = table_header(self._dialect, path)
+        except ValueError:
+            if kind != "jsonl":
+                raise
+            header = []  # Empty, or no object in its first lines: each line is read on its own.
         if kind == "jsonl":  # Objects may leave keys out: a column no early object names is empty.
             needed = [c.name for c in schema.kept] + [c for c in (
                 layout.split_column, layout.key_column, layout.sequence_key, layout.sequence_order) if c]
@@ -536,6 +616,7 @@ class _EncodeCsvFn(beam.DoFn):
         RowEncoder(schema, header)  # Fails here, with the columns named, on a wrong header.
         state = _FileState(path, file_index, header, pickle.dumps(task), _FileCounts(b'"'))
         specs = {c.name: c for c in schema.kept}
+        known = set(header)
         reader = ParquetReader(path, header) if kind == "parquet" else JsonLinesReader(path, _json_types(schema))
         pending: collections.deque = collections.deque()  # (piece, problems) of each batch sent
 
@@ -551,6 +632,7 @@ class _EncodeCsvFn(beam.DoFn):
                 state.lines_done += piece.blank
                 if piece.table.num_rows:
                     batch, problems = text_batch(piece.table, header, specs)
+                    self._late_columns(state, piece, known, problems)
                     pending.append((piece, problems))
                     yield batch
 
@@ -565,8 +647,8 @@ class _EncodeCsvFn(beam.DoFn):
                 state.lines_done += len(numbers)
                 yield from self._sequence_rows(state, numbers, encoded)
         finally:
-            for stream, _, _ in state.sinks.values():
-                stream.close()
+            for sink in state.sinks.values():
+                sink.close()
             reader.close()
         lines_in = reader.rows if kind == "parquet" else reader.lines
         what = "rows in its metadata" if kind == "parquet" else "lines"
@@ -576,6 +658,23 @@ class _EncodeCsvFn(beam.DoFn):
             _log.error("%s: %d %s, but the rows read account for %d", path, lines_in, what,
                        state.lines_done)
         yield from self._infos(state, size, lines_in)
+
+    def _late_columns(self, state: _FileState, piece, known: set, problems: dict) -> None:
+        """Notes the columns of a piece that the header did not have (JSON Lines keys
+        first seen past its sample): they are not written, so the report names them;
+        with ``--strict_schema`` the rows holding one are dead-lettered."""
+        for name in piece.table.column_names:
+            if name in known:
+                continue
+            present = np.nonzero(pc.is_valid(piece.table.column(name)).to_numpy(zero_copy_only=False))[0]
+            if not present.size:
+                continue
+            state.late_columns.setdefault(name, f"{state.path}:{piece.numbers[present[0]]}")
+            if self._layout.strict_columns:
+                why = (f"key {name!r} is not in the schema (--strict_schema refuses columns it "
+                       "does not name)")
+                for row in present.tolist():
+                    problems.setdefault(row, ("unknown_column", why))
 
     def _open(self, state: _FileState, line: int, block: int):
         """A reader of the file from ``line`` on (the header is read only from line 1)."""
@@ -766,11 +865,9 @@ class _EncodeCsvFn(beam.DoFn):
             if not len(sizes):
                 continue
             if split not in state.sinks:
-                spool = files.join(self._spool_dir, f"{state.file_index:05d}-{split}.spool")
-                state.sinks[split] = (files.open_write(spool), [], spool)
-            stream, all_sizes, _ = state.sinks[split]
-            stream.write(blob)  # Already framed; the shard's copy is what gets digested.
-            all_sizes.append(sizes)
+                state.sinks[split] = _SpoolSink(
+                    files.join(self._spool_dir, f"{state.file_index:05d}-{split}.spool"))
+            state.sinks[split].write(blob, sizes)
         if not self._layout.sequence_key:
             parts = encoded.statistics
             if parts is None:  # Rows were dropped after encoding: summarise those written.
@@ -863,9 +960,16 @@ class EncodeTables(beam.PTransform):
         )
 
 
-def plan_table_shards(infos: Sequence[SpoolInfo], band: ShardBand, compression: str) -> list[ShardSpec]:
+def plan_table_shards(infos: Sequence[SpoolInfo | ImageSpool], band: ShardBand,
+                      compression: str) -> list[ShardSpec]:
     """Cuts each split, in (file, row) order, into shards of nearly equal bytes,
-    each a list of byte ranges of the spools."""
+    each a list of byte ranges of the spools.
+
+    The shard count comes from the spools' byte totals; the cuts from their
+    record sizes, a chunk at a time (a ``SpoolInfo``'s are read from its sidecar:
+    no split's sizes are ever held whole), and are the ones ``cut_shards`` gives
+    all of a split's sizes. ``ImageSpool``s (spooled images) carry their sizes.
+    """
     specs = []
     by_split: dict[str, list[SpoolInfo]] = {}
     for info in infos:
@@ -873,26 +977,87 @@ def plan_table_shards(infos: Sequence[SpoolInfo], band: ShardBand, compression: 
             by_split.setdefault(info.split, []).append(info)
     for split in sorted(by_split):
         spools = sorted(by_split[split], key=lambda i: i.file_index)
-        sizes = np.concatenate([s.record_sizes() for s in spools])
-        owner = np.concatenate([np.full(len(s.record_sizes()), k) for k, s in enumerate(spools)])
-        num_shards, shard_of = cut_shards(sizes, band)
-        offsets = np.concatenate([np.concatenate(([0], np.cumsum(s.record_sizes())[:-1]))
-                                  for s in spools])
-        for index in range(num_shards):
-            members = np.nonzero(shard_of == index)[0]
-            segments = []
-            for k in np.unique(owner[members]):
-                rows = members[owner[members] == k]
-                first, last = int(rows[0]), int(rows[-1])
-                segments.append((spools[k].path, int(offsets[first]),
-                                 int(offsets[last] + sizes[last]), len(rows)))
-            specs.append(ShardSpec(
-                split, index, num_shards, shard_name(split, index, num_shards, compression),
-                int(sizes[members].sum()), SpoolSegments(tuple(segments)),
-                checkpoints(sizes[members]) if compression == "none" else (),
-            ))
+        totals = [_spool_bytes(s) for s in spools]
+        total = sum(totals)
+        num_shards = choose_num_shards(total, band)
+        shard = _ShardBuilder(split, 0, num_shards, compression)
+        before = 0  # The split's bytes in earlier spools.
+        for spool, spool_bytes in zip(spools, totals):
+            position = 0  # Byte offset in the spool.
+            chunks = spool.record_sizes()
+            if isinstance(chunks, np.ndarray):  # An ImageSpool's, whole.
+                chunks = [chunks]
+            for index, sizes in cut_shard_runs(chunks, total, num_shards, before):
+                while shard.index < index:  # A shard no record's midpoint fell in stays empty.
+                    specs.append(shard.spec())
+                    shard = _ShardBuilder(split, shard.index + 1, num_shards, compression)
+                position = shard.add(spool.path, position, sizes)
+            if position != spool_bytes:
+                raise ValueError(f"{spool.path}: record sizes add up to {position} bytes, "
+                                 f"the spool holds {spool_bytes}")
+            before += position
+        while True:
+            specs.append(shard.spec())
+            if shard.index == num_shards - 1:
+                break
+            shard = _ShardBuilder(split, shard.index + 1, num_shards, compression)
     progress.plan(shards=len(specs))
     return specs
+
+
+def _spool_bytes(spool: SpoolInfo | ImageSpool) -> int:
+    """A spool's framed bytes: a ``SpoolInfo`` counts them; an ``ImageSpool``'s are summed."""
+    if isinstance(spool, SpoolInfo):
+        return spool.bytes
+    return int(spool.record_sizes().sum())
+
+
+class _ShardBuilder:
+    """One shard of a plan, gathered a run of records at a time: its spool
+    segments, bytes and (uncompressed) verification checkpoints, the ones
+    ``codec.tfrecord.checkpoints`` gives all its sizes."""
+
+    def __init__(self, split: str, index: int, num_shards: int, compression: str):
+        self.split, self.index, self.num_shards = split, index, num_shards
+        self._compression = compression
+        self._segments: list[list] = []  # [spool, start, end, records]
+        self._bytes = 0
+        self._records = 0
+        self._next_target = _CHECKPOINT_EVERY
+        self._checkpoints: list[tuple[int, int]] = []
+
+    def add(self, spool: str, start: int, sizes: np.ndarray) -> int:
+        """Adds records ``sizes`` that start at byte ``start`` of ``spool``; returns their end."""
+        run = int(sizes.sum())
+        last = self._segments[-1] if self._segments else None
+        if last is not None and last[0] == spool and last[2] == start:
+            last[2] += run
+            last[3] += len(sizes)
+        else:
+            self._segments.append([spool, start, start + run, len(sizes)])
+        if self._compression == "none":
+            ends = np.cumsum(sizes)
+            ends += self._bytes
+            if self._next_target <= ends[-1]:
+                # The first record boundary at or after each multiple of the spacing.
+                targets = np.arange(self._next_target, int(ends[-1]) + 1, _CHECKPOINT_EVERY)
+                for i in np.unique(np.searchsorted(ends, targets)).tolist():
+                    point = (int(ends[i]), self._records + i + 1)
+                    if not self._checkpoints or self._checkpoints[-1] != point:
+                        self._checkpoints.append(point)
+                self._next_target = int(targets[-1]) + _CHECKPOINT_EVERY
+        self._bytes += run
+        self._records += len(sizes)
+        return start + run
+
+    def spec(self) -> ShardSpec:
+        # The file's end is no checkpoint (nor is a lone record's).
+        points = tuple(p for p in self._checkpoints if p[1] < self._records)
+        return ShardSpec(
+            self.split, self.index, self.num_shards,
+            shard_name(self.split, self.index, self.num_shards, self._compression),
+            self._bytes, SpoolSegments(tuple(tuple(s) for s in self._segments)), points,
+        )
 
 
 def table_summary(
@@ -933,7 +1098,8 @@ def table_summary(
         blank_rows=sum(i.blank for i in infos),
         features=tuple(sorted(features)),
         dead_letter_paths=tuple(sorted(i.dead_letter_path for i in infos if i.dead_letter_path)),
-        spools=tuple(sorted([*(i.path for i in infos if i.path), *grouped[1]])),
+        spools=tuple(sorted([*(p for i in infos if i.path for p in (i.path, i.sizes_path)),
+                             *grouped[1]])),
         schema=json.dumps(schema.to_dict()),
         sequence_features=tuple(sorted(sequence_features)),
         rows_grouped=grouped[0],
@@ -944,7 +1110,17 @@ def table_summary(
                    tuple(where for i in sorted(infos, key=lambda i: i.file_index)
                          for where in i.multiline_first_lines)[:_MULTILINE_SAMPLES]),
         statistics=() if sequences else merge_table_statistics((i.split, i.statistics) for i in infos),
+        late_columns=_first_seen(infos),
     )
+
+
+def _first_seen(infos: Sequence[SpoolInfo]) -> tuple[tuple[str, str], ...]:
+    """Each late column once, where the first file in input order has it."""
+    seen: dict[str, str] = {}
+    for info in sorted(infos, key=lambda i: i.file_index):
+        for name, where in info.late_columns:
+            seen.setdefault(name, where)
+    return tuple(seen.items())
 
 
 class PlanTableShards(beam.PTransform):

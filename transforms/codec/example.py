@@ -182,6 +182,12 @@ def encode_example(features: Iterable[tuple[str, str, Sequence]]) -> bytes:
     for name, dtype, values in sorted(features, key=lambda f: f[0]):
         if len(values) == 1:
             value = values[0]
+            if dtype == "float32" and isinstance(value, float):
+                # Not cached: the cache's keys are equal for 0.0 and -0.0 (and floats rarely repeat).
+                entry = feature_entry(name, dtype, (value,))
+                parts.append(entry)
+                body += len(entry)
+                continue
             if dtype != "string" or (isinstance(value, str) and len(value) <= _CACHED_STR):
                 entry = _scalar_entry(name, dtype, value)  # Labels, formats, dimensions.
                 parts.append(entry)

@@ -19,7 +19,7 @@ from beam_tfrecords.transforms.codec.example import (
 )
 from beam_tfrecords.transforms.codec.images import ImageInfo
 
-__all__ = ["encode_image_example", "image_example_size"]
+__all__ = ["encode_image_example", "image_example_parts", "image_example_size"]
 
 
 def _text_entry(name: str, text: str) -> bytes:
@@ -49,6 +49,22 @@ def encode_image_example(
     Returns:
       The deterministic serialization of the Example.
     """
+    parts, _ = image_example_parts(encoded, info, label, label_text, filename, extra, digest)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def image_example_parts(
+    encoded: bytes,
+    info: ImageInfo,
+    label: int,
+    label_text: str,
+    filename: str,
+    extra: tuple[tuple[str, str, object], ...] = (),
+    digest: str | None = None,
+) -> tuple[list[bytes], int]:
+    """``encode_image_example`` as pieces whose concatenation is the Example, and
+    their total size: ``encoded`` is one of the pieces, not copied (see
+    ``codec.tfrecord.frame_parts``). Arguments as for ``encode_image_example``."""
     digest = digest or hashlib.sha256(encoded).hexdigest()
     if not extra:
         # The usual record: nine features whose name order is fixed (see _ORDER).
@@ -64,8 +80,9 @@ def encode_image_example(
                            _scalar_entry("image/height", "int64", info.height)))
         after = _scalar_entry("image/width", "int64", info.width)
         body = len(before) + image_size + name_size + len(middle) + key_size + len(after)
-        return b"".join((b"\x0a", _varint(body), before, *image_parts, *name_parts, middle,
-                         *key_parts, after))
+        head = b"\x0a" + _varint(body)
+        return ([head, before, *image_parts, *name_parts, middle, *key_parts, after],
+                len(head) + body)
     features = [
         ("image/encoded", "string", (encoded,)),
         ("image/format", "string", (info.format,)),
@@ -78,7 +95,8 @@ def encode_image_example(
         ("image/key/sha256", "string", (digest,)),
     ]
     features.extend((name, dtype, (value,)) for name, dtype, value in extra)
-    return encode_example(features)
+    example = encode_example(features)
+    return [example], len(example)
 
 
 def _entry_size(key: str, value_list_size: int) -> int:

@@ -654,7 +654,12 @@ def _load(im: Image.Image, label: str, pixels: int, reduced: bool) -> None:
     """
     try:
         if reduced:
-            im.draft(im.mode, (1, 1))  # the largest scale-down: 1/8
+            # The largest scale-down (1/8), grey: libjpeg still entropy-decodes every
+            # block of every component (so a broken or cut scan still fails), but
+            # skips the chroma's inverse DCT and the colour conversion (~20% less
+            # time on photos; on 4,000 seeded byte-mutated JPEGs it refused exactly
+            # what the colour draft refused). Modes other than YCbCr keep theirs.
+            im.draft("L", (1, 1))
         _allow_in_pillow(pixels)
         im.load()
     except Image.DecompressionBombError as exc:

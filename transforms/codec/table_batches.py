@@ -1,5 +1,9 @@
 """One batch of CSV rows (an Arrow RecordBatch of strings) to framed records.
 
+The rows' feature entries come from ``RowEncoder.entries`` (a column at a time);
+each split's rows are framed together (``table_columns.frame_examples``), so a
+split's records leave as one blob and an array of sizes.
+
 Like ``transforms.io.helpers``, this module loads no Beam, so the shard writers'
 helper processes can run it: the reader sends them batches (Arrow batches
 pickle as their buffers) and gets back, per split, the batch's records as one
@@ -8,6 +12,7 @@ blob, so neither side does per-row work to move them.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 import pickle
@@ -18,6 +23,8 @@ import pyarrow.compute as pc
 
 from beam_tfrecords.schemas.shards import is_valid_split_name
 from beam_tfrecords.schemas.table_schema import TableSchema
+from beam_tfrecords.transforms.codec import table_columns
+from beam_tfrecords.transforms.codec.table_columns import frame_examples
 from beam_tfrecords.transforms.codec.table_rows import RowEncoder
 from beam_tfrecords.transforms.plan.splits import split_fraction
 from beam_tfrecords.transforms.plan.statistics import table_batch_statistics
@@ -35,6 +42,8 @@ __all__ = [
 
 BLANK, BAD = -2, -1
 DEFAULT_SPLIT = "train"
+# Rows encoded at once: bounds the working arrays of a batch to a few MB.
+_CHUNK_ROWS = 32_768
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,35 +123,43 @@ def _raw_rows(task: TableTask, batch: pa.RecordBatch) -> list[str]:
     return rows
 
 
-def _row_splits(task: TableTask, batch: pa.RecordBatch, cells: dict) -> list[str | None]:
+def _split_codes(task: TableTask, batch: pa.RecordBatch) -> tuple[np.ndarray, list[str]]:
+    """Per row the index of its split in the returned names, or -1 for a split cell that
+    cannot name a shard file; each distinct split cell or key is looked at once."""
     rows = batch.num_rows
     if task.split_column:
-        return [c if is_valid_split_name(c) else None for c in cells[task.split_column]]
+        encoded = pc.dictionary_encode(batch.column(task.split_column))
+        distinct = encoded.dictionary.to_pylist()
+        valid = [is_valid_split_name(c) for c in distinct]
+        names = [c for c, ok in zip(distinct, valid) if ok]
+        to_name = np.cumsum(valid) - 1
+        codes = np.where(np.array(valid, dtype=bool), to_name, -1) if distinct else np.empty(0, np.int64)
+        return codes[encoded.indices.to_numpy(zero_copy_only=False)].astype(np.int64), names
     if task.splits:
         key_column = task.key_column or task.sequence_key
-        keys = cells[key_column] if key_column else _raw_rows(task, batch)
         edges = np.cumsum([f for _, f in task.splits])
-        names = task.split_names
-        picks = np.searchsorted(edges, [row_split_fraction(k) for k in keys], side="right")
-        return [names[min(int(i), len(names) - 1)] for i in picks]
-    return [DEFAULT_SPLIT] * rows
+        names = list(task.split_names)
+        if key_column:
+            encoded = pc.dictionary_encode(batch.column(key_column))
+            fractions = [row_split_fraction(k) for k in encoded.dictionary.to_pylist()]
+            picks = np.searchsorted(edges, fractions, side="right")[
+                encoded.indices.to_numpy(zero_copy_only=False)]
+        else:
+            picks = np.searchsorted(edges, [row_split_fraction(k) for k in _raw_rows(task, batch)],
+                                    side="right")
+        return np.minimum(picks, len(names) - 1).astype(np.int64), names
+    return np.zeros(rows, dtype=np.int64), [DEFAULT_SPLIT]
 
 
-def _cells(task: TableTask, batch: pa.RecordBatch, arrow_floats: bool = False) -> dict:
-    """Column name → cells as a list of strings; with ``arrow_floats``, one-value
-    columns and int64 list columns stay Arrow arrays (the encoder parses those in
-    a few calls)."""
+def _row_splits(task: TableTask, batch: pa.RecordBatch) -> list[str | None]:
+    codes, names = _split_codes(task, batch)
+    return [names[c] if c >= 0 else None for c in codes.tolist()]
+
+
+def _cells(task: TableTask, batch: pa.RecordBatch) -> dict:
+    """Column name → cells as a list of strings (for the per-row sequence path)."""
     keys = {c for c in (task.split_column, task.key_column, task.sequence_key, task.sequence_order) if c}
-    cells = {name: batch.column(name).to_pylist() for name in keys}
-    for column in task.schema.kept:
-        if column.name in cells:
-            continue
-        vectorized = arrow_floats and column.shape is None and column.encoding == "flat" and (
-            not column.is_list or column.type == "int64"
-        )
-        array = batch.column(column.name)
-        cells[column.name] = array if vectorized else array.to_pylist()
-    return cells
+    return {name: batch.column(name).to_pylist() for name in keys | {c.name for c in task.schema.kept}}
 
 
 def _statistics(task: TableTask, batch: pa.RecordBatch, status: np.ndarray,
@@ -153,14 +170,16 @@ def _statistics(task: TableTask, batch: pa.RecordBatch, status: np.ndarray,
 def _blank_rows(batch: pa.RecordBatch) -> np.ndarray:
     blank = np.ones(batch.num_rows, dtype=bool)
     for column in batch.columns:
-        blank &= pc.equal(pc.utf8_length(column), 0).to_numpy(zero_copy_only=False)
+        blank &= pc.binary_length(column).to_numpy(zero_copy_only=False) == 0
     return blank
 
 
 def _newlines(batch: pa.RecordBatch) -> np.ndarray:
     counts = np.zeros(batch.num_rows, dtype=np.int64)
     for column in batch.columns:
-        counts += pc.count_substring(column, "\n").to_numpy(zero_copy_only=False)
+        data = column.buffers()[2]
+        if data is not None and (np.frombuffer(data, dtype=np.uint8) == 10).any():  # Else none to count.
+            counts += pc.count_substring(column, "\n").to_numpy(zero_copy_only=False)
     return counts
 
 
@@ -179,7 +198,7 @@ def sequence_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBat
     blank = _blank_rows(batch)
     cells = _cells(task, batch)
     values, row_errors = encoder.parse(cells)
-    splits = _row_splits(task, batch, cells)
+    splits = _row_splits(task, batch)
     status = np.full(batch.num_rows, BAD, dtype=np.int16)
     errors = {e.row: (e.row, e.reason, e.message) for e in row_errors}
     kept = [c.name for c in task.schema.kept]
@@ -217,57 +236,71 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
     task, encoder = _encoder(task_bytes)
     rows = batch.num_rows
     blank = _blank_rows(batch)
-    cells = _cells(task, batch, arrow_floats=True)
-    records, row_errors = encoder.encode(cells, rows)
-    if not task.split_column and not task.splits:
-        # One split: the rows' records in order, less the blank and bad ones.
-        status = np.zeros(rows, dtype=np.int16)
-        errors = [(e.row, e.reason, e.message) for e in row_errors if not blank[e.row]]
-        for row, _, _ in errors:
-            status[row] = BAD
-            records[row] = None
-        for row in np.nonzero(blank)[0]:
-            status[row] = BLANK
-            records[row] = None
-        kept = [r for r in records if r is not None]
-        if not kept:
-            return EncodedBatch(status, [], [], [], errors, newlines=_newlines(batch), statistics={})
-        return EncodedBatch(status, [DEFAULT_SPLIT], [b"".join(kept)],
-                            [np.fromiter(map(len, kept), dtype=np.int64, count=len(kept))], errors,
-                            newlines=_newlines(batch),
-                            statistics=_statistics(task, batch, status, [DEFAULT_SPLIT]))
-    splits = _row_splits(task, batch, cells)
-    status = np.full(rows, BAD, dtype=np.int16)
-    errors = {e.row: (e.row, e.reason, e.message) for e in row_errors}
-    names: list[str] = []
-    index: dict[str, int] = {}
-    parts: list[list[bytes]] = []
-    for row in range(rows):
-        if blank[row]:
-            status[row] = BLANK
-            errors.pop(row, None)
-            continue
-        if row in errors:
-            continue
-        split = splits[row]
-        if split is None:
-            cell = cells[task.split_column][row]
+    codes, names = _split_codes(task, batch)
+    bad = np.zeros(rows, dtype=bool)
+    errors: dict[int, tuple[int, str, str]] = {}
+    pieces: dict[int, tuple[list, list]] = {}  # split code → (blobs, sizes) of each chunk
+    kept = [c.name for c in task.schema.kept]
+    for start in range(0, max(rows, 1), _CHUNK_ROWS):
+        chunk = batch.slice(start, _CHUNK_ROWS)
+        entries, chunk_bad, row_errors = encoder.entries({name: chunk.column(name) for name in kept},
+                                                         chunk.num_rows)
+        bad[start:start + chunk.num_rows] = chunk_bad
+        for e in row_errors:
+            if not blank[start + e.row]:
+                errors[start + e.row] = (start + e.row, e.reason, e.message)
+        good = ~chunk_bad & ~blank[start:start + chunk.num_rows]
+        chunk_codes = codes[start:start + chunk.num_rows]
+        for code in np.unique(chunk_codes[good & (chunk_codes >= 0)]).tolist():
+            rows_k = good & (chunk_codes == code)
+            keep = None if rows_k.all() else pa.array(rows_k)
+            records = frame_examples([e if keep is None else e.filter(keep) for e in entries],
+                                     int(rows_k.sum()))
+            blob, record_sizes = table_columns.blob(records)
+            blobs, sizes = pieces.setdefault(code, ([], []))
+            blobs.append(blob)
+            sizes.append(record_sizes)
+    bad_split = np.nonzero((codes < 0) & ~bad & ~blank)[0]
+    if len(bad_split):
+        split_cells = batch.column(task.split_column).take(pa.array(bad_split)).to_pylist()
+        for row, cell in zip(bad_split.tolist(), split_cells):
             errors[row] = (row, "bad_split", f"split {cell!r} cannot name a shard file: "
                                              "use letters, digits, '_' and '.'")
-            continue
-        k = index.get(split)
-        if k is None:
-            k = index[split] = len(names)
-            names.append(split)
-            parts.append([])
-        status[row] = k
-        parts[k].append(records[row])
-    return EncodedBatch(
+    good = ~bad & ~blank & (codes >= 0)
+    status = np.full(rows, BAD, dtype=np.int16)
+    status[blank] = BLANK
+    # Splits in order of their first row written.
+    used, first_rows = np.unique(codes[good], return_index=True)
+    order = used[np.argsort(first_rows)].tolist()
+    splits = [names[code] for code in order]
+    for k, code in enumerate(order):
+        status[good & (codes == code)] = k
+    encoded = EncodedBatch(
         status=status,
-        splits=names,
-        blobs=[b"".join(p) for p in parts],
-        sizes=[np.fromiter(map(len, p), dtype=np.int64, count=len(p)) for p in parts],
+        splits=splits,
+        blobs=[b"".join(pieces[code][0]) for code in order],
+        sizes=[np.concatenate(pieces[code][1]) for code in order],
         errors=[errors[row] for row in sorted(errors)],
         newlines=_newlines(batch),
-        statistics=_statistics(task, batch, status, names),
+        statistics=_statistics(task, batch, status, splits) if splits else {},
     )
+    _release_memory()
+    return encoded
+
+
+def _release_memory() -> None:
+    """Hands the batch's freed working memory back to the system: Arrow's pool and the C
+    heap keep freed blocks, and a helper process would hold them for the rest of the run."""
+    pa.default_memory_pool().release_unused()
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _libc_malloc_trim():
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # Not glibc.
+        return None
+
+
+_malloc_trim = _libc_malloc_trim()

@@ -36,6 +36,7 @@ __all__ = [
     "RecordError",
     "TFRecordWriter",
     "checkpoints",
+    "frame_parts",
     "frame_record",
     "iter_records",
     "mask_crc",
@@ -53,7 +54,11 @@ _LENGTH = struct.Struct("<Q")
 _HEADER = struct.Struct("<QI")
 _FOOTER = struct.Struct("<I")
 _READ_CHUNK = 1 << 20
+_SCAN_BLOCK = 1 << 20
+# frame_parts joins a record's pieces below this size.
+_JOIN_BELOW = 64 << 10
 _crc32c = google_crc32c.value
+_crc32c_extend = google_crc32c.extend
 
 
 def mask_crc(crc: int) -> int:
@@ -75,6 +80,23 @@ def frame_record(data: bytes) -> bytes:
     length = _LENGTH.pack(len(data))
     return b"".join((length, _FOOTER.pack(mask_crc(_crc32c(length))), data,
                      _FOOTER.pack(mask_crc(_crc32c(data)))))
+
+
+def frame_parts(parts: Sequence[bytes], size: int) -> list[bytes]:
+    """``frame_record(b"".join(parts))`` as pieces, without joining ``parts``.
+
+    For a record holding one large value (an image): the CRC runs over the pieces
+    in place, so a caller that joins many records' pieces at once copies each
+    byte once. ``size`` is the total length of ``parts``.
+    """
+    length = _LENGTH.pack(size)
+    if size < _JOIN_BELOW:  # Small: one join and one CRC call cost less than a call per piece.
+        data = b"".join(parts)
+        return [length, _FOOTER.pack(mask_crc(_crc32c(length))), data, _FOOTER.pack(mask_crc(_crc32c(data)))]
+    crc = 0
+    for part in parts:
+        crc = _crc32c_extend(crc, part)
+    return [length, _FOOTER.pack(mask_crc(_crc32c(length))), *parts, _FOOTER.pack(mask_crc(crc))]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,6 +339,8 @@ def scan_stream(source: BinaryIO, compression: str = "none") -> FileDigest:
       OSError, EOFError: when a gzip stream is corrupt or truncated.
     """
     check_compression(compression)
+    if compression == "none":
+        return _scan_plain(source)
     hashing = _HashingReader(source)
     buffered = io.BufferedReader(hashing, buffer_size=_READ_CHUNK)
     stream: BinaryIO = gzip.GzipFile(fileobj=buffered, mode="rb") if compression == "gzip" else buffered
@@ -347,29 +371,62 @@ def scan_records(data: bytes, first_index: int = 0, base_offset: int = 0) -> int
       RecordError: naming the index and file offset of the first faulty record;
         a block that ends inside a record is ``truncated``.
     """
+    return _scan_block(data, first_index, base_offset, final=True)[0]
+
+
+def _scan_block(data: bytes, first_index: int, base_offset: int, final: bool) -> tuple[int, int]:
+    """``scan_records``; unless ``final``, a record the block ends inside is left
+    for the next block (once its length field is proved). Returns ``(records,
+    bytes checked)``."""
     unpack, value, end = _HEADER.unpack_from, google_crc32c.value, len(data)
     footer = _FOOTER.unpack_from
     offset = index = 0
     try:
         while offset < end:
+            if not final and end - offset < 12:
+                break
             length, length_crc = unpack(data, offset)
             if mask_crc(value(data[offset:offset + 8])) != length_crc:
                 raise RecordError("length_crc", first_index + index, base_offset + offset,
                                   "length CRC mismatch (corrupt length field)")
             start = offset + 12
-            offset = start + length + 4
-            if offset > end:
+            if start + length + 4 > end:
+                if not final:
+                    break
                 raise RecordError("truncated", first_index + index, start - 12 + base_offset,
                                   f"stream ends inside the record: {length + 4} bytes of data "
                                   f"and CRC expected, {end - start} present")
-            if mask_crc(value(data[start:offset - 4])) != footer(data, offset - 4)[0]:
+            next_offset = start + length + 4
+            if mask_crc(value(data[start:next_offset - 4])) != footer(data, next_offset - 4)[0]:
                 raise RecordError("data_crc", first_index + index, start - 12 + base_offset,
                                   "data CRC mismatch (corrupt record data)")
+            offset = next_offset
             index += 1
     except struct.error:  # Fewer than 12 bytes left for a header.
         raise RecordError("truncated", first_index + index, base_offset + offset,
                           f"stream ends inside the 12-byte header ({end - offset} bytes)") from None
-    return index
+    return index, offset
+
+
+def _scan_plain(source: BinaryIO) -> FileDigest:
+    """``scan_stream`` of an uncompressed file in one pass of large reads: each
+    block is digested and its whole records checked in place; the bytes of a
+    record that spans blocks are carried into the next."""
+    digests = _Digests()
+    records = 0
+    carried = b""
+    offset = 0  # File offset of carried[0].
+    while block := source.read(_SCAN_BLOCK):
+        digests.update(block)
+        data = carried + block if carried else block
+        count, used = _scan_block(data, records, offset, final=False)
+        records += count
+        offset += used
+        carried = data[used:] if used < len(data) else b""
+    if carried:
+        _scan_block(carried, records, offset, final=True)  # Raises: the file ends inside a record.
+    crc, sha = digests.digests()
+    return FileDigest(records=records, bytes=digests.bytes, crc32c=crc, sha256=sha)
 
 
 def digest_stream(source: BinaryIO) -> tuple[int, str, str]:

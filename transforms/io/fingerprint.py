@@ -6,13 +6,16 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from beam_tfrecords.schemas.inputs import InputFile
+import numpy as np
+
+from beam_tfrecords.schemas.inputs import InputFile, encode_inputs_chunks, file_line
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.gcs import _client, crc32c_gcs_to_hex, is_gcs
 
-__all__ = ["file_entries", "hash_entries", "local_sha256", "relative_path", "role_entry"]
+__all__ = ["file_entries", "hash_entries", "local_sha256", "relative_path", "role_entry",
+           "table_entries", "table_lines", "write_inputs"]
 
 _HASH_BLOCK = 1 << 20
 
@@ -91,6 +94,58 @@ def hash_entries(entries: Sequence[InputFile], paths: Sequence[str], threads: in
             return entry
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="hash-input") as pool:
         return list(pool.map(one, zip(entries, paths)))
+
+
+def _stamp_columns(table) -> tuple[str, np.ndarray, np.ndarray]:
+    """Which field a table's stamps are (``mtime_ns``, ``generation`` or '')."""
+    kind = "generation" if is_gcs(table.root) else "mtime_ns" if files.is_local(table.root) else ""
+    return kind, table.stamps, table.crcs
+
+
+def _rows(table, rows: np.ndarray, block: int = 1 << 16):
+    """``(path, size, mtime_ns, generation, crc32c)`` of a table's ``rows``, a block at a time
+    (the listing's stamps, as ``file_entries`` would find them)."""
+    kind, stamps, crcs = _stamp_columns(table)
+    view = memoryview(table.blob)
+    for start in range(0, len(rows), block):
+        part = rows[start:start + block]
+        begins = table.offsets[part].tolist()
+        ends = table.offsets[part + 1].tolist()
+        sizes = table.sizes[part].tolist()
+        marks = stamps[part].tolist() if kind else [0] * len(part)
+        crc = crcs[part].tolist()
+        for b, e, size, mark, c in zip(begins, ends, sizes, marks, crc):
+            name = str(view[b:e], "utf-8")
+            if kind == "generation":
+                yield name, size, 0, str(mark) if mark else "", "%08x" % c if c >= 0 else ""
+            else:
+                yield name, size, mark, "", ""
+
+
+def table_entries(table, rows: np.ndarray | None = None) -> list[InputFile]:
+    """The fingerprint entries of a ``RefTable``'s images (of ``rows``, default all),
+    from what the listing said of each file: what ``file_entries`` gives for them,
+    without a second listing or a ``stat`` per file."""
+    rows = np.arange(len(table)) if rows is None else np.asarray(rows, np.int64)
+    return [InputFile(name, size, mtime, generation=gen, crc32c=crc)
+            for name, size, mtime, gen, crc in _rows(table, rows)]
+
+
+def table_lines(table, rows: np.ndarray | None = None) -> Iterator[str]:
+    """``inputs.jsonl`` lines of a table's images (``rows``, default all), in path
+    order (``schemas.inputs.file_line``), made a block at a time."""
+    order = table.path_order()
+    if rows is not None:
+        order = order[np.isin(order, rows)]
+    return (file_line(*row) for row in _rows(table, order))
+
+
+def write_inputs(path: str, roles: Sequence[InputFile], table, rows: np.ndarray | None = None) -> None:
+    """Writes ``inputs.jsonl`` of the files with a role and a table's images as a stream:
+    the bytes ``encode_inputs`` makes of their entries, without holding them."""
+    with files.open_write(path) as stream:
+        for chunk in encode_inputs_chunks(roles, table_lines(table, rows)):
+            stream.write(chunk)
 
 
 def role_entry(path: str, role: str) -> InputFile:

@@ -26,11 +26,11 @@ from collections.abc import Callable, Iterable, Iterator
 
 from beam_tfrecords.schemas.config import DEFAULT_MAX_PIXELS, ImageReshape
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
-from beam_tfrecords.transforms.codec.image_example import encode_image_example
+from beam_tfrecords.transforms.codec.image_example import image_example_parts
 from beam_tfrecords.transforms.codec.images import ImageError, inspect_image
 from beam_tfrecords.transforms.codec.readable import readable_image
 from beam_tfrecords.transforms.codec.reshape import reshape_decodes, reshape_image
-from beam_tfrecords.transforms.codec.tfrecord import frame_record, scan_records
+from beam_tfrecords.transforms.codec.tfrecord import RECORD_OVERHEAD, frame_parts, scan_records
 
 __all__ = [
     "SMALL_FILE_BYTES",
@@ -110,14 +110,25 @@ def encode_image(ref: ImageRef, validate: str, max_pixels: int = DEFAULT_MAX_PIX
                  reshape: ImageReshape | None = None) -> tuple | DeadLetter:
     """Reads, checks and encodes one image: ``(framed record, note, sha256, source
     sha256, image)`` (see ``image_example``), or why it was refused."""
+    outcome = _framed_image(ref, validate, max_pixels, image_bytes, reshape)
+    if isinstance(outcome, DeadLetter):
+        return outcome
+    return b"".join(outcome[0]), *outcome[2:]
+
+
+def _framed_image(ref: ImageRef, validate: str, max_pixels: int, image_bytes: str,
+                  reshape: ImageReshape | None) -> tuple | DeadLetter:
+    """``encode_image`` with the framed record as pieces (the file's bytes among
+    them, not copied) and its size: ``(pieces, size, note, ...)``."""
     try:
         data = _read(ref.path, ref.size)
     except _read_errors() as err:
         return DeadLetter(ref.path, "read", "read_error", f"cannot read the file: {err}")
-    outcome = image_example(ref, data, validate, max_pixels, image_bytes, reshape)
+    outcome = _example_parts(ref, data, validate, max_pixels, image_bytes, reshape)
     if isinstance(outcome, DeadLetter):
         return outcome
-    return frame_record(outcome[0]), *outcome[1:]
+    parts, size = outcome[0]
+    return frame_parts(parts, size), size + RECORD_OVERHEAD, *outcome[1:]
 
 
 def image_example(ref: ImageRef, data: bytes, validate: str, max_pixels: int = DEFAULT_MAX_PIXELS,
@@ -137,6 +148,17 @@ def image_example(ref: ImageRef, data: bytes, validate: str, max_pixels: int = D
     ``reshape`` the image is resized and re-encoded as it says (see
     ``codec.reshape``; always readable) and the note is ``reshape/<what>``.
     """
+    outcome = _example_parts(ref, data, validate, max_pixels, image_bytes, reshape)
+    if isinstance(outcome, DeadLetter):
+        return outcome
+    parts, _ = outcome[0]
+    return b"".join(parts), *outcome[1:]
+
+
+def _example_parts(ref: ImageRef, data: bytes, validate: str, max_pixels: int, image_bytes: str,
+                   reshape: ImageReshape | None) -> tuple | DeadLetter:
+    """``image_example`` with the Example as ``(pieces, size)`` (see
+    ``image_example_parts``)."""
     source = data
     try:
         note = ""
@@ -161,10 +183,12 @@ def image_example(ref: ImageRef, data: bytes, validate: str, max_pixels: int = D
     except (ValueError, OSError, TypeError, MemoryError) as err:  # Pillow, converting or resizing.
         return DeadLetter(ref.path, "encode", "conversion_error",
                           f"the image could not be converted: {type(err).__name__}: {err}")
+    # The one content hash: the image/key/sha256 feature, the duplicates report and
+    # (the file's own bytes) the input fingerprint.
     digest = hashlib.sha256(data).hexdigest()
     source_digest = digest if data is source else hashlib.sha256(source).hexdigest()
     try:
-        example = encode_image_example(
+        example = image_example_parts(
             data, info, ref.label, ref.label_text, ref.filename, ref.extra, digest
         )
     except (ValueError, TypeError, OverflowError) as err:
@@ -179,18 +203,20 @@ def encode_chunk(chunk: list[ImageRef], validate: str, max_pixels: int = DEFAULT
 
     Returns:
       The framed records of the good files, concatenated in order (one object to
-      pass back instead of many), and per file either ``(framed size, note,
-      sha256, source sha256, (format, mode, width, height))`` or its dead letter.
+      pass back instead of many; each file's bytes are copied once, into it), and
+      per file either ``(framed size, note, sha256, source sha256, (format, mode,
+      width, height))`` or its dead letter.
     """
-    framed, outcomes = [], []
+    pieces: list[bytes] = []
+    outcomes: list = []
     for ref in chunk:
-        outcome = encode_image(ref, validate, max_pixels, image_bytes, reshape)
+        outcome = _framed_image(ref, validate, max_pixels, image_bytes, reshape)
         if isinstance(outcome, DeadLetter):
             outcomes.append(outcome)
         else:
-            framed.append(outcome[0])
-            outcomes.append((len(outcome[0]), *outcome[1:]))
-    return b"".join(framed), outcomes
+            pieces += outcome[0]
+            outcomes.append(outcome[1:])
+    return b"".join(pieces), outcomes
 
 
 @contextlib.contextmanager

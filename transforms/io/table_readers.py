@@ -203,8 +203,10 @@ class JsonLinesReader:
         known = {name: kind for name, kind in self._types.items()}
         options = pajson.ParseOptions(explicit_schema=pa.schema(known) if known else None,
                                       newlines_in_values=False)
-        return pajson.read_json(io.BytesIO(data), read_options=pajson.ReadOptions(
+        table = pajson.read_json(io.BytesIO(data), read_options=pajson.ReadOptions(
             use_threads=False, block_size=len(data) + 1), parse_options=options)
+        table.validate(full=True)  # Arrow's JSON reader lets bytes that are not UTF-8 into strings.
+        return table
 
     def _parse(self, kept: list[tuple[int, bytes]], out: list[TablePiece]) -> None:
         """Parses lines into pieces; a part that fails is halved until the lines that
@@ -234,7 +236,9 @@ class JsonLinesReader:
         except (ValueError, RecursionError):
             value = None
         misfit = self._misfit(value) if isinstance(value, dict) else None
-        if misfit is not None:
+        if not _is_utf8(line):
+            reason, message = "invalid_utf8", "the line is not valid UTF-8 text"
+        elif misfit is not None:
             reason, message = "bad_value", misfit
         elif isinstance(value, dict):
             reason, message = "bad_value", f"a value does not fit the schema: {error}"
@@ -270,6 +274,14 @@ class JsonLinesReader:
 
     def close(self) -> None:
         self._stream.close()
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def table_columns(path: str, limit: int = _COLUMN_LINES) -> list[str]:

@@ -30,6 +30,7 @@ from beam_tfrecords.schemas.config import LAYOUTS
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
 from beam_tfrecords.schemas.shards import is_valid_split_name
 from beam_tfrecords.transforms.codec.images import is_image_filename
+from beam_tfrecords.transforms.plan.ref_table import RefTable, TableListing, cifar_table, class_folder_table
 from beam_tfrecords.transforms.plan.shards import stable_key
 
 __all__ = [
@@ -56,7 +57,6 @@ __all__ = [
 SPLIT_NAMES = frozenset({"train", "val", "valid", "validation", "dev", "test", "eval"})
 DEFAULT_SPLIT = "train"
 CIFAR_LABELS_FILE = "labels.txt"
-_CIFAR_NAME = re.compile(r"^(?P<id>[^_/]+)_(?P<cls>[^/]+)\.[A-Za-z0-9]+$")
 # Column names of a CSV manifest, first match wins (TFRecorder writes image_uri).
 IMAGE_COLUMNS = ("image", "image_uri", "image_path", "path", "filename", "file", "uri")
 LABEL_COLUMNS = ("label", "class", "category")
@@ -71,7 +71,8 @@ class Listing:
 
     Attributes:
       layout: the layout used.
-      refs: images to convert.
+      refs: images to convert: a list, or for a large listing of a folder layout a
+        ``RefTable`` (a sequence of the same references, held as columns).
       vocabulary: class names; ``vocabulary[label]`` is the class of a label.
       ignored: files skipped as plainly not images (``.txt``, ``.DS_Store``, ...).
       dead_letters: inputs refused while listing (no class, unknown class, ...).
@@ -82,10 +83,14 @@ class Listing:
         split): ``split folders``, or the CSV manifest's ``split`` column.
       duplicates_dropped: ``(filename, split, filename it copies)`` of images
         left out as copies (see ``transforms.images.list_images``).
+      files: for a folder layout, every labelled image as a ``RefTable`` with what
+        the listing said of each file (time or generation, crc32c): the input
+        fingerprint is written from it (``refs`` may be a subset of it, or the
+        same table); ``None`` for a CSV manifest.
     """
 
     layout: str
-    refs: list[ImageRef]
+    refs: list[ImageRef] | RefTable
     vocabulary: list[str]
     ignored: int = 0
     dead_letters: list[DeadLetter] = dataclasses.field(default_factory=list)
@@ -93,6 +98,7 @@ class Listing:
     skipped: list[DeadLetter] = dataclasses.field(default_factory=list)
     split_source: str = ""
     duplicates_dropped: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+    files: RefTable | None = None
 
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -239,21 +245,6 @@ def image_path_column(header: Sequence[str], rows: Sequence[Sequence[str]]) -> t
     return None
 
 
-def _split_images(
-    root: str, files: Sequence[tuple[str, int]]
-) -> tuple[list[tuple[str, str, int]], int]:
-    """(relative path, path, size) of image files, and the count of other files."""
-    images, ignored = [], 0
-    for path, size in files:
-        rel = _relative(root, path)
-        if is_image_filename(rel):
-            images.append((rel, path, size))
-        else:
-            ignored += 1
-    images.sort()
-    return images, ignored
-
-
 def _finish(layout, refs, vocabulary, ignored, dead, extra_features=None) -> Listing:
     """The Listing, with images whose split cannot name a file moved to the dead letter."""
     kept = []
@@ -281,73 +272,38 @@ def _ref(split, rel, path, size, label, text, extra=()) -> ImageRef:
 
 
 def list_class_folders(
-    root: str, files: Sequence[tuple[str, int]], labels: Sequence[str] | None = None
+    root: str, files: Iterable[tuple[str, int]], labels: Sequence[str] | None = None,
+    compact: bool = False,
 ) -> Listing:
     """Images under ``ROOT/<class>/`` or ``ROOT/<split>/<class>/``.
 
     Args:
       root: the input root (no trailing slash needed).
-      files: ``(path, size)`` of every file under the root.
+      files: ``(path, size)`` of every file under the root (a stream is read once).
       labels: class names in label order; default: the sorted class folder names.
+      compact: give the references as a ``RefTable`` (columns, in listing order)
+        instead of a list of ``ImageRef`` sorted by relative path.
 
     Raises:
       ValueError: when the top-level folders mix split names and other names.
     """
-    images, ignored = _split_images(root, files)
-    parts = [rel.split("/") for rel, _, _ in images]
-    # Split folders when every top-level folder holding images is a split name.
-    by_split = folders_are_splits(root, {p[0] for p in parts if len(p) >= 2})
-    dead: list[DeadLetter] = []
-    placed = []  # (split, class, rel, path, size)
-    for (rel, path, size), p in zip(images, parts):
-        split, rest = (p[0], p[1:]) if by_split and len(p) >= 2 else (DEFAULT_SPLIT, p)
-        if len(rest) < 2:
-            dead.append(
-                DeadLetter(path, "list", "no_class_folder",
-                           "image is not inside a class folder (expected ROOT/<class>/<file>)")
-            )
-            continue
-        placed.append((split, rest[0], rel, path, size))
-    vocabulary = list(labels) if labels is not None else sorted({c for _, c, _, _, _ in placed})
-    index = {name: i for i, name in enumerate(vocabulary)}
-    refs = []
-    for split, cls, rel, path, size in placed:
-        if cls not in index:
-            dead.append(
-                DeadLetter(path, "list", "unknown_class",
-                           f"class folder {cls!r} is not in the labels file")
-            )
-            continue
-        refs.append(_ref(split, rel, path, size, index[cls], cls))
-    listing = _finish("class_folders", refs, vocabulary, ignored, dead)
-    listing.split_source = "split folders" if by_split else ""
-    return listing
+    found = class_folder_table(root, files, labels, folders_are_splits, DEFAULT_SPLIT)
+    return _from_table("class_folders", found, compact)
 
 
-def list_cifar(root: str, files: Sequence[tuple[str, int]], labels_text: str) -> Listing:
-    """Images named ``ROOT/<split>/<ID>_<CLASS>.<ext>``, labelled by ``labels.txt``."""
+def list_cifar(root: str, files: Iterable[tuple[str, int]], labels_text: str,
+               compact: bool = False) -> Listing:
+    """Images named ``ROOT/<split>/<ID>_<CLASS>.<ext>``, labelled by ``labels.txt``
+    (``compact``: see ``list_class_folders``)."""
     vocabulary = parse_labels_text(labels_text)
-    index = {name: i for i, name in enumerate(vocabulary)}
-    images, ignored = _split_images(root, files)
-    refs, dead = [], []
-    for rel, path, size in images:
-        p = rel.split("/")
-        match = _CIFAR_NAME.match(p[-1]) if len(p) == 2 else None
-        if match is None:
-            dead.append(
-                DeadLetter(path, "list", "unlabeled",
-                           "expected ROOT/<split>/<ID>_<CLASS>.<ext> in the CIFAR layout")
-            )
-        elif match["cls"] not in index:
-            dead.append(
-                DeadLetter(path, "list", "unknown_class",
-                           f"class {match['cls']!r} is not in {CIFAR_LABELS_FILE}")
-            )
-        else:
-            refs.append(_ref(p[0], rel, path, size, index[match["cls"]], match["cls"]))
-    listing = _finish("cifar", refs, vocabulary, ignored, dead)
-    listing.split_source = "split folders"
-    return listing
+    found = cifar_table(root, files, vocabulary, CIFAR_LABELS_FILE, DEFAULT_SPLIT)
+    return _from_table("cifar", found, compact)
+
+
+def _from_table(layout: str, found: TableListing, compact: bool) -> Listing:
+    refs = found.table if compact else found.table.by_filename()
+    return Listing(layout, refs, found.vocabulary, found.ignored, found.dead_letters,
+                   split_source=found.split_source)
 
 
 def _infer_dtype(values: Sequence[str]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from beam_tfrecords.schemas.shards import ShardBand
 
 __all__ = [
     "assign_shards",
+    "cut_shard_runs",
     "cut_shards",
     "choose_num_shards",
     "stable_key",
@@ -84,12 +85,45 @@ def cut_shards(sizes: Sequence[int] | np.ndarray, band: ShardBand) -> tuple[int,
     sizes = np.asarray(sizes, dtype=np.int64)
     total = int(sizes.sum())
     num_shards = choose_num_shards(total, band)
+    return num_shards, _shard_of(np.cumsum(sizes), sizes, num_shards, total)
+
+
+def _shard_of(ends: np.ndarray, sizes: np.ndarray, num_shards: int, total: int) -> np.ndarray:
+    """Each record's shard, from its end offset in the split and its size."""
     if total == 0:
-        return num_shards, np.zeros(len(sizes), dtype=np.int64)
+        return np.zeros(len(sizes), dtype=np.int64)
     # A record goes where its byte midpoint falls (float64 is exact below 2**53 bytes).
-    midpoints = np.cumsum(sizes) - sizes / 2
-    shard_of = np.minimum(midpoints * num_shards // total, num_shards - 1).astype(np.int64)
-    return num_shards, shard_of
+    midpoints = ends - sizes / 2
+    return np.minimum(midpoints * num_shards // total, num_shards - 1).astype(np.int64)
+
+
+def cut_shard_runs(chunks: Iterable[np.ndarray], total: int, num_shards: int, before: int = 0
+                   ) -> Iterator[tuple[int, np.ndarray]]:
+    """``cut_shards`` for a split read a chunk of sizes at a time, in bounded memory.
+
+    Args:
+      chunks: the split's record sizes, in order, in consecutive pieces.
+      total: the sum of all sizes (``choose_num_shards`` gives ``num_shards`` from it).
+      num_shards: how many shards.
+      before: the bytes of the split's records ahead of the first chunk (the
+        records of one part of a split can be cut on their own).
+
+    Yields:
+      ``(shard, sizes)``: consecutive runs of records with one shard index, in
+      order (a shard's records may come in several runs); the indices are those
+      ``cut_shards`` gives the whole array.
+    """
+    for sizes in chunks:
+        sizes = np.asarray(sizes, dtype=np.int64)
+        if not len(sizes):
+            continue
+        ends = np.cumsum(sizes)
+        ends += before
+        before = int(ends[-1])
+        shard_of = _shard_of(ends, sizes, num_shards, total)
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(shard_of)) + 1, [len(sizes)]))
+        for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+            yield int(shard_of[a]), sizes[a:b]
 
 
 def stable_key(split: str, relative_path: str) -> str:

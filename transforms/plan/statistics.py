@@ -74,6 +74,8 @@ _U64 = np.uint64
 
 _BASE = _U64(0x100000001B3)
 _powers_cache = np.ones(1, dtype=np.uint64)
+# The base is odd, so it has an inverse modulo 2**64; its squarings, for _inverse_powers.
+_INVERSE_SQUARES = [_U64(pow(0x100000001B3, -(1 << k), 2**64)) for k in range(64)]
 
 
 def _powers(n: int) -> np.ndarray:
@@ -84,6 +86,19 @@ def _powers(n: int) -> np.ndarray:
         powers[0] = 1
         _powers_cache = np.multiply.accumulate(powers)  # Wraps modulo 2**64.
     return _powers_cache[:n]
+
+
+def _inverse_powers(exponents: np.ndarray) -> np.ndarray:
+    """``_BASE ** -e`` modulo 2**64 for each ``e`` (square and multiply, one bit a step)."""
+    out = np.ones(len(exponents), dtype=np.uint64)
+    e = exponents.astype(np.uint64)
+    k = 0
+    while e.any():
+        odd = (e & _U64(1)).astype(bool)
+        out[odd] *= _INVERSE_SQUARES[k]
+        e >>= _U64(1)
+        k += 1
+    return out
 
 
 def _mix(h: np.ndarray) -> np.ndarray:
@@ -121,21 +136,32 @@ _HASH_BYTES = 1 << 20
 
 
 def _slice_hashes(array: pa.Array, offsets: np.ndarray) -> np.ndarray:
+    # A value's polynomial sums (byte + 1) * BASE**i over its bytes' positions i in the
+    # value; summed over positions in the slice instead (one running sum for all), it is
+    # BASE**start times too large, which BASE's inverse takes off.
     data = array.buffers()[2]
     first = int(offsets[0])
-    body = (np.frombuffer(data, dtype=np.uint8)[first:int(offsets[-1])] if data is not None
-            else np.empty(0, dtype=np.uint8)).astype(np.uint64) + _U64(1)
+    size = int(offsets[-1]) - first
+    body = (np.frombuffer(data, dtype=np.uint8, count=size, offset=first) if data is not None and size
+            else np.empty(0, dtype=np.uint8)).astype(np.uint64)
+    body += _U64(1)
+    body *= _powers(size)
+    sums = np.zeros(size + 1, dtype=np.uint64)
+    np.cumsum(body, dtype=np.uint64, out=sums[1:])
+    starts = offsets - first
     lengths = np.diff(offsets)
-    starts = offsets[:-1] - first
-    position = np.arange(len(body)) - np.repeat(starts, lengths)
-    terms = body * _powers(int(lengths.max()))[position]
-    sums = np.concatenate((np.zeros(1, dtype=np.uint64), np.cumsum(terms, dtype=np.uint64)))
-    hashes = sums[starts + lengths] - sums[starts]
+    hashes = (sums[starts[1:]] - sums[starts[:-1]]) * _inverse_powers(starts[:-1])
     return _mix(hashes ^ (lengths.astype(np.uint64) * _U64(0xC2B2AE3D27D4EB4F)))
 
 
 def _sketch(hashes: np.ndarray) -> np.ndarray:
     """The ``SKETCH_SIZE`` smallest distinct hashes, sorted."""
+    if len(hashes) > 4 * SKETCH_SIZE:
+        # Those up to the SKETCH_SIZE-th smallest hold them, unless repeats hide some.
+        bound = np.partition(hashes, SKETCH_SIZE - 1)[SKETCH_SIZE - 1]
+        smallest = np.unique(hashes[hashes <= bound])
+        if len(smallest) >= SKETCH_SIZE:
+            return smallest[:SKETCH_SIZE]
     return np.unique(hashes)[:SKETCH_SIZE]
 
 
@@ -372,7 +398,9 @@ def _numbers(spec: ColumnSpec, pieces: pa.Array) -> np.ndarray:
         return truth.to_numpy(zero_copy_only=False).astype(np.int64)
     if spec.type == "int64":
         try:
-            text = pc.replace_substring_regex(pieces, pattern=r"^\+", replacement="")
+            text = pieces
+            if pc.any(pc.starts_with(pieces, "+")).as_py():
+                text = pc.replace_substring_regex(pieces, pattern=r"^\+", replacement="")
             return pc.cast(text, pa.int64()).to_numpy(zero_copy_only=False)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # Whatever Arrow does not parse.
             return np.array([int(p) for p in pieces.to_pylist()], dtype=np.int64)

@@ -1,0 +1,206 @@
+"""Planning benchmark: listing, labelling, splitting, fingerprinting and shard
+planning of many image files, on a synthetic listing (no file is created).
+
+    .venv/bin/python benchmarks/bench_planning.py [--sizes 100000,1000000,10000000]
+                                                  [--tracemalloc] [--max_gb 12]
+
+Paths look like ``gs://bench-bucket/<split>/class_0123/img_000123456.jpg``
+(splits train/val/test as split folders, 80/10/10; 1,000 classes) with sizes
+drawn from a log-normal distribution (median ~110 KB, like photos). They are
+injected at the lowest listing layer: ``transforms.io.files.list_stamped`` (what
+one GCS listing gives per object: name, size, generation, crc32c) is replaced by
+a generator, so what is measured is everything the preflight and the pipeline
+do per file between "the store answered" and "one ShardSpec per shard": layout
+detection, labels, splits, ordering keys, the input fingerprint (``inputs.jsonl``
+written from the listing's columns, to a temporary file), the listing element
+handed to the Beam graph (``ImageRefs``) and the shard plan (every spec made and
+its rows pickled, as the graph would).
+
+Each size runs in a fresh subprocess; the parent prints a table of wall time,
+peak RSS (``ru_maxrss`` of that process, which includes ~100 MB of imports),
+tracemalloc peak (with ``--tracemalloc``; it slows allocation-heavy code ~2x,
+so it is a second run), bytes per reference (tracemalloc peak, or RSS growth
+over the imports, divided by the count) and shards planned. A size whose
+projected RSS (from the previous size) exceeds ``--max_gb`` is not run and is
+reported as an extrapolation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import resource
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = "gs://bench-bucket"
+SPLITS = (("train", 0.8), ("val", 0.1), ("test", 0.1))
+CLASSES = 1000
+BLOCK = 1 << 16
+
+
+def synthetic_files(count: int, seed: int = 0, stamped: bool = False):
+    """``(path, size)`` of ``count`` synthetic images, generated a block at a time
+    (``stamped``: ``(path, size, generation, crc32c)``, as ``files.list_stamped``)."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    rng = np.random.default_rng(seed)
+    edges = np.cumsum([share for _, share in SPLITS])
+    for start in range(0, count, BLOCK):
+        n = min(BLOCK, count - start)
+        sizes = np.clip(rng.lognormal(np.log(110_000), 0.6, n), 2_000, 20_000_000).astype(np.int64)
+        classes = rng.integers(0, CLASSES, n)
+        which = np.searchsorted(edges, rng.random(n), side="right")
+        for i, (size, cls, split) in enumerate(zip(sizes.tolist(), classes.tolist(), which.tolist())):
+            path = f"{ROOT}/{SPLITS[min(split, 2)][0]}/class_{cls:04d}/img_{start + i:09d}.jpg"
+            if stamped:
+                yield path, size, 1_763_800_000_000_000 + start + i, (start + i) * 2654435761 & 0xFFFFFFFF
+            else:
+                yield path, size
+
+
+def _fake_gcs_listing(count: int):
+    def listing(root):
+        # What the GCS listing gives per object: size, generation, crc32c.
+        return {path: (size, str(1_763_800_000_000_000 + i), f"{i & 0xFFFFFFFF:08x}")
+                for i, (path, size) in enumerate(synthetic_files(count))}
+    return listing
+
+
+def run_one(count: int, trace: bool, compact_above: int = -1) -> dict:
+    """Lists and plans ``count`` synthetic files in this process; returns the figures."""
+    # pylint: disable=import-outside-toplevel
+    import tracemalloc
+
+    from beam_tfrecords.schemas.shards import ShardBand
+    from beam_tfrecords.transforms import images
+    from beam_tfrecords.transforms.io import files, fingerprint
+
+    files.list_files = lambda pattern, limit=None, skipped=None: synthetic_files(count)
+    files.list_stamped = lambda pattern, skipped=None: synthetic_files(count, stamped=True)
+    fingerprint._gcs_listing = _fake_gcs_listing(count)  # pylint: disable=protected-access
+    if compact_above >= 0 and hasattr(images, "COMPACT_LISTING_REFS"):
+        images.COMPACT_LISTING_REFS = compact_above
+    band = ShardBand.from_mb(100, 200)
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if trace:
+        tracemalloc.start()
+    steps = {}
+    start = last = time.perf_counter()
+
+    def step(name):
+        nonlocal last
+        now = time.perf_counter()
+        steps[name] = round(now - last, 2)
+        last = now
+
+    plan = _compact if hasattr(images, "pack_refs") else _today
+    result = plan(images, fingerprint, ROOT, band, step)
+    seconds = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1] if trace else 0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"refs": count, "seconds": round(seconds, 2), "steps": steps, "rss": rss,
+            "base_rss": base_rss, "traced_peak": peak, **result}
+
+
+def _today(images, fingerprint, root, band, step) -> dict:
+    """What the code of 2026-11 (before issue 11) does, step by step."""
+    from beam_tfrecords.schemas.elements import ImageRefs  # pylint: disable=import-outside-toplevel
+
+    listing = images.list_images(root)
+    step("list+label+split")
+    entries = fingerprint.file_entries(root, [(r.path, r.size) for r in listing.refs],
+                                       [r.filename for r in listing.refs])
+    step("fingerprint")
+    element = ImageRefs.pack(listing.refs)
+    step("graph element")
+    specs = images.plan_image_shards(element, band, "none")
+    step("plan")
+    return {"shards": len(specs), "images": len(listing.refs), "entries": len(entries),
+            "element_mb": round(len(element.packed) / 1e6, 1)}
+
+
+def _compact(images, fingerprint, root, band, step) -> dict:
+    """What the preflight and the pipeline do since issue 11: a large listing kept as
+    columns with its stamps; ``inputs.jsonl`` streamed from them; one spec made at
+    a time, holding its rows as a table."""
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    listing = images.list_images(root)
+    step("list+label+split")
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "inputs.jsonl")
+        if hasattr(fingerprint, "write_inputs") and listing.files is not None:
+            fingerprint.write_inputs(path, (), listing.files)
+            entries = len(listing.files)
+        else:
+            entries = len(fingerprint.file_entries(root, [(r.path, r.size) for r in listing.refs],
+                                                   [r.filename for r in listing.refs]))
+        inputs_mb = round(os.path.getsize(path) / 1e6, 1) if os.path.exists(path) else 0
+    step("fingerprint")
+    element = images.pack_refs(listing.refs)
+    del listing
+    step("graph element")
+    shards = 0
+    for spec in images.image_shards(element, band, "none"):
+        len(pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL))  # What the graph moves.
+        shards += 1
+    step("plan")
+    return {"shards": shards, "entries": entries, "inputs_mb": inputs_mb,
+            "element_mb": round(len(element.packed) / 1e6, 1)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100000,1000000,10000000")
+    parser.add_argument("--tracemalloc", action="store_true",
+                        help="also measure the tracemalloc peak (a second, slower run)")
+    parser.add_argument("--max_gb", type=float, default=12.0,
+                        help="skip a size whose projected RSS exceeds this")
+    parser.add_argument("--compact_above", type=int, default=-1,
+                        help="list as columns above this many images (default: the code's "
+                        "COMPACT_LISTING_REFS; 0: always)")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--json", default="", help="also write the results here")
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(run_one(args.one, args.tracemalloc, args.compact_above)))
+        return 0
+    rows, per_ref = [], None
+    for count in (int(s) for s in args.sizes.split(",")):
+        if per_ref is not None and per_ref * count / 1e9 > args.max_gb:
+            rows.append({"refs": count, "projected_gb": round(per_ref * count / 1e9, 1)})
+            print(f"{count:>11,}  not run: projected RSS {per_ref * count / 1e9:.1f} GB > "
+                  f"--max_gb {args.max_gb}", flush=True)
+            continue
+        row = _child(count, False, args.compact_above)
+        if args.tracemalloc:
+            row["traced_peak"] = _child(count, True, args.compact_above)["traced_peak"]
+        per_ref = (row["rss"] - row["base_rss"]) / count
+        rows.append(row)
+        traced = f"{row['traced_peak'] / 1e6:9.0f}" if row["traced_peak"] else "        -"
+        per = (row["traced_peak"] or row["rss"] - row["base_rss"]) / count
+        print(f"{count:>11,} {row['seconds']:8.1f} s {row['rss'] / 1e6:8.0f} MB RSS {traced} MB "
+              f"traced {per:7.0f} B/ref {row['shards']:6,} shards  {row['steps']}", flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+def _child(count: int, trace: bool, compact_above: int) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--one", str(count),
+               "--compact_above", str(compact_above)]
+    if trace:
+        command.append("--tracemalloc")
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(REPO)}
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env=env, cwd=REPO)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,485 @@
+"""Image references as columns: a listing of millions of files in flat memory.
+
+A ``RefTable`` holds what ``ImageRef`` objects hold, for the folder layouts
+(``class_folders``, ``cifar``: every path is ``ROOT/<relative path>``, no extra
+features), in a few numpy arrays: the relative paths as one UTF-8 blob with
+offsets, sizes, split and label codes, and the 128-bit ordering keys. That is
+about 70 bytes plus the path per image, against ~2 KB for the objects (ImageRef,
+its strings, the pickled copy); keys sort with ``numpy.lexsort``. It is a
+``Sequence[ImageRef]``: indexing or iterating makes the objects one at a time,
+so code written for a list of references works on it unchanged.
+
+``class_folder_table`` and ``cifar_table`` build one from a stream of
+``(path, size)`` or ``(path, size, stamp, crc)`` (``files.list_stamped``: the
+input fingerprint's time or generation and crc32c, kept in columns so that
+``inputs.jsonl`` is written from them) without holding the stream;
+``shard_cuts`` cuts each split, in key order, exactly as
+``plan.shards.cut_shards`` cuts a list, and ``rows`` gives a shard its rows as
+a table of their own. How this would spread over Dataflow workers (listing by
+prefix, cuts by weighted key quantiles) is in ``docs/scaling.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
+from beam_tfrecords.schemas.shards import ShardBand, is_valid_split_name
+from beam_tfrecords.transforms.codec.images import is_image_filename
+from beam_tfrecords.transforms.plan.shards import cut_shards
+
+__all__ = ["RefTable", "TableListing", "cifar_table", "class_folder_table", "shard_cuts"]
+
+_CIFAR_NAME = re.compile(r"^(?P<id>[^_/]+)_(?P<cls>[^/]+)\.[A-Za-z0-9]+$")
+_BLOCK = 1 << 16  # Paths encoded into the blob a block at a time.
+_SORT_BYTES = 2 << 30  # Largest padded copy of the paths ``path_order`` makes.
+
+
+class RefTable(Sequence):
+    """Image references of one root, as columns (see the module docstring).
+
+    Attributes:
+      root: the input root; an image's path is ``root/ + filename``.
+      blob, offsets: the UTF-8 relative paths, concatenated; image ``i``'s is
+        ``blob[offsets[i]:offsets[i + 1]]``.
+      sizes: file sizes (int64).
+      split_codes, split_names: each image's split, as an index into ``split_names``.
+      labels: each image's class index (int32); its class name is ``vocabulary[label]``.
+      keys: ``(n, 2)`` uint64, the ordering key (``stable_key``) as two big-endian halves.
+      stamps: what the listing said of each file besides its size (int64; 0 when
+        not known): its modification time in ns (local files) or its GCS
+        generation (``gs://`` roots), as ``schemas.inputs.InputFile`` records it.
+      crcs: each ``gs://`` object's CRC-32C as listed (int64; -1 when not known).
+    """
+
+    def __init__(self, root: str, blob: bytes, offsets: np.ndarray, sizes: np.ndarray,
+                 split_codes: np.ndarray, split_names: Sequence[str], labels: np.ndarray,
+                 vocabulary: Sequence[str], keys: np.ndarray, stamps: np.ndarray | None = None,
+                 crcs: np.ndarray | None = None):
+        self.root = root
+        self.blob = blob
+        self.offsets = offsets
+        self.sizes = sizes
+        self.split_codes = split_codes
+        self.split_names = tuple(split_names)
+        self.labels = labels
+        self.vocabulary = tuple(vocabulary)
+        self.keys = keys
+        self.stamps = np.zeros(len(sizes), np.int64) if stamps is None else stamps
+        self.crcs = np.full(len(sizes), -1, np.int64) if crcs is None else crcs
+        self._prefix = root.rstrip("/") + "/"
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def filename(self, i: int) -> str:
+        return self.blob[self.offsets[i]:self.offsets[i + 1]].decode("utf-8")
+
+    def _ref(self, i: int, begins, ends, sizes, splits, labels, keys) -> ImageRef:
+        rel = self.blob[begins[i]:ends[i]].decode("utf-8")
+        split = self.split_names[splits[i]]
+        label = labels[i]
+        return ImageRef(split, "%016x%016x" % keys[i], rel, self._prefix + rel, sizes[i], label,
+                        self.vocabulary[label])
+
+    def take(self, indices) -> list[ImageRef]:
+        """The references at ``indices``, as objects, in that order."""
+        indices = np.asarray(indices, dtype=np.int64)
+        begins = self.offsets[indices].tolist()
+        ends = self.offsets[indices + 1].tolist()
+        sizes = self.sizes[indices].tolist()
+        splits = self.split_codes[indices].tolist()
+        labels = self.labels[indices].tolist()
+        keys = [tuple(k) for k in self.keys[indices].tolist()]
+        rows = range(len(indices))
+        return [self._ref(i, begins, ends, sizes, splits, labels, keys) for i in rows]
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.take(np.arange(len(self))[index])
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self.take([index])[0]
+
+    def __iter__(self) -> Iterator[ImageRef]:
+        for start in range(0, len(self), _BLOCK):
+            yield from self.take(np.arange(start, min(start + _BLOCK, len(self))))
+
+    def __eq__(self, other):
+        if isinstance(other, RefTable | list | tuple):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the columns hold."""
+        return len(self.blob) + sum(a.nbytes for a in (self.offsets, self.sizes, self.split_codes,
+                                                       self.labels, self.keys, self.stamps, self.crcs))
+
+    def name_lengths(self) -> np.ndarray:
+        """Each relative path's length in UTF-8 bytes."""
+        return np.diff(self.offsets)
+
+    def select(self, mask: np.ndarray) -> RefTable:
+        """The images where ``mask`` is true, in order."""
+        return self.rows(np.flatnonzero(mask))
+
+    def rows(self, indices) -> RefTable:
+        """The images at ``indices`` (in that order), as a table of their own: what
+        a shard plan hands its writer (the references are made where it reads them)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        starts, ends = self.offsets[indices], self.offsets[indices + 1]
+        offsets = np.concatenate(([0], np.cumsum(ends - starts))).astype(np.int64)  # O(rows), not O(table)
+        view = memoryview(self.blob)
+        blob = b"".join(view[b:e] for b, e in zip(starts.tolist(), ends.tolist()))
+        return RefTable(self.root, blob, offsets, self.sizes[indices], self.split_codes[indices],
+                        self.split_names, self.labels[indices], self.vocabulary, self.keys[indices],
+                        self.stamps[indices], self.crcs[indices])
+
+    def with_splits(self, split_of: Callable[[str], str]) -> RefTable:
+        """The same images with the split ``split_of(filename)`` and its keys."""
+        names: dict[str, int] = {}
+        codes = np.empty(len(self), dtype=np.int32)
+        for i in range(len(self)):
+            codes[i] = names.setdefault(split_of(self.filename(i)), len(names))
+        split_names = tuple(names)
+        keys = _keys(self.blob, self.offsets, codes, split_names)
+        return RefTable(self.root, self.blob, self.offsets, self.sizes, codes, split_names,
+                        self.labels, self.vocabulary, keys, self.stamps, self.crcs)
+
+    def split_counts(self) -> dict[str, int]:
+        counts = np.bincount(self.split_codes, minlength=len(self.split_names))
+        return {name: int(n) for name, n in zip(self.split_names, counts.tolist()) if n}
+
+    def label_counts(self) -> dict[str, int]:
+        counts = np.bincount(self.labels, minlength=len(self.vocabulary))
+        return {name: int(n) for name, n in zip(self.vocabulary, counts.tolist()) if n}
+
+    def by_filename(self) -> list[ImageRef]:
+        """Every reference, as objects, sorted by relative path (then size)."""
+        order = sorted(range(len(self)), key=lambda i: (self.blob[self.offsets[i]:self.offsets[i + 1]],
+                                                        int(self.sizes[i])))
+        return self.take(order)
+
+    def path_order(self) -> np.ndarray:
+        """Row indices in the order of the relative paths (UTF-8 bytes, which is the
+        order of the strings): a listing that came sorted (GCS lists by name) is
+        only checked; else the paths are sorted as fixed-width rows, a block of
+        them padded at a time (``n * longest`` bytes; longer names sort in Python)."""
+        n = len(self)
+        lengths = self.name_lengths()
+        width = int(lengths.max()) if n else 0
+        if n < 2:
+            return np.arange(n, dtype=np.int64)
+        if n * width > _SORT_BYTES:
+            view = memoryview(self.blob)
+            ends = self.offsets.tolist()
+            return np.array(sorted(range(n), key=lambda i: view[ends[i]:ends[i + 1]].tobytes()),
+                            dtype=np.int64)
+        padded = np.zeros((n, width), np.uint8)
+        data = np.frombuffer(self.blob, np.uint8)
+        for start in range(0, n, _BLOCK * 4):
+            stop = min(start + _BLOCK * 4, n)
+            begin, end = int(self.offsets[start]), int(self.offsets[stop])
+            run = lengths[start:stop]
+            rows = np.repeat(np.arange(start, stop), run)
+            cols = np.arange(end - begin) - np.repeat(self.offsets[start:stop] - begin, run)
+            padded[rows, cols] = data[begin:end]
+        names = padded.view(f"S{width}").ravel()
+        if bool(np.all(names[:-1] <= names[1:])):
+            return np.arange(n, dtype=np.int64)
+        return np.argsort(names, kind="stable")
+
+
+def _keys(blob: bytes, offsets: np.ndarray, codes: np.ndarray, split_names: Sequence[str]) -> np.ndarray:
+    """``stable_key`` of every image, as ``(n, 2)`` uint64 (``sha256(split \\0 rel)[:16]``)."""
+    heads = [name.encode("utf-8") + b"\0" for name in split_names]
+    view = memoryview(blob)
+    sha = hashlib.sha256
+    out = bytearray(16 * len(codes))
+    ends = offsets.tolist()
+    for i, code in enumerate(codes.tolist()):
+        h = sha(heads[code])
+        h.update(view[ends[i]:ends[i + 1]])
+        out[16 * i:16 * i + 16] = h.digest()[:16]
+    return np.frombuffer(bytes(out), dtype=">u8").astype(np.uint64).reshape(-1, 2)
+
+
+class TableListing:
+    """What building a table found besides the images (see ``plan.layouts.Listing``)."""
+
+    def __init__(self, table: RefTable, vocabulary: list[str], ignored: int,
+                 dead_letters: list[DeadLetter], split_source: str):
+        self.table = table
+        self.vocabulary = vocabulary
+        self.ignored = ignored
+        self.dead_letters = dead_letters
+        self.split_source = split_source
+
+
+class _Columns:
+    """Relative paths, sizes and small codes gathered from a stream of files."""
+
+    def __init__(self, root: str):
+        self.prefix = root.rstrip("/") + "/"
+        self.root = root
+        self.pending: list[str] = []
+        self.blobs: list[bytes] = []
+        self.lengths: list[np.ndarray] = []
+        self.sizes = array("q")
+        self.stamps = array("q")
+        self.crcs = array("q")
+        self.ignored = 0
+
+    def add(self, path: str, size: int, stamp: int = 0, crc: int = -1) -> str | None:
+        """The relative path of an image file (kept), ``None`` for other files."""
+        if not path.startswith(self.prefix):
+            raise ValueError(f"{path} is not under the input root {self.root}")
+        rel = path[len(self.prefix):]
+        if not is_image_filename(rel):
+            self.ignored += 1
+            return None
+        self.pending.append(rel)
+        self.sizes.append(size)
+        self.stamps.append(stamp)
+        self.crcs.append(crc)
+        if len(self.pending) >= _BLOCK:
+            self._flush()
+        return rel
+
+    def _flush(self) -> None:
+        if self.pending:
+            encoded = [rel.encode("utf-8") for rel in self.pending]
+            self.lengths.append(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
+            self.blobs.append(b"".join(encoded))
+            self.pending = []
+
+    def finish(self) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        self._flush()
+        lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
+        offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        columns = [np.frombuffer(a, dtype=np.int64).copy() if len(a) else np.zeros(0, np.int64)
+                   for a in (self.sizes, self.stamps, self.crcs)]
+        self.sizes, self.stamps, self.crcs = array("q"), array("q"), array("q")
+        return (b"".join(self.blobs), offsets, *columns)
+
+
+def _table_listing(columns: _Columns, split_of: np.ndarray, split_names: list[str],
+                   class_of: np.ndarray, class_names: list[str], vocabulary: list[str],
+                   dead: list[tuple[int, str, str]], split_source: str) -> TableListing:
+    """The table of the images with a known class and a valid split; the others dead-lettered
+    in the order of ``dead`` (each ``(index, error, message)``), then bad splits."""
+    blob, offsets, sizes, stamps, crcs = columns.finish()
+    index = {name: i for i, name in enumerate(vocabulary)}
+    labels = np.array([index.get(name, -1) for name in class_names], dtype=np.int32)
+    label_of = np.where(class_of >= 0, labels[np.maximum(class_of, 0)] if len(labels) else -1, -1)
+    keep = (class_of >= 0) & (label_of >= 0)
+    rel = lambda i: blob[offsets[i]:offsets[i + 1]].decode("utf-8")  # noqa: E731
+    path = lambda i: columns.prefix + rel(i)  # noqa: E731
+    letters = [DeadLetter(path(i), "list", error, message) for i, error, message in dead]
+    bad_codes = [code for code, name in enumerate(split_names) if not is_valid_split_name(name)]
+    if bad_codes:
+        bad = keep & np.isin(split_of, bad_codes)
+        for i in sorted(np.flatnonzero(bad).tolist(), key=lambda i: (rel(i), int(sizes[i]))):
+            letters.append(DeadLetter(path(i), "list", "bad_split",
+                                      f"split {split_names[split_of[i]]!r} cannot name a shard "
+                                      "file: use letters, digits, '_' and '.'"))
+        keep &= ~bad
+    codes = split_of.astype(np.int32)
+    table = RefTable(columns.root, blob, offsets, sizes, codes, split_names,
+                     label_of.astype(np.int32), vocabulary, np.zeros((len(sizes), 2), np.uint64),
+                     stamps, crcs)
+    if not keep.all():
+        table = table.select(keep)
+    table.keys = _keys(table.blob, table.offsets, table.split_codes, table.split_names)
+    return TableListing(table, vocabulary, columns.ignored, letters, split_source)
+
+
+def _code(codes: dict[str, int], name: str) -> int:
+    code = codes.get(name)
+    if code is None:
+        code = codes[name] = len(codes)
+    return code
+
+
+def class_folder_table(root: str, files: Iterable[tuple[str, int]], labels: Sequence[str] | None,
+                       folders_are_splits: Callable[[str, set[str]], bool],
+                       default_split: str) -> TableListing:
+    """Images under ``ROOT/<class>/`` or ``ROOT/<split>/<class>/``, as a table (the
+    rules of ``plan.layouts.list_class_folders``; ``folders_are_splits`` decides
+    from the top-level folders holding images whether they are splits)."""
+    columns = _Columns(root)
+    folders: dict[str, int] = {}  # Names of the first two folder levels, coded.
+    first, second, depth = array("i"), array("i"), array("b")
+    for item in files:  # (path, size) or (path, size, stamp, crc); see ``PathBuffer``.
+        rel = columns.add(*item)
+        if rel is None:
+            continue
+        parts = rel.split("/", 2)
+        first.append(_code(folders, parts[0]) if len(parts) >= 2 else -1)
+        second.append(_code(folders, parts[1]) if len(parts) >= 3 else -1)
+        depth.append(len(parts))
+    n = len(depth)
+    first = np.array(first, np.int32)
+    second = np.array(second, np.int32)
+    depth = np.array(depth, np.int8)
+    names = list(folders)
+    top = {names[c] for c in np.unique(first[first >= 0]).tolist()}
+    by_split = folders_are_splits(root, top)
+    split_names = list(dict.fromkeys([default_split] + [name for name in names if by_split and name in top]))
+    split_code = {name: i for i, name in enumerate(split_names)}
+    remap = np.array([split_code.get(name, 0) for name in names] or [0], dtype=np.int32)
+    if by_split:
+        split_of = np.where(depth >= 2, remap[np.maximum(first, 0)], 0)
+        class_of = np.where(depth >= 3, second, -1)
+    else:
+        split_of = np.zeros(n, np.int32)
+        class_of = np.where(depth >= 2, first, -1)
+    used = sorted({names[c] for c in np.unique(class_of[class_of >= 0]).tolist()})
+    vocabulary = list(labels) if labels is not None else used
+    known = set(vocabulary)
+    blob_rel = _relpaths(columns)
+    no_class = np.flatnonzero(class_of < 0).tolist()
+    known_codes = [c for c, name in enumerate(names) if name in known]
+    unknown = np.flatnonzero((class_of >= 0) & ~np.isin(class_of, known_codes)).tolist()
+    dead = ([(i, "no_class_folder", "image is not inside a class folder (expected ROOT/<class>/<file>)")
+             for i in sorted(no_class, key=blob_rel)]
+            + [(i, "unknown_class", f"class folder {names[class_of[i]]!r} is not in the labels file")
+               for i in sorted(unknown, key=blob_rel)])
+    listing = _table_listing(columns, split_of, split_names, class_of, names, vocabulary, dead, "")
+    listing.split_source = "split folders" if by_split else ""
+    return listing
+
+
+def _relpaths(columns: _Columns) -> Callable[[int], tuple]:
+    """A sort key for image ``i`` of columns still being built: ``(relative path, size)``."""
+    columns._flush()  # pylint: disable=protected-access
+    blob = b"".join(columns.blobs)
+    columns.blobs = [blob]
+    lengths = np.concatenate(columns.lengths) if columns.lengths else np.zeros(0, np.int64)
+    columns.lengths = [lengths]
+    offsets = np.concatenate(([0], np.cumsum(lengths))).tolist()
+    return lambda i: (blob[offsets[i]:offsets[i + 1]], columns.sizes[i])
+
+
+def cifar_table(root: str, files: Iterable[tuple[str, int]], vocabulary: list[str],
+                labels_file: str, default_split: str) -> TableListing:
+    """Images named ``ROOT/<split>/<ID>_<CLASS>.<ext>``, as a table (the rules of
+    ``plan.layouts.list_cifar``)."""
+    columns = _Columns(root)
+    splits: dict[str, int] = {}
+    classes: dict[str, int] = {}
+    split_of, class_of = [], []
+    for item in files:  # (path, size) or (path, size, stamp, crc); see ``PathBuffer``.
+        rel = columns.add(*item)
+        if rel is None:
+            continue
+        parts = rel.split("/")
+        match = _CIFAR_NAME.match(parts[-1]) if len(parts) == 2 else None
+        split_of.append(_code(splits, parts[0]) if match else 0)
+        class_of.append(_code(classes, match["cls"]) if match else -1)
+    n = len(class_of)
+    split_of = np.fromiter(split_of, np.int32, n)
+    class_of = np.fromiter(class_of, np.int32, n)
+    class_names = list(classes)
+    known = set(vocabulary)
+    key = _relpaths(columns)
+    dead = []
+    for i in sorted(np.flatnonzero((class_of < 0) | ~np.isin(
+            class_of, [c for c, name in enumerate(class_names) if name in known])).tolist(), key=key):
+        if class_of[i] < 0:
+            dead.append((i, "unlabeled", "expected ROOT/<split>/<ID>_<CLASS>.<ext> in the CIFAR layout"))
+        else:
+            dead.append((i, "unknown_class", f"class {class_names[class_of[i]]!r} is not in {labels_file}"))
+    split_names = list(splits) or [default_split]
+    return _table_listing(columns, split_of, split_names, class_of, class_names, list(vocabulary),
+                          dead, "split folders")
+
+
+def shard_cuts(table: RefTable, band: ShardBand, record_sizes: np.ndarray
+               ) -> Iterator[tuple[str, int, np.ndarray, np.ndarray]]:
+    """Each split (by name), cut in key order into band-sized shards.
+
+    Args:
+      table: the images.
+      band: the shard size band.
+      record_sizes: the size each image's record is planned at.
+
+    Yields:
+      ``(split, num_shards, order, bounds)``: the split's images in key order
+      (indices into ``table``), and where each shard starts and ends in that order
+      (``order[bounds[s]:bounds[s + 1]]`` is shard ``s``).
+    """
+    for code in sorted(range(len(table.split_names)), key=lambda c: table.split_names[c]):
+        members = np.flatnonzero(table.split_codes == code)
+        if not len(members):
+            continue
+        keys = table.keys[members]
+        order = members[np.lexsort((keys[:, 1], keys[:, 0]))]
+        num_shards, shard_of = cut_shards(record_sizes[order], band)
+        bounds = np.searchsorted(shard_of, np.arange(num_shards + 1), side="left")
+        yield table.split_names[code], num_shards, order, bounds
+
+
+class PathBuffer:
+    """A listing's ``(path, size, stamp, crc)`` held compactly, to be read again:
+    the paths under ``root`` as UTF-8 relative paths in one growing blob, the
+    numbers in arrays (``stamp``: modification time in ns or GCS generation, 0
+    when not known; ``crc``: a GCS object's CRC-32C, -1 when not known).
+
+    ``add`` raises ``UnicodeEncodeError`` for a path that is not UTF-8 text.
+    """
+
+    def __init__(self, root: str):
+        self._prefix = root.rstrip("/") + "/"
+        self._blobs: list[bytes] = []
+        self._pending: list[bytes] = []
+        self._lengths = array("q")
+        self._sizes = array("q")
+        self._stamps = array("q")
+        self._crcs = array("q")
+        self._outside: list[int] = []  # Indices of paths stored whole (not under root).
+
+    def add(self, path: str, size: int, stamp: int = 0, crc: int = -1) -> None:
+        encoded = path.encode("utf-8")
+        if path.startswith(self._prefix):
+            encoded = encoded[len(self._prefix.encode("utf-8")):]
+        else:
+            self._outside.append(len(self._sizes))
+        self._pending.append(encoded)
+        self._lengths.append(len(encoded))
+        self._sizes.append(size)
+        self._stamps.append(stamp)
+        self._crcs.append(crc)
+        if len(self._pending) >= _BLOCK:
+            self._blobs.append(b"".join(self._pending))
+            self._pending = []
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def __iter__(self) -> Iterator[tuple[str, int, int, int]]:
+        if self._pending:
+            self._blobs.append(b"".join(self._pending))
+            self._pending = []
+        outside = set(self._outside)
+        index = 0
+        for blob in self._blobs:
+            offset = 0
+            view = memoryview(blob)
+            while offset < len(blob):
+                end = offset + self._lengths[index]
+                text = str(view[offset:end], "utf-8")
+                yield ((text if index in outside else self._prefix + text), self._sizes[index],
+                       self._stamps[index], self._crcs[index])
+                offset = end
+                index += 1
