@@ -165,6 +165,8 @@ class Reporter:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+            if self.mode == "bar":  # The last state is drawn even when a run ends within a tick.
+                self._draw(progress.snapshot())
         self.clear()
         for handler, stream, log_filter in self._handlers:
             handler.removeFilter(log_filter)
