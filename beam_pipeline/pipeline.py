@@ -35,6 +35,7 @@ from beam_tfrecords.transforms.images import (
     SpoolImages,
     add_spool_dead_letters,
     drop_listing,
+    write_listing,
 )
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.commit import release_lock, remove_folder
@@ -127,11 +128,13 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
             | "VerifyShards" >> verify
         )
     else:
+        if plan.listing_path:  # The steps run elsewhere: they take this listing, not another.
+            write_listing(plan.listing_path, plan.listing)
         listing = pipeline | "ListImages" >> ListImages(
             config.input, config.layout, config.labels, config.output, config.encode_processes,
             config.image_column, config.label_column, kept=plan.listing,
             splits=config.splits, split_by=config.split_by, drop_duplicates=config.drop_duplicates,
-            vocabulary=plan.vocabulary, only=plan.only)
+            vocabulary=plan.vocabulary, only=plan.only, listing_path=plan.listing_path)
         summary = listing.summary
         source = ImageRecords(config.validate, config.read_threads, config.encode_processes,
                               max_pixels=config.max_pixels, image_bytes=config.image_bytes,

@@ -39,7 +39,7 @@ from beam_tfrecords.schemas.manifest import (
 )
 from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.schemas.table_schema import TableSchema, load_schema
-from beam_tfrecords.transforms.images import keep_listing, list_images
+from beam_tfrecords.transforms.images import LISTING_NAME, keep_listing, list_images
 from beam_tfrecords.transforms.io import files, gcs
 from beam_tfrecords.transforms.io.commit import (
     OutputBusyError,
@@ -165,6 +165,10 @@ class RunPlan:
       input_table, input_rows: for a plain run over a folder layout, the listing's
         columns (``Listing.files``) and the rows it converts (``None``: all), which
         ``inputs.jsonl`` is written from instead of ``input_files``.
+      hand_over: the listing step runs in other processes (Dataflow, a
+        multi-process DirectRunner): building the pipeline writes the listing to
+        the run's temporary folder for it (``listing_path``), so that the run
+        converts the files this plan lists, not a second listing's.
     """
 
     config: ConvertConfig
@@ -183,10 +187,17 @@ class RunPlan:
     only: tuple[str, ...] = ()
     input_table: RefTable | None = None
     input_rows: object = None
+    hand_over: bool = False
 
     @property
     def is_table(self) -> bool:
         return self.config.layout == "table"
+
+    @property
+    def listing_path(self) -> str | None:
+        """Where the listing step reads the preflight's listing (``None``: it takes it
+        in this process)."""
+        return files.join(self.target.temp_dir, LISTING_NAME) if self.hand_over and self.listing else None
 
     def describe(self) -> list[str]:
         """What the run will do, decided before it runs: input kind and layout,
@@ -713,6 +724,7 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
     dataset_output = config.output
     if not config.layout == "table":
         _check_images(config)
+        hand_over = not _in_process_direct_runner(options)
         vocabulary = ()
         if config.incremental and dataset is not None and not dataset.problem and not config.labels:
             vocabulary = tuple(dataset.manifest.get("labels", {}).get("vocabulary", []))
@@ -741,7 +753,7 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
             token = keep_listing(listing, (*args, ()))
             return RunPlan(config, target, inputs=inputs, listing=token, role_files=roles,
                            dataset_output=dataset_output, vocabulary=vocabulary,
-                           input_table=columns, input_rows=rows)
+                           input_table=columns, input_rows=rows, hand_over=hand_over)
         paths, names = [], []
         for ref in listing.refs:  # One pass: a large listing makes its objects as it goes.
             paths.append((ref.path, ref.size))
@@ -782,7 +794,7 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
             listing, (*args, only))
         return RunPlan(config, target, inputs=inputs, listing=token, input_files=tuple(entries),
                        role_files=roles, update=update, dataset_output=dataset_output,
-                       vocabulary=vocabulary, only=only)
+                       vocabulary=vocabulary, only=only, hand_over=hand_over)
     found = table_inputs(config.input)
     if given_layout == "table":
         why, hint = "--layout table", ""

@@ -398,3 +398,34 @@ def test_stray_words_and_refused_combinations(tmp_path, capsys):
         code = main(["convert", "--input", str(tmp_path), "--output", str(tmp_path / "o"),
                      "--incremental", *flags])
         assert code == 2 and text in capsys.readouterr().err, flags
+
+
+@pytest.mark.e2e
+def test_a_file_arriving_while_a_multi_process_run_starts_is_left_for_the_next_run(tmp_path, capsys):
+    """Listing steps in other processes (Dataflow, the multi-process DirectRunner)
+    take the preflight's listing: the run converts what its plan and inputs.jsonl
+    say, and the next incremental run adds the late file once (before, the step
+    listed again: 21 records against 20 lines, and the next run added it twice)."""
+    from beam_tfrecords.pipeline import convert
+    from beam_tfrecords.schemas.config import ConvertConfig
+
+    root, out = str(tmp_path / "in"), str(tmp_path / "out")
+    names = _add_images(root, 20)
+
+    def arrives(plan):
+        assert plan.listing_path and plan.listing_path.startswith(out)
+        _add_images(root, 1, first=20)
+
+    result = convert(ConvertConfig(input=root, output=out, incremental=True),
+                     ["--direct_running_mode=multi_processing", "--direct_num_workers=2"], on_plan=arrives)
+    assert result.ok, result.report
+    assert sorted(_filenames(out)) == sorted(names)
+    with open(os.path.join(out, "inputs.jsonl"), "rb") as f:
+        listed = [entry.path for entry in decode_inputs(f.read())]
+    assert sorted(listed) == sorted(names)
+    left = [name for _, _, found in os.walk(out) for name in found if name == "listing.pickle"]
+    assert not left, "the handed-over listing outlived the run"
+    code, printed = _convert(capsys, "--input", root, "--output", out, "--incremental")
+    assert code == 0, printed
+    seen = _filenames(out)
+    assert len(seen) == len(set(seen)) == 21 and sorted(_filenames(os.path.join(out, "part-00001"))) == ["cat/00020.png"]

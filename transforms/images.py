@@ -259,6 +259,38 @@ def drop_listing(token: str | None) -> None:
             _kept_listings.pop(token, None)
 
 
+# The file, in a run's temporary folder, that hands the preflight's listing to a
+# listing step running in another process (Dataflow workers, multi-process runners).
+LISTING_NAME = "listing.pickle"
+_LISTING_MAGIC = b"beam-tfrecords listing v1\n"
+
+
+def write_listing(path: str, token: str) -> None:
+    """Writes the listing kept under ``token`` to ``path`` (the run's temporary
+    folder), for a listing step in another process to read instead of listing
+    again: the run then converts exactly the files the preflight described and
+    ``inputs.jsonl`` records, even when files arrive while it starts."""
+    with _kept_lock:
+        args, listing = _kept_listings[token]
+    listing = dataclasses.replace(listing, files=None)  # The fingerprint's columns: not needed there.
+    files.write_bytes(path, _LISTING_MAGIC + pickle.dumps((args, listing), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def read_listing(path: str, args: tuple) -> Listing:
+    """The listing ``write_listing`` wrote for the listing arguments ``args``.
+
+    Raises:
+      ValueError: when the file is not such a listing, or was made for other arguments.
+    """
+    data = files.read_bytes(path)
+    if not data.startswith(_LISTING_MAGIC):
+        raise ValueError(f"{path} is not a listing this version wrote")
+    written, listing = pickle.loads(data[len(_LISTING_MAGIC):])
+    if tuple(written) != tuple(args):
+        raise ValueError(f"{path} holds the listing of other options than this step's")
+    return listing
+
+
 def _take_listing(token: str | None, args: tuple) -> Listing | None:
     if not token:
         return None
@@ -280,8 +312,9 @@ class _ListImagesFn(beam.DoFn):
                  helper_processes: int, columns: tuple[str | None, str | None] = (None, None),
                  kept: str | None = None, splits: tuple = (), split_by: str = "path",
                  drop_duplicates: bool = False, vocabulary: tuple[str, ...] = (),
-                 only: tuple[str, ...] = ()):
+                 only: tuple[str, ...] = (), listing_path: str | None = None):
         self._kept = kept
+        self._listing_path = listing_path
         self._splits = (tuple(splits), split_by, drop_duplicates, tuple(vocabulary), tuple(only))
         self._input = input_path
         self._layout = layout
@@ -295,6 +328,8 @@ class _ListImagesFn(beam.DoFn):
         args = (self._input, self._layout, self._labels, *self._columns, *self._splits)
         listing = _take_listing(self._kept, args)
         reused = listing is not None
+        if listing is None and self._listing_path:
+            listing, reused = read_listing(self._listing_path, args), True
         listing = listing or list_images(*args)
         total_bytes = input_bytes(listing.refs)
         if self._processes > 0 and listing.refs and (
@@ -360,7 +395,9 @@ class ListImages(beam.PTransform):
       helper_processes: helper processes the shard writers will use (started early).
       image_column, label_column: a CSV manifest's columns (default: by name).
       kept: a token from ``keep_listing``: the listing already made, used when the
-        step runs in the process that made it (else the step lists again).
+        step runs in the process that made it.
+      listing_path: else, a file ``write_listing`` wrote: that listing is used (the
+        step lists again only when neither is given).
       splits, split_by, drop_duplicates, vocabulary, only: see ``list_images``.
 
     Returns a ``DoOutputsTuple``: ``.refs`` holds one ``ImageRefs`` element;
@@ -371,11 +408,12 @@ class ListImages(beam.PTransform):
                  helper_processes: int = 0, image_column: str | None = None,
                  label_column: str | None = None, kept: str | None = None,
                  splits: tuple = (), split_by: str = "path", drop_duplicates: bool = False,
-                 vocabulary: tuple[str, ...] = (), only: tuple[str, ...] = ()):
+                 vocabulary: tuple[str, ...] = (), only: tuple[str, ...] = (),
+                 listing_path: str | None = None):
         super().__init__()
         self._fn = _ListImagesFn(input_path, layout, labels_path, output, helper_processes,
                                  (image_column, label_column), kept, splits, split_by,
-                                 drop_duplicates, vocabulary, only)
+                                 drop_duplicates, vocabulary, only, listing_path)
 
     def expand(self, pbegin):
         return (
