@@ -128,7 +128,9 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
             | "VerifyShards" >> verify
         )
     else:
-        if plan.listing_path:  # The steps run elsewhere: they take this listing, not another.
+        if plan.listing_path and not options.view_as(TestOptions).dry_run:
+            # The steps run elsewhere: they take this listing, not another (a dry run
+            # builds the job only, and writes nothing).
             write_listing(plan.listing_path, plan.listing)
         listing = pipeline | "ListImages" >> ListImages(
             config.input, config.layout, config.labels, config.output, config.encode_processes,

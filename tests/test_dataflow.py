@@ -21,6 +21,7 @@ CSV header and the first rows (schema inference) in the driver.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import ipaddress
 import itertools
@@ -86,7 +87,16 @@ def _is_loopback(host) -> bool:
 
 
 @pytest.fixture
-def offline(monkeypatch, tmp_path):
+def _one_sdist_build_at_a_time():
+    """Beam's stager builds the sdist from this tree, writing its egg-info there:
+    two test processes (pytest -n) building at once can break each other's build."""
+    with open(os.path.join(tempfile.gettempdir(), "beam-tfrecords-test-sdist.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path, _one_sdist_build_at_a_time):
     """Refuses (and records) every non-loopback connection or name lookup, hides any
     credentials, and keeps Beam's local staging files under ``tmp_path``."""
     attempts: list = []
