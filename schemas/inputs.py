@@ -41,6 +41,7 @@ __all__ = [
     "PART_PREFIX",
     "RECORD_SHAPING_EXCLUDED",
     "SKIPPED_EXIT_STATUS",
+    "complete_inputs",
     "decode_inputs",
     "encode_inputs",
     "encode_inputs_chunks",
@@ -168,6 +169,98 @@ def decode_inputs(data: bytes, source: str = INPUTS_NAME) -> list[InputFile]:
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"{source} line {number}: {err}") from None
     return entries
+
+
+_FINGERPRINT_ENCODER = json.JSONEncoder()  # What json.dumps does with its defaults.
+
+
+def complete_inputs(data: bytes, digests: Mapping[str, str], options_digest: str,
+                    source: str = INPUTS_NAME) -> tuple[bytes, int, str]:
+    """``inputs.jsonl`` with the content hashes of ``digests`` (``{path: sha256}``)
+    set on the files (not role files) they name, in one pass over the lines.
+
+    Returns ``(bytes, files, fingerprint)``: the same bytes as
+    ``encode_inputs`` of the completed entries, the count of files without a
+    role, and ``input_fingerprint`` of the completed entries. No ``InputFile``
+    is made per line, and lines in ``encode_inputs``' order (as runs write them)
+    stream through (the commit of a run over millions of files).
+
+    Raises:
+      ValueError: naming the line that is not an entry.
+    """
+    try:
+        return _complete(data, digests, options_digest, source, in_order=True)
+    except _OutOfOrder:
+        return _complete(data, digests, options_digest, source, in_order=False)
+
+
+class _OutOfOrder(Exception):
+    pass
+
+
+def _complete(data: bytes, digests: Mapping[str, str], options_digest: str, source: str,
+              in_order: bool) -> tuple[bytes, int, str]:
+    loads, encode = json.loads, _LINE_ENCODER.encode
+    dumps = _FINGERPRINT_ENCODER.encode
+    digest = hashlib.sha256(options_digest.encode())
+    lines: list = []  # In order: the lines; else (no role, role, path, line) to sort.
+    tokens: list = []  # In order: role files' tokens only (they are hashed after the files).
+    chunks: list[bytes] = []
+    last: tuple = ()
+    files = 0
+    for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = loads(line)
+            if not isinstance(value, Mapping) or not isinstance(value.get("path"), str):
+                raise ValueError(f"not an input file entry: {value!r}")
+            path, role = value["path"], str(value.get("role", ""))
+            out: dict = {"path": path}
+            if role:
+                out["role"] = role
+            out["size"] = size = int(value["size"])
+            mtime_ns = int(value.get("mtime_ns", 0))
+            if mtime_ns:
+                out["mtime_ns"] = mtime_ns
+            generation = str(value.get("generation", ""))
+            if generation:
+                out["generation"] = generation
+            sha256 = digests[path] if not role and path in digests else str(value.get("sha256", ""))
+            if sha256:
+                out["sha256"] = sha256
+            crc32c = str(value.get("crc32c", ""))
+            if crc32c:
+                out["crc32c"] = crc32c
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{source} line {number}: {err}") from None
+        content = f"sha256:{sha256}" if sha256 else f"crc32c:{crc32c}" if crc32c else ""
+        token = [role, path, size, content or f"mtime_ns:{mtime_ns}:generation:{generation}"]
+        files += not role
+        key = (role == "", role, path)
+        if in_order:
+            if key < last:
+                raise _OutOfOrder()
+            last = key
+            lines.append(encode(out) + "\n")
+            if len(lines) >= 65536:  # Held as UTF-8, a block at a time.
+                chunks.append("".join(lines).encode("utf-8"))
+                lines = []
+            if role:
+                tokens.append(token)
+            else:  # Files in path order come before the role files in the fingerprint.
+                digest.update(dumps(token).encode() + b"\n")
+        else:
+            lines.append((*key, encode(out) + "\n"))
+            tokens.append(token)
+    if not in_order:
+        lines.sort(key=lambda item: item[:3])
+        lines = [item[3] for item in lines]
+    tokens.sort(key=lambda token: (token[0], token[1]))
+    for token in tokens:
+        digest.update(dumps(token).encode() + b"\n")
+    chunks.append("".join(lines).encode("utf-8"))
+    return b"".join(chunks), files, digest.hexdigest()
 
 
 def options_fingerprint(options: Mapping[str, object], run_control: Iterable[str]) -> str:

@@ -406,3 +406,33 @@ def test_cli_process_env_only_has_no_credential_stall(gcs, image_tree):
     retries = proc.stderr.count(CREDENTIAL_RETRY)
     print(f"credential retries logged: {retries}")
     assert retries == 0
+
+
+@pytest.mark.emulator
+def test_listing_by_prefixes_side_by_side_equals_one_listing(gcs, monkeypatch):
+    """The folders under a glob are listed by several threads; the stream (order,
+    sizes, generations, crc32c) equals one plain listing's and Beam's match,
+    whatever the layout: objects beside folders, names sorting between a folder
+    and its neighbours ('a.jpg' < 'a/' < 'a0'), non-ASCII names, a folder marker
+    object, deep and flat folders."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from beam_tfrecords.transforms.io import files
+
+    names = ["data/a.jpg", "data/a/x.png", "data/a/y/z.png", "data/a0/y.png", "data/a0.png",
+             "data/b/c/d/e.png", "data/b/c/f.png", "data/p/", "data/p/q.png", "data/z.png",
+             "data/ä/1.png", "data/日本/2.png", "data/sp ace/3.png", "dat.png", "datb/x.png"]
+    names += [f"data/train/c{i % 6:02d}/{i:04d}.png" for i in range(60)]
+    for number, name in enumerate(names):
+        gcs.upload_bytes(f"gs://prefixes/{name}", name.encode() * (number % 5))
+    monkeypatch.setattr(files, "_MIN_PREFIXES", 2)
+    for pattern in ("gs://prefixes/data/**", "gs://prefixes/**", "gs://prefixes/data/*/*.png",
+                    "gs://prefixes/da*", "gs://prefixes/data/train/**", "gs://prefixes/data/a/**"):
+        one = list(files._list_gcs(pattern, threads=1))  # pylint: disable=protected-access
+        for threads in (2, 8):
+            assert list(files._list_gcs(pattern, threads=threads)) == one, (pattern, threads)  # pylint: disable=protected-access
+        beam = sorted((m.path, m.size_in_bytes) for m in FileSystems.match([pattern])[0].metadata_list)
+        assert [(path, size) for path, size, _, _ in one] == beam, pattern
+        assert one and all(generation > 0 and crc >= 0 for _, _, generation, crc in one)
+    listed = [path for path, *_ in files._list_gcs("gs://prefixes/**", threads=8)]  # pylint: disable=protected-access
+    assert listed == sorted(listed) and len(listed) == len(names)

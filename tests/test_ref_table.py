@@ -11,7 +11,14 @@ import pytest
 
 from beam_tfrecords.samples import make_cifar_sample, make_class_folder_sample
 from beam_tfrecords.schemas.elements import ImageRef, ImageRefs
-from beam_tfrecords.schemas.inputs import InputFile, encode_inputs, encode_inputs_chunks
+from beam_tfrecords.schemas.inputs import (
+    InputFile,
+    complete_inputs,
+    decode_inputs,
+    encode_inputs,
+    encode_inputs_chunks,
+    input_fingerprint,
+)
 from beam_tfrecords.schemas.shards import ShardBand, shard_name
 from beam_tfrecords.transforms import images
 from beam_tfrecords.transforms.images import estimated_record_size, image_shards, pack_refs
@@ -241,3 +248,44 @@ def test_table_shard_specs_carry_their_rows_as_tables():
         rows = spec.records.unpack()
         assert isinstance(rows, RefTable) and len(rows) == spec.records.count
     assert sum(spec.records.count for spec in specs) == len(listing.refs)
+
+
+@pytest.mark.unit
+def test_completing_inputs_in_one_pass_equals_the_entries_way():
+    """The commit's one pass over inputs.jsonl (content hashes set, count and
+    fingerprint) gives the bytes, count and fingerprint of decoding every line
+    into an InputFile, replacing its hash, encoding and fingerprinting them."""
+    rng = np.random.default_rng(7)
+    entries = [InputFile("/data/labels.txt", 40, 123, sha256="ab" * 32, role="labels"),
+               InputFile("/data/schema.json", 9, 0, crc32c="0000abcd", generation="17", role="schema")]
+    for i in range(400):
+        name = f"{'äöü'[i % 3]}\"x\\/{i:04d}.jpg" if i % 7 == 0 else f"c{i % 5}/{i:04d}.png"
+        if i % 2:
+            entries.append(InputFile(name, int(rng.integers(0, 10**6)), int(rng.integers(1, 2**62))))
+        else:
+            entries.append(InputFile(name, int(rng.integers(0, 10**6)), generation=str(i),
+                                     crc32c=f"{i:08x}", sha256="cd" * 32 if i % 4 == 0 else ""))
+    digests = {e.path: f"{i:064x}" for i, e in enumerate(entries) if i % 3 == 0}
+    digests["/data/labels.txt"] = "ee" * 32  # A role file's name: its entry keeps its own hash.
+    data = encode_inputs(entries)
+    completed = [e if e.role or e.path not in digests else
+                 InputFile(e.path, e.size, e.mtime_ns, digests[e.path], e.generation, e.crc32c)
+                 for e in decode_inputs(data)]
+    expected = (encode_inputs(completed), sum(1 for e in completed if not e.role),
+                input_fingerprint(completed, "options"))
+    assert complete_inputs(data, digests, "options") == expected
+    # Lines out of encode_inputs' order (a file written by hand): sorted, same result.
+    shuffled = data.splitlines(keepends=True)
+    np.random.default_rng(3).shuffle(shuffled)
+    assert complete_inputs(b"".join(shuffled), digests, "options") == expected
+    # Longer than a block of lines.
+    many = [InputFile(f"f/{i:07d}.png", i, i + 1) for i in range(70_000)]
+    many_digests = {e.path: f"{i:064x}" for i, e in enumerate(many) if i % 2}
+    done = [InputFile(e.path, e.size, e.mtime_ns, many_digests.get(e.path, "")) for e in many]
+    assert complete_inputs(encode_inputs(many), many_digests, "o") == (
+        encode_inputs(done), 70_000, input_fingerprint(done, "o"))
+    assert expected[0] != data and expected[1] == 400
+    lines = data.splitlines(keepends=True)
+    lines[1] = lines[1].replace(b'"size"', b'"sise"')
+    with pytest.raises(ValueError, match="inputs.jsonl line 2: 'size'"):
+        complete_inputs(b"".join(lines), digests, "options")
