@@ -15,13 +15,14 @@ import re
 from collections.abc import Callable, Sequence
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
 
 from beam_tfrecords.preflight import (
     ConvertError,
     OutputBusy,
     OutputExistsError,
     RunPlan,
+    check_output,
     drift_gate,
     plan_run,
     take_output,
@@ -129,8 +130,8 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
         )
     else:
         if plan.listing_path and not options.view_as(TestOptions).dry_run:
-            # The steps run elsewhere: they take this listing, not another (a dry run
-            # builds the job only, and writes nothing).
+            # The steps run elsewhere: they take this listing, not another (a dry
+            # run builds the job only, and writes nothing).
             write_listing(plan.listing_path, plan.listing)
         listing = pipeline | "ListImages" >> ListImages(
             config.input, config.layout, config.labels, config.output, config.encode_processes,
@@ -239,21 +240,42 @@ def submit(config: ConvertConfig, beam_args: Sequence[str] = ()):
     plan = plan_run(config, options)
     if _skipped(plan):
         return None
+    if options.view_as(TestOptions).dry_run:
+        return _dry_run(plan, options)
     try:
         take_output(plan)
     except BaseException:
         drop_listing(plan.listing)
         raise
     try:
-        result = _start(plan, options)
-        if options.view_as(TestOptions).dry_run:
-            release_lock(plan.dataset_output or plan.config.output, plan.target.run_id)
-            remove_folder(plan.target.temp_dir)
-        return result
+        return _start(plan, options)
     except BaseException:
         drop_listing(plan.listing)
         release_lock(plan.dataset_output or plan.config.output, plan.target.run_id)
         raise
+
+
+def _dry_run(plan: RunPlan, options: PipelineOptions):
+    """``--dry_run=True``: the pipeline is built and checked, and nothing runs or is
+    written (the output is not even locked). The DataflowRunner builds its job
+    without submitting it (its ``PipelineResult`` holds the job); other runners
+    would run the pipeline, so it is only built."""
+    try:
+        check_output(plan)
+        if _is_dataflow(options):
+            result = _start(plan, options)
+            result.wait_until_finish()
+            return result
+        _build(plan, options)
+        return None
+    finally:
+        drop_listing(plan.listing)
+
+
+def _is_dataflow(options: PipelineOptions) -> bool:
+    runner = options.view_as(StandardOptions).runner
+    name = runner if isinstance(runner, str) else type(runner).__name__ if runner else ""
+    return name.rsplit(".", 1)[-1] in ("DataflowRunner", "dataflow")
 
 
 def _skipped(plan: RunPlan) -> bool:
@@ -292,6 +314,11 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
         if on_plan is not None:
             on_plan(plan)
         return ConvertResult(_skip_report(plan))
+    if options.view_as(TestOptions).dry_run:
+        if on_plan is not None:
+            on_plan(plan)
+        _dry_run(plan, options)
+        return ConvertResult({"status": "dry_run", "output": plan.config.output, "manifest": None})
     try:
         if on_plan is not None:
             on_plan(plan)
@@ -308,9 +335,6 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
     finally:
         drop_listing(plan.listing)
         release_lock(plan.dataset_output or plan.config.output, plan.target.run_id)
-    if options.view_as(TestOptions).dry_run:
-        remove_folder(plan.target.temp_dir)  # The input entries the launcher wrote there.
-        return ConvertResult({"status": "dry_run", "output": plan.config.output, "manifest": None})
     report_path = files.join(plan.dataset_output or plan.config.output, REPORT_NAME)
     if not files.exists(report_path):
         raise RuntimeError(f"the pipeline finished without writing {report_path}")

@@ -16,6 +16,7 @@ import dataclasses
 import datetime
 import io
 import itertools
+import json
 import os
 import re
 from collections import Counter
@@ -669,6 +670,9 @@ def _update_lines(update: Update | None) -> list[str]:
                      + ("; converted again into the new part, while their old records stay in "
                         "the dataset: a full run (without --incremental) replaces them"
                         if update.action == "part" else ""))
+    if update.refused_before:
+        lines.append(f"  {update.refused_before} input(s) refused while listing were refused by the "
+                     "dataset before (see its dead letters): not counted again in this part")
     if changes is not None and changes.deleted:
         shown = ", ".join(e.path for e in changes.deleted[:5])
         lines.append(f"  deleted since the dataset was made: {shown}"
@@ -783,6 +787,14 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
             only = tuple(sorted(update.include))
             wanted = set(only)
             listing.refs = [ref for ref in listing.refs if ref.filename in wanted]
+            # Inputs the dataset already refused while listing (a CSV manifest's row for
+            # a missing file, a file of no class) are counted once, not again in every part.
+            known = _listing_dead_letters(dataset)
+            counted = [d for d in listing.dead_letters if (d.source, d.error) in known]
+            if counted:
+                listing.dead_letters = [d for d in listing.dead_letters
+                                        if (d.source, d.error) not in known]
+                update = dataclasses.replace(update, refused_before=len(counted))
         if update is not None and update.changes is not None:
             hashed = {e.path: e for e in update.changes.now}
             entries = [hashed.get(e.path, e) for e in entries]
@@ -835,6 +847,41 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
                    dataset_output=dataset_output)
 
 
+def _listing_dead_letters(dataset) -> set[tuple[str, str]]:
+    """``(source, error)`` of the inputs a dataset (its first run and its parts)
+    refused while listing."""
+    known: set[tuple[str, str]] = set()
+    folders = [dataset.output] + [files.join(dataset.output, part["path"])
+                                  for part in dataset.manifest.get("parts", [])]
+    for folder in folders:
+        text = files.read_text_if_exists(files.join(folder, DEAD_LETTER_DIR, "listing.jsonl")) or ""
+        for line in text.split("\n"):
+            if line.strip():
+                try:
+                    value = json.loads(line)
+                    known.add((value["source"], value["error"]))
+                except (ValueError, KeyError, TypeError):
+                    continue  # Not ours to judge here: verify reports a damaged file.
+    return known
+
+
+def check_output(plan: RunPlan) -> None:
+    """Refuses an output folder that holds a finished dataset, unless overwriting
+    (or adding a part to it); reads only.
+
+    Raises:
+      OutputExistsError: when ``manifest.json`` exists and ``overwrite`` is off.
+    """
+    config = plan.config
+    is_part = plan.update is not None and plan.update.action == "part"
+    if not is_part and files.exists(files.join(config.output, MANIFEST_NAME)) and not config.overwrite:
+        why = f" ({plan.update.reason})" if plan.update is not None else ""
+        raise OutputExistsError(
+            f"--output {config.output} already holds a dataset ({MANIFEST_NAME}){why}; "
+            "pass --overwrite to replace it, or choose another folder"
+        )
+
+
 def take_output(plan: RunPlan) -> None:
     """Takes the output folder for this run: its lock, then a clean slate.
 
@@ -849,13 +896,7 @@ def take_output(plan: RunPlan) -> None:
     config, target = plan.config, plan.target
     lock_output = plan.dataset_output or config.output
     is_part = plan.update is not None and plan.update.action == "part"
-    manifest = files.join(config.output, MANIFEST_NAME)
-    if not is_part and files.exists(manifest) and not config.overwrite:
-        why = f" ({plan.update.reason})" if plan.update is not None else ""
-        raise OutputExistsError(
-            f"--output {config.output} already holds a dataset ({MANIFEST_NAME}){why}; "
-            "pass --overwrite to replace it, or choose another folder"
-        )
+    check_output(plan)
     try:
         acquire_lock(lock_output, target.run_id)
     except OutputBusyError as err:

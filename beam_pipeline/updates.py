@@ -184,6 +184,8 @@ class Update:
       changes: the comparison with the dataset (``None`` without one).
       part: the part's folder name (``part-00002``) for ``part``.
       include: the paths (as in ``inputs.jsonl``) to convert, for ``part``.
+      refused_before: for ``part``, inputs refused while listing that the dataset
+        refused before (in its dead letters): not dead-lettered or counted again.
       seen_manifest: SHA-256 of the dataset's manifest the decision was made on
         ('' when there was none).
     """
@@ -194,11 +196,14 @@ class Update:
     part: str = ""
     include: tuple[str, ...] = ()
     seen_manifest: str = ""
+    refused_before: int = 0
 
     def to_json(self) -> dict:
         out: dict = {"action": self.action, "reason": self.reason}
         if self.part:
             out["part"] = self.part
+        if self.refused_before:
+            out["refused_before"] = self.refused_before
         if self.changes is not None:
             c = self.changes
             out["inputs"] = {"new": len(c.new), "changed": len(c.changed),

@@ -155,13 +155,14 @@ def encode_inputs_chunks(entries: Iterable[InputFile], file_lines: Iterable[str]
 
 
 def decode_inputs(data: bytes, source: str = INPUTS_NAME) -> list[InputFile]:
-    """Parses ``inputs.jsonl``.
+    """Parses ``inputs.jsonl`` (lines end at ``\\n`` only: a path may hold U+2028,
+    U+0085 and the like, written as they are).
 
     Raises:
       ValueError: naming the line that is not an entry.
     """
     entries = []
-    for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
+    for number, line in enumerate(data.decode("utf-8").split("\n"), 1):
         if not line.strip():
             continue
         try:
@@ -208,7 +209,7 @@ def _complete(data: bytes, digests: Mapping[str, str], options_digest: str, sour
     chunks: list[bytes] = []
     last: tuple = ()
     files = 0
-    for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
+    for number, line in enumerate(data.decode("utf-8").split("\n"), 1):
         if not line.strip():
             continue
         try:

@@ -429,3 +429,69 @@ def test_a_file_arriving_while_a_multi_process_run_starts_is_left_for_the_next_r
     assert code == 0, printed
     seen = _filenames(out)
     assert len(seen) == len(set(seen)) == 21 and sorted(_filenames(os.path.join(out, "part-00001"))) == ["cat/00020.png"]
+
+
+@pytest.mark.e2e
+def test_names_holding_unicode_line_separators_are_one_line_each(tmp_path, capsys):
+    """inputs.jsonl writes U+2028, U+2029 and U+0085 as they are: the commit and the
+    skip check split lines at '\\n' only (before: every such run failed at the commit)."""
+    root, out = str(tmp_path / "in"), str(tmp_path / "out")
+    names = _add_images(root, 4) + ["cat/a\u2028b.png", "dog/n\x85l.png", "dog/p\u2029q.png"]
+    for seed, name in enumerate(names[4:], 100):
+        _png(os.path.join(root, name), seed=seed)
+    code, printed = _convert(capsys, "--input", root, "--output", out)
+    assert code == 0, printed
+    with open(os.path.join(out, "inputs.jsonl"), "rb") as f:
+        data = f.read()
+    assert data.count(b"\n") == 7 and sorted(e.path for e in decode_inputs(data)) == sorted(names)
+    assert sorted(_filenames(out)) == sorted(names)
+    code, printed = _convert(capsys, "--input", root, "--output", out, "--skip_unchanged")
+    assert code == SKIPPED_EXIT_STATUS, printed
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", [[], ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]])
+def test_a_dry_run_on_the_direct_runner_runs_and_writes_nothing(tmp_path, capsys, mode):
+    """--dry_run=True builds and checks the pipeline; on the DirectRunner (which
+    would run it) it is not run, and the output is not touched: no lock, the last
+    run's report and dead letters stay (before: in-process it wrote a whole
+    dataset while saying it did not; multi-process it failed)."""
+    root, out = str(tmp_path / "in"), str(tmp_path / "out")
+    _add_images(root, 6)
+    assert _convert(capsys, "--input", root, "--output", out)[0] == 0
+    before = _snapshot(out)
+    _add_images(root, 2, first=6)
+    code, printed = _convert(capsys, "--input", root, "--output", out, "--overwrite", "--dry_run=True", *mode)
+    assert code == 0 and "dry run: the job was built and checked, not run" in printed, printed
+    assert _snapshot(out) == before
+    code, printed = _convert(capsys, "--input", root, "--output", str(tmp_path / "new"), "--dry_run=True", *mode)
+    assert code == 0 and not os.path.exists(tmp_path / "new"), printed
+    code = main(["convert", "--input", root, "--output", out, "--dry_run=True", *mode, *QUIET])
+    assert code == 2 and "already holds a dataset" in capsys.readouterr().err
+
+
+@pytest.mark.e2e
+def test_an_input_the_dataset_refused_before_is_not_counted_again_in_a_part(tmp_path, capsys):
+    """A CSV manifest row for a missing file is dead-lettered by the first run; each
+    incremental part lists the manifest again and used to dead-letter and count it
+    again, so a part of one new image went over the budget (1 bad of 2) for ever."""
+    images = str(tmp_path / "img")
+    names = _add_images(images, 10)
+    manifest, out = tmp_path / "m.csv", str(tmp_path / "out")
+    rows = [f"{images}/{n},{n.split('/')[0]}\n" for n in names]
+    manifest.write_text("image,label\n" + "".join(rows[:9]) + f"{images}/cat/gone.png,cat\n")
+    code, printed = _convert(capsys, "--input", str(manifest), "--output", out, "--max_bad_fraction", "0.2")
+    assert code == 0, printed
+    with open(manifest, "a", encoding="utf-8") as f:
+        f.write(rows[9])
+    code, printed = _convert(capsys, "--input", str(manifest), "--output", out, "--incremental",
+                             "--max_bad_fraction", "0.2")
+    assert code == 0, printed
+    assert "1 input(s) refused while listing were refused by the dataset before" in printed
+    part = os.path.join(out, "part-00001")
+    (only,) = _filenames(part)
+    assert only.endswith("/img/" + names[9])
+    assert not os.path.exists(os.path.join(part, "dead_letter", "listing.jsonl"))
+    with open(os.path.join(out, "run_report.json"), encoding="utf-8") as f:
+        run = json.load(f)
+    assert run["status"] == "ok" and run["update"]["refused_before"] == 1 and run["bad_records"] == {}
