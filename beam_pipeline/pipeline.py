@@ -231,7 +231,9 @@ def submit(config: ConvertConfig, beam_args: Sequence[str] = ()):
 
     Returns:
       Beam's ``PipelineResult``; ``None`` when a scheduled run found nothing to do
-      (``skip_unchanged`` or ``incremental``, see ``beam_pipeline.updates``).
+      (``skip_unchanged`` or ``incremental``, see ``beam_pipeline.updates``), or for
+      ``--dry_run=True`` on a runner other than Dataflow (the pipeline is built, not
+      run; see ``_dry_run``).
 
     Raises:
       ConvertError: on options or inputs that cannot work (before anything runs).
