@@ -165,8 +165,11 @@ class Reporter:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-            if self.mode == "bar":  # The last state is drawn even when a run ends within a tick.
+            # The last state is shown even when a run ends within a tick.
+            if self.mode == "bar":
                 self._draw(progress.snapshot())
+            elif self.mode == "log":
+                _log.info("%s", self.line(progress.snapshot(), sep=", "))
         self.clear()
         for handler, stream, log_filter in self._handlers:
             handler.removeFilter(log_filter)

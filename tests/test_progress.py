@@ -187,7 +187,10 @@ def test_log_mode_logs_the_line_every_n_seconds_and_the_table_matches_the_report
                "--encode_processes", "0")
     assert run.returncode == 0, run.stderr
     lines = [line for line in run.stderr.splitlines() if _LOG_LINE.match(line)]
-    assert len(lines) >= 2, run.stderr  # A run takes seconds: several lines 0.2 s apart.
+    assert len(lines) >= 2, run.stderr  # A line 0.2 s apart (a run takes more), and the last state.
+    with open(os.path.join(out, "run_report.json"), encoding="utf-8") as f:
+        final = json.load(f)
+    assert f"{final['records']:,} records written" in lines[-1], lines[-1]
     assert "\r" not in run.stderr and "\x1b[" not in run.stderr
     assert "Missing pipeline option" not in run.stderr
 
