@@ -133,6 +133,11 @@ def _convert_parser(prog: str) -> argparse.ArgumentParser:
                    help="readable (default): an image tf.io.decode_image cannot read as stored "
                    "(TIFF, WebP, CMYK or 12-bit JPEG, BMP other than 24-bit) is stored as a "
                    "lossless PNG, counted in the manifest; original: every file's own bytes")
+    p.add_argument("--list_on_workers", action="store_true",
+                   help="gs:// image folders only: list the bucket on the workers, folder by "
+                   "folder, and cut the shards there (for millions of objects; see "
+                   "docs/scaling.md); the launcher lists folders only. Not with --skip_unchanged, "
+                   "--incremental, --drop_duplicates, --split_by content or resizing flags")
     r = p.add_argument_group("resize and re-encode images (default: keep them as they are)")
     r.add_argument("--max_side", type=int, default=0,
                    help="shrink the longest side to N pixels (aspect kept, never enlarged)")
@@ -267,6 +272,7 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
         sequence_order=args.sequence_order, image_column=args.image_column,
         label_column=args.label_column, skip_unchanged=args.skip_unchanged,
         incremental=args.incremental, fingerprint=args.fingerprint, date=args.date,
+        list_on_workers=args.list_on_workers,
         compare_to=args.compare_to, drift_max_mean_shift=args.drift_max_mean_shift,
         drift_max_missing_change=args.drift_max_missing_change,
         drift_max_class_share_change=args.drift_max_class_share_change,

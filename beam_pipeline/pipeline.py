@@ -46,6 +46,7 @@ from beam_tfrecords.transforms.plan.layouts import resolve_input
 from beam_tfrecords.transforms.sequences import BuildSequences, PlanSequenceShards
 from beam_tfrecords.transforms.shards import SpoolCopy, VerifyShards, WriteShards
 from beam_tfrecords.transforms.tables import EncodeTables, PlanTableShards, table_summary
+from beam_tfrecords.transforms.worker_listing import ListAndPlanOnWorkers
 from beam_tfrecords.updates import config_fingerprint
 
 _log = logging.getLogger(__name__)
@@ -97,7 +98,8 @@ def _commit_settings(plan: RunPlan) -> CommitSettings:
                           dataset_output=plan.dataset_output if is_part else "",
                           part=plan.update.part if is_part else "",
                           update=json.dumps(plan.update.to_json()) if plan.update else "",
-                          drift=drift_gate(config, plan.dataset_output))
+                          drift=drift_gate(config, plan.dataset_output),
+                          input_units=len(plan.units.units) if plan.units is not None else 0)
 
 
 def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
@@ -126,6 +128,17 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
         results = (
             specs
             | "WriteShards" >> WriteShards(target, SpoolCopy())
+            | "VerifyShards" >> verify
+        )
+    elif plan.units is not None:
+        # Listed and planned on the workers (--list_on_workers).
+        specs, summary = pipeline | "ListOnWorkers" >> ListAndPlanOnWorkers(plan.units)
+        source = ImageRecords(config.validate, config.read_threads, config.encode_processes,
+                              max_pixels=config.max_pixels, image_bytes=config.image_bytes,
+                              reshape=config.reshape)
+        results = (
+            specs
+            | "WriteShards" >> WriteShards(target, source)
             | "VerifyShards" >> verify
         )
     else:

@@ -22,6 +22,7 @@ import re
 from collections import Counter
 
 import numpy as np
+from apache_beam.io.filesystem import BeamIOError
 from apache_beam.options.pipeline_options import (
     DirectOptions,
     PipelineOptions,
@@ -40,6 +41,8 @@ from beam_tfrecords.schemas.manifest import (
 )
 from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.schemas.table_schema import TableSchema, load_schema
+from beam_tfrecords.transforms import worker_listing
+from beam_tfrecords.transforms.codec.images import is_image_filename
 from beam_tfrecords.transforms.images import LISTING_NAME, keep_listing, list_images
 from beam_tfrecords.transforms.io import files, gcs
 from beam_tfrecords.transforms.io.commit import (
@@ -77,6 +80,7 @@ from beam_tfrecords.transforms.plan.layouts import (
     SPLIT_NAMES,
     Listing,
     find_image_column,
+    folders_are_splits,
     image_path_column,
     manifest_columns,
     parse_labels_text,
@@ -85,6 +89,7 @@ from beam_tfrecords.transforms.plan.layouts import (
 from beam_tfrecords.transforms.plan.ref_table import RefTable
 from beam_tfrecords.transforms.plan.table_inference import infer_schema, infer_typed_schema
 from beam_tfrecords.transforms.tables import csv_header, table_files, table_header
+from beam_tfrecords.transforms.worker_listing import UnitsToList
 from beam_tfrecords.updates import Update, UpdateRefused, decide, manifest_digest, read_dataset
 
 __all__ = [
@@ -170,6 +175,8 @@ class RunPlan:
         multi-process DirectRunner): building the pipeline writes the listing to
         the run's temporary folder for it (``listing_path``), so that the run
         converts the files this plan lists, not a second listing's.
+      units: with ``--list_on_workers``, the units the workers list and what the
+        launcher decided for them (no listing is made here).
     """
 
     config: ConvertConfig
@@ -189,6 +196,7 @@ class RunPlan:
     input_table: RefTable | None = None
     input_rows: object = None
     hand_over: bool = False
+    units: UnitsToList | None = None
 
     @property
     def is_table(self) -> bool:
@@ -697,6 +705,80 @@ def _fingerprint_columns(listing: Listing):
     return table, np.array([i for i in range(len(table)) if table.filename(i) in kept], np.int64)
 
 
+# --list_on_workers: the launcher finds folders until there are this many units
+# (down to 3 levels), so that a few hundred workers' threads all have some.
+WORKER_LISTING_UNITS = 256
+
+
+def _plan_on_workers(config: ConvertConfig, target: ShardTarget, dataset_output: str) -> RunPlan:
+    """The plan of a listing made on the workers (``transforms.worker_listing``): the
+    launcher lists folders only and makes the decisions that span the input."""
+    given = [flag for flag, on in (
+        ("--skip_unchanged", config.skip_unchanged), ("--incremental", config.incremental),
+        ("--fingerprint content", config.fingerprint == "content"),
+        ("--drop_duplicates", config.drop_duplicates), ("--split_by content", config.split_by == "content"),
+        ("resizing or re-encoding flags", config.reshape.active)) if on]
+    if given:
+        raise ConvertError(f"--list_on_workers does not combine with {', '.join(given)}: they need "
+                           "every file's listing in one place; drop one or the other")
+    layout, root, pattern = resolve_input(config.input, config.layout)
+    if not gcs.is_gcs(pattern) or layout == "csv":
+        raise ConvertError(f"--list_on_workers lists a gs:// folder or glob of images on the "
+                           f"workers; {config.input} is not one (drop the flag)")
+    if layout == "auto":
+        layout = "cifar" if files.exists(files.join(root, CIFAR_LABELS_FILE)) else "class_folders"
+    labels: tuple[str, ...] = ()
+    try:
+        if config.labels:
+            labels = tuple(parse_labels_text(files.read_text(config.labels)))
+        elif layout == "cifar":
+            labels = tuple(parse_labels_text(files.read_text(files.join(root, CIFAR_LABELS_FILE))))
+        units = tuple(files.listing_units(pattern, WORKER_LISTING_UNITS))
+    except (ValueError, OSError, BeamIOError) as err:
+        raise ConvertError(f"--input {config.input}: {err}") from None
+    prefix = root.rstrip("/") + "/"
+    top = set()
+    for name, objects in units:
+        for path in ([o[0] for o in objects] if objects is not None else [_gcs_path(pattern, name)]):
+            rel = path[len(prefix):] if path.startswith(prefix) else ""
+            if objects is None and "/" not in rel:
+                raise ConvertError(
+                    f"--list_on_workers: {_gcs_path(pattern, name)} holds more than "
+                    f"{files.UNIT_OBJECTS:,} files directly, so its folders are not known before "
+                    "the workers list it; drop the flag (the launcher then lists the input)")
+            if "/" in rel and (objects is None or is_image_filename(rel)):
+                top.add(rel.split("/", 1)[0])
+    split_folders = False
+    if layout == "class_folders":
+        try:
+            split_folders = folders_are_splits(root, top)
+        except ValueError as err:
+            raise ConvertError(f"--input {config.input}: {err} (with --list_on_workers, a top "
+                               "folder counts even when it holds no images)") from None
+    if config.splits and (split_folders or layout == "cifar"):
+        raise ConvertError(f"--input {config.input}: --splits: the input already names its splits "
+                           "(split folders); use one or the other")
+    settings = UnitsToList(pattern, root, layout, units, split_folders, labels, tuple(config.splits),
+                           config.output, target.temp_dir, config.band, config.compression,
+                           worker_listing.SHARDS_PER_GROUP)
+    folders = sum(objects is None for _, objects in units)
+    inputs = (
+        f"  images: listed by the workers, {len(units):,} unit(s) ({folders:,} folders) under {root}, "
+        f"layout {layout}; splits: "
+        + ("from split folders" if split_folders or layout == "cifar" else
+           "--splits, by path" if config.splits else DEFAULT_SPLIT)
+        + "; shards are cut on the workers",
+        f"  labels: {'--labels ' + config.labels if config.labels else 'labels.txt' if layout == 'cifar' else 'the class folders found, sorted'}",
+    )
+    return RunPlan(config, target, inputs=inputs, role_files=_role_files(config, root, layout),
+                   dataset_output=dataset_output, units=settings)
+
+
+def _gcs_path(pattern: str, name: str) -> str:
+    """The ``gs://`` path of an object or folder name in the bucket of ``pattern``."""
+    return "gs://" + pattern[len("gs://"):].split("/", 1)[0] + "/" + name
+
+
 def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
              run_id: str | None = None) -> RunPlan:
     """Resolves and checks a conversion, reading what it must of the input once.
@@ -728,6 +810,9 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
     dataset_output = config.output
     if not config.layout == "table":
         _check_images(config)
+        if config.list_on_workers:
+            config, target = _as_part(config, target, None)
+            return _plan_on_workers(config, target, dataset_output)
         hand_over = not _in_process_direct_runner(options)
         vocabulary = ()
         if config.incremental and dataset is not None and not dataset.problem and not config.labels:

@@ -71,7 +71,7 @@ def _fake_gcs_listing(count: int):
     return listing
 
 
-def run_one(count: int, trace: bool, compact_above: int = -1) -> dict:
+def run_one(count: int, trace: bool, compact_above: int = -1, workers: bool = False) -> dict:
     """Lists and plans ``count`` synthetic files in this process; returns the figures."""
     # pylint: disable=import-outside-toplevel
     import tracemalloc
@@ -98,8 +98,11 @@ def run_one(count: int, trace: bool, compact_above: int = -1) -> dict:
         steps[name] = round(now - last, 2)
         last = now
 
-    plan = _compact if hasattr(images, "pack_refs") else _today
-    result = plan(images, fingerprint, ROOT, band, step)
+    if workers:
+        result = _on_workers(count, step)
+    else:
+        plan = _compact if hasattr(images, "pack_refs") else _today
+        result = plan(images, fingerprint, ROOT, band, step)
     seconds = time.perf_counter() - start
     peak = tracemalloc.get_traced_memory()[1] if trace else 0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -154,6 +157,74 @@ def _compact(images, fingerprint, root, band, step) -> dict:
             "element_mb": round(len(element.packed) / 1e6, 1)}
 
 
+UNITS = 3000  # --workers: one unit per <split>/<class>/ folder (2400 train, 300 val, 300 test).
+
+
+def _unit_files(count: int, unit: int, seed: int = 0):
+    """The synthetic ``(path, size, generation, crc)`` of one unit of ``count`` files."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    per = count // UNITS + (unit < count % UNITS)
+    first = unit * (count // UNITS) + min(unit, count % UNITS)
+    split = "train" if unit < 2400 else "val" if unit < 2700 else "test"
+    rng = np.random.default_rng((seed, unit))
+    sizes = np.clip(rng.lognormal(np.log(110_000), 0.6, per), 2_000, 20_000_000).astype(np.int64).tolist()
+    folder = f"{ROOT}/{split}/class_{unit % 1000:04d}/"
+    return [(f"{folder}img_{first + i:09d}.jpg", size, 1_763_800_000_000_000 + first + i,
+             (first + i) * 2654435761 & 0xFFFFFFFF) for i, size in enumerate(sizes)]
+
+
+def _on_workers(count: int, step) -> dict:
+    """--list_on_workers (transforms.worker_listing), its steps run one after another in
+    this process: every unit listed into its table (its inputs.jsonl piece written,
+    its thin columns kept, the table dropped, as a worker hands it on), then the
+    cut from the thin columns (one worker), then each unit's rows sent to their
+    shards (the units listed again, untimed, as the shuffle would hand them back).
+    The RSS is that of a process holding every unit's thin columns: the cut worker's."""
+    # pylint: disable=import-outside-toplevel,protected-access
+    import tempfile
+
+    from beam_tfrecords.schemas.shards import ShardBand
+    from beam_tfrecords.transforms import worker_listing as wl
+    from beam_tfrecords.transforms.io import files
+
+    files.list_unit = lambda pattern, unit: iter(_unit_files(count, int(unit[0].split("/")[0][1:])))
+    with tempfile.TemporaryDirectory() as folder:
+        settings = wl.UnitsToList(ROOT + "/**", ROOT, "class_folders",
+                                  tuple((f"u{u}/", None) for u in range(UNITS)), True, (), (),
+                                  folder, folder, ShardBand.from_mb(100, 200), "none")
+        thins, slowest, emitted = [], 0.0, []
+        for unit in range(UNITS):
+            started = time.perf_counter()
+            for element in wl._ListUnitFn(settings).process(unit):
+                if hasattr(element, "tag"):
+                    thins.append(element.value)
+            slowest = max(slowest, time.perf_counter() - started)
+        step("list units (all)")
+        thin_mb = sum(t.keys.nbytes + t.labels.nbytes + t.split_codes.nbytes + t.base_sizes.nbytes
+                      for t in thins) / 1e6
+        plan = wl.cut_plan(thins, settings)
+        step("cut (one worker)")
+        del thins
+        pieces, first_group = 0, []
+        for unit in range(UNITS):
+            table, _, _ = wl.list_unit(settings, unit)
+            packed = pickle.dumps(table, protocol=pickle.HIGHEST_PROTOCOL)
+            started = time.perf_counter()
+            for group, piece in wl._AssignFn().process((unit, packed), plan):
+                pieces += 1
+                if group == 0:
+                    first_group.append(piece)
+            emitted.append(time.perf_counter() - started)
+        steps_assign = round(sum(emitted), 2)
+        started = time.perf_counter()
+        specs = list(wl._ShardSpecsFn("none").process((0, first_group), plan))
+        group_s = time.perf_counter() - started
+    return {"shards": sum(plan.num_shards.values()), "units": UNITS, "slowest_unit_s": round(slowest, 3),
+            "thin_mb": round(thin_mb, 1), "pieces": pieces, "assign_cpu_s": steps_assign,
+            "groups": plan.groups, "group_specs": len(specs), "group_s": round(group_s, 2)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100000,1000000,10000000")
@@ -164,11 +235,14 @@ def main(argv=None) -> int:
     parser.add_argument("--compact_above", type=int, default=-1,
                         help="list as columns above this many images (default: the code's "
                         "COMPACT_LISTING_REFS; 0: always)")
+    parser.add_argument("--workers", action="store_true",
+                        help="measure --list_on_workers: units listed one by one, then the cut "
+                        "from thin columns (RSS: the cut worker's)")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--json", default="", help="also write the results here")
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(run_one(args.one, args.tracemalloc, args.compact_above)))
+        print(json.dumps(run_one(args.one, args.tracemalloc, args.compact_above, args.workers)))
         return 0
     rows, per_ref = [], None
     for count in (int(s) for s in args.sizes.split(",")):
@@ -177,24 +251,28 @@ def main(argv=None) -> int:
             print(f"{count:>11,}  not run: projected RSS {per_ref * count / 1e9:.1f} GB > "
                   f"--max_gb {args.max_gb}", flush=True)
             continue
-        row = _child(count, False, args.compact_above)
+        row = _child(count, False, args.compact_above, args.workers)
         if args.tracemalloc:
-            row["traced_peak"] = _child(count, True, args.compact_above)["traced_peak"]
+            row["traced_peak"] = _child(count, True, args.compact_above, args.workers)["traced_peak"]
         per_ref = (row["rss"] - row["base_rss"]) / count
         rows.append(row)
         traced = f"{row['traced_peak'] / 1e6:9.0f}" if row["traced_peak"] else "        -"
         per = (row["traced_peak"] or row["rss"] - row["base_rss"]) / count
         print(f"{count:>11,} {row['seconds']:8.1f} s {row['rss'] / 1e6:8.0f} MB RSS {traced} MB "
-              f"traced {per:7.0f} B/ref {row['shards']:6,} shards  {row['steps']}", flush=True)
+              f"traced {per:7.0f} B/ref {row['shards']:6,} shards  {row['steps']}"
+              + (f"  slowest unit {row['slowest_unit_s']} s, thin columns {row['thin_mb']} MB, "
+                 f"assign {row['assign_cpu_s']} s CPU in all ({row['pieces']:,} pieces), "
+                 f"specs of one group of {row['groups']}: {row['group_s']} s" if args.workers else ""),
+              flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=1)
     return 0
 
 
-def _child(count: int, trace: bool, compact_above: int) -> dict:
+def _child(count: int, trace: bool, compact_above: int, workers: bool = False) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--one", str(count),
-               "--compact_above", str(compact_above)]
+               "--compact_above", str(compact_above)] + (["--workers"] if workers else [])
     if trace:
         command.append("--tracemalloc")
     env = {**os.environ, "PYTHONPATH": os.path.dirname(REPO)}

@@ -28,7 +28,7 @@ COLOR_MODES: tuple[str, ...] = ("keep", "rgb", "l")
 # record's bytes, a shard's bytes or the manifest's dataset description belongs here.
 RUN_CONTROL_OPTIONS: frozenset[str] = frozenset({
     "overwrite", "read_threads", "encode_processes", "max_bad_fraction",
-    "skip_unchanged", "incremental", "fingerprint", "date",
+    "skip_unchanged", "incremental", "fingerprint", "date", "list_on_workers",
     "compare_to", "drift_max_mean_shift", "drift_max_missing_change",
     "drift_max_class_share_change",
 })
@@ -225,6 +225,9 @@ class ConvertConfig:
     incremental: bool = False
     fingerprint: str = "stat"
     date: str = ""
+    # List a gs:// image input on the workers, unit by unit, and cut the shards
+    # there (transforms.worker_listing): for buckets of millions of objects.
+    list_on_workers: bool = False
 
     def __post_init__(self):
         if not self.input:

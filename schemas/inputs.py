@@ -41,6 +41,7 @@ __all__ = [
     "PART_PREFIX",
     "RECORD_SHAPING_EXCLUDED",
     "SKIPPED_EXIT_STATUS",
+    "UNIT_INPUTS_DIR",
     "complete_inputs",
     "decode_inputs",
     "encode_inputs",
@@ -49,9 +50,19 @@ __all__ = [
     "input_fingerprint",
     "options_fingerprint",
     "part_name",
+    "unit_inputs_name",
 ]
 
 INPUTS_NAME = "inputs.jsonl"
+# A listing made on the workers (--list_on_workers): each unit's lines of
+# inputs.jsonl, in the run's temporary folder, joined in unit order at the commit.
+UNIT_INPUTS_DIR = "inputs"
+
+
+def unit_inputs_name(index: int) -> str:
+    """The file of listing unit ``index``'s ``inputs.jsonl`` lines (in ``UNIT_INPUTS_DIR``)."""
+    return f"unit-{index:06d}.jsonl"
+
 # An incremental run's part of a dataset: a folder ``part-00001/`` beside the
 # first run's shards, itself a complete dataset (shards, manifest, inputs).
 PART_PREFIX = "part-"

@@ -23,7 +23,7 @@ import apache_beam as beam
 
 from beam_tfrecords.schemas.elements import InputSummary, ShardResult
 from beam_tfrecords.schemas.features import FeatureSpec, image_feature_spec
-from beam_tfrecords.schemas.inputs import INPUTS_NAME, complete_inputs
+from beam_tfrecords.schemas.inputs import INPUTS_NAME, UNIT_INPUTS_DIR, complete_inputs, unit_inputs_name
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME, ErrorBudget, build_manifest
 from beam_tfrecords.schemas.shards import ShardBand, ShardTarget
 from beam_tfrecords.schemas.version import __version__
@@ -70,6 +70,9 @@ class CommitSettings:
       update: what a scheduled run decided, as JSON (for the report).
       drift: the dataset to compare the run's statistics with (``--compare_to``);
         a run that drifted publishes nothing (status ``drift_found``).
+      input_units: for a listing made on the workers, its units: their
+        ``inputs.jsonl`` lines (``UNIT_INPUTS_DIR``) follow the launcher's
+        (the files with a role), in unit order.
     """
 
     target: ShardTarget
@@ -86,6 +89,7 @@ class CommitSettings:
     part: str = ""
     update: str = ""
     drift: DriftGate | None = None
+    input_units: int = 0
 
 
 def _json_bytes(value: dict) -> bytes:
@@ -133,6 +137,10 @@ def _completed_inputs(settings: CommitSettings, results: Sequence[ShardResult]) 
     and its fingerprint (see ``schemas.inputs.complete_inputs``); ``None`` when
     the launcher wrote none."""
     data = files.read_bytes_if_exists(files.join(settings.target.temp_dir, INPUTS_NAME))
+    if settings.input_units:
+        data = (data or b"") + b"".join(
+            files.read_bytes(files.join(settings.target.temp_dir, UNIT_INPUTS_DIR, unit_inputs_name(i)))
+            for i in range(settings.input_units))
     if data is None:
         return None
     digests = {filename: source or digest for r in results for digest, filename, source in r.contents}

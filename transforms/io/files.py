@@ -35,6 +35,8 @@ __all__ = [
     "join",
     "list_files",
     "list_stamped",
+    "list_unit",
+    "listing_units",
     "open_read",
     "open_write",
     "read_bytes",
@@ -252,42 +254,60 @@ def _stamped_blob(blob, head: str) -> tuple[str, int, int, int]:
     return head + blob.name, int(blob.size or 0), int(blob.generation or 0), crc
 
 
+def _gcs_pattern(pattern: str):
+    """``(bucket, fixed prefix, matches, head)`` of a ``gs://`` glob."""
+    bucket, _, prefix = re.match(r"^[^[*?]*", pattern).group(0)[len("gs://"):].partition("/")
+    return bucket, prefix, re.compile(FileSystem.translate_pattern(pattern)).match, f"gs://{bucket}/"
+
+
+def _gcs_listed(client, bucket: str, head: str, unit: str, delimiter: str | None = None):
+    """``(objects, subfolders)`` under the name prefix ``unit`` (objects as ``list_stamped``
+    gives them; subfolders only with a ``delimiter``)."""
+    pages = client.list_blobs(bucket, prefix=unit, delimiter=delimiter, fields=_LIST_FIELDS)
+    found = [_stamped_blob(blob, head) for blob in pages]
+    return found, sorted(pages.prefixes) if delimiter else []
+
+
+def _gcs_units(client, pool, bucket: str, prefix: str, head: str, min_units: int,
+               depth: int = _PREFIX_DEPTH) -> list[tuple[str, list | None]]:
+    """The listing units under ``prefix``, in name order: ``(folder, None)`` for a
+    folder to list whole, ``(name, [object])`` for an object found beside the
+    folders. Folders are found with delimiter listings, level by level, down to
+    ``depth`` levels or until there are ``min_units``; listing the units in this
+    order gives the order of one listing of the prefix (the objects under a
+    folder ``p/`` sort together; an object beside them sorts by its own name)."""
+    units: list[tuple[str, list | None]] = []
+    folders = [prefix]
+    for _ in range(depth):
+        below = []
+        for objects, subfolders in pool.map(lambda unit: _gcs_listed(client, bucket, head, unit, "/"),
+                                            folders):
+            units += [(item[0][len(head):], [item]) for item in objects]
+            below += subfolders
+        folders = below
+        if len(folders) >= min_units or not folders:
+            break
+    units += [(folder, None) for folder in folders]
+    units.sort(key=lambda unit: unit[0])
+    return units
+
+
 def _list_gcs(pattern: str, threads: int | None = None) -> Iterator[tuple[str, int, int, int]]:
     """``list_stamped`` of a ``gs://`` glob, in the order GCS lists (by name).
 
-    The folders under the glob's fixed prefix are found with delimiter listings,
-    level by level, then each is listed whole by a pool of ``threads``; as the
-    objects under a folder ``p/`` sort together, and an object beside the folders
-    sorts by its own name, yielding the units in name order gives the order of
-    one listing of the bucket.
+    The folders under the glob's fixed prefix are found with delimiter listings
+    (``_gcs_units``), then each is listed whole by a pool of ``threads``, and
+    they are yielded in name order: the order of one listing of the bucket.
     """
-    bucket, _, prefix = re.match(r"^[^[*?]*", pattern).group(0)[len("gs://"):].partition("/")
-    matches = re.compile(FileSystem.translate_pattern(pattern)).match
-    head = f"gs://{bucket}/"
+    bucket, prefix, matches, head = _gcs_pattern(pattern)
     threads = LIST_THREADS if threads is None else threads
     try:
         client = _gcs._client().client  # pylint: disable=protected-access
-
-        def listed(unit: str, delimiter: str | None = None):
-            pages = client.list_blobs(bucket, prefix=unit, delimiter=delimiter, fields=_LIST_FIELDS)
-            found = [_stamped_blob(blob, head) for blob in pages]
-            return found, sorted(pages.prefixes) if delimiter else []
-
         if threads <= 1:
             units: list[tuple[str, object]] = [(prefix, None)]
         else:
-            units, folders = [], [prefix]
             with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="list-gcs") as pool:
-                for _ in range(_PREFIX_DEPTH):
-                    below = []
-                    for objects, subfolders in pool.map(lambda unit: listed(unit, "/"), folders):
-                        units += [(item[0][len(head):], [item]) for item in objects]
-                        below += subfolders
-                    folders = below
-                    if len(folders) >= _MIN_PREFIXES or not folders:
-                        break
-            units += [(folder, None) for folder in folders]
-            units.sort(key=lambda unit: unit[0])
+                units = _gcs_units(client, pool, bucket, prefix, head, _MIN_PREFIXES)
         with concurrent.futures.ThreadPoolExecutor(max(threads, 1), thread_name_prefix="list-gcs") as pool:
             # A window of folders listed ahead of the one yielded: memory stays that of
             # a few folders' objects, not of the bucket's.
@@ -295,7 +315,8 @@ def _list_gcs(pattern: str, threads: int | None = None) -> Iterator[tuple[str, i
             remaining = iter(units)
             while True:
                 for unit, objects in itertools.islice(remaining, max(2 * threads, 1) - len(ahead)):
-                    ahead.append(objects if objects is not None else pool.submit(listed, unit))
+                    ahead.append(objects if objects is not None else
+                                 pool.submit(_gcs_listed, client, bucket, head, unit))
                 if not ahead:
                     break
                 first = ahead.popleft()
@@ -304,6 +325,90 @@ def _list_gcs(pattern: str, threads: int | None = None) -> Iterator[tuple[str, i
                         yield item
     except Exception as err:  # pylint: disable=broad-except  # As FileSystems.match reports it.
         raise BeamIOError("List operation failed", {pattern: err}) from err
+
+
+# --list_on_workers: a folder holding more objects than this directly (not in
+# subfolders) is a unit of its own, listed whole by a worker; the launcher lists
+# no further into it.
+UNIT_OBJECTS = 1000
+
+
+def _folder_level(client, bucket: str, head: str, folder: str, limit: int):
+    """``(objects, subfolders)`` directly in ``folder`` (a delimiter listing, page by
+    page); ``None`` once it has more than ``limit`` objects (a unit of its own)."""
+    objects: list = []
+    subfolders: list[str] = []
+    pages = client.list_blobs(bucket, prefix=folder, delimiter="/", fields=_LIST_FIELDS)
+    for page in pages.pages:
+        objects += [_stamped_blob(blob, head) for blob in page]
+        subfolders += page.prefixes
+        if len(objects) > limit:
+            return None
+    return objects, sorted(subfolders)
+
+
+def listing_units(pattern: str, min_units: int, limit: int | None = None
+                  ) -> list[tuple[str, tuple | None]]:
+    """A ``gs://`` glob's objects as units for workers to list side by side:
+    ``(folder, None)`` for a folder a worker lists whole, or ``(first name,
+    objects)`` for a run of consecutive objects the launcher met (only those the
+    glob matches). In order, the units' objects are ``list_stamped(pattern)``.
+
+    Folders are listed with a delimiter, level by level (down to
+    ``_PREFIX_DEPTH`` levels), while there are fewer than ``min_units`` units;
+    a folder with more than ``limit`` objects directly in it (default
+    ``UNIT_OBJECTS``) is not listed further: it is a unit. So the launcher lists
+    the folder tree and the few objects beside it, never a large folder's objects.
+    """
+    bucket, prefix, matches, head = _gcs_pattern(pattern)
+    limit = UNIT_OBJECTS if limit is None else limit
+    found: list[tuple[str, list | None]] = []
+    try:
+        client = _gcs._client().client  # pylint: disable=protected-access
+        with concurrent.futures.ThreadPoolExecutor(LIST_THREADS, thread_name_prefix="list-gcs") as pool:
+            folders = [prefix]
+            for _ in range(_PREFIX_DEPTH):
+                if not folders or len(found) + len(folders) >= min_units:
+                    break
+                below: list[str] = []
+                for folder, level in zip(folders, pool.map(
+                        lambda f: _folder_level(client, bucket, head, f, limit), folders)):
+                    if level is None:
+                        found.append((folder, None))
+                    else:
+                        found += [(item[0][len(head):], [item]) for item in level[0]]
+                        below += level[1]
+                folders = below
+            found += [(folder, None) for folder in folders]
+    except Exception as err:  # pylint: disable=broad-except
+        raise BeamIOError("List operation failed", {pattern: err}) from err
+    found.sort(key=lambda unit: unit[0])
+    units: list[tuple[str, tuple | None]] = []
+    run: list = []
+    for name, objects in found + [("", None)]:
+        if objects is not None:
+            run += [item for item in objects if matches(item[0])]
+            continue
+        if run:  # Objects between two folders: one unit.
+            units.append((run[0][0][len(head):], tuple(run)))
+            run = []
+        if name:
+            units.append((name, None))
+    return units
+
+
+def list_unit(pattern: str, unit: tuple[str, tuple | None]) -> Iterator[tuple[str, int, int, int]]:
+    """``list_stamped`` of one unit of ``listing_units(pattern, ...)``."""
+    name, objects = unit
+    if objects is not None:
+        return iter(objects)
+    bucket, _, matches, head = _gcs_pattern(pattern)
+    try:
+        client = _gcs._client().client  # pylint: disable=protected-access
+        found, _ = _gcs_listed(client, bucket, head, name)
+    except Exception as err:  # pylint: disable=broad-except
+        raise BeamIOError("List operation failed", {f"gs://{bucket}/{name}": err}) from err
+    return (item for item in found if matches(item[0]))
 
 
 def delete_files(paths: list[str]) -> None:

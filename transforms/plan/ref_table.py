@@ -33,7 +33,7 @@ from beam_tfrecords.schemas.shards import ShardBand, is_valid_split_name
 from beam_tfrecords.transforms.codec.images import is_image_filename
 from beam_tfrecords.transforms.plan.shards import cut_shards
 
-__all__ = ["RefTable", "TableListing", "cifar_table", "class_folder_table", "shard_cuts"]
+__all__ = ["RefTable", "TableListing", "cifar_table", "class_folder_table", "concat_tables", "shard_cuts"]
 
 _CIFAR_NAME = re.compile(r"^(?P<id>[^_/]+)_(?P<cls>[^/]+)\.[A-Za-z0-9]+$")
 _BLOCK = 1 << 16  # Paths encoded into the blob a block at a time.
@@ -428,6 +428,30 @@ def shard_cuts(table: RefTable, band: ShardBand, record_sizes: np.ndarray
         num_shards, shard_of = cut_shards(record_sizes[order], band)
         bounds = np.searchsorted(shard_of, np.arange(num_shards + 1), side="left")
         yield table.split_names[code], num_shards, order, bounds
+
+
+def concat_tables(tables: Sequence[RefTable]) -> RefTable:
+    """The rows of ``tables`` (one root, one vocabulary), in order, as one table;
+    each table's split codes are mapped to the names they stand for."""
+    if not tables:
+        raise ValueError("concat_tables needs at least one table")
+    first = tables[0]
+    names: dict[str, int] = {}
+    codes, offsets, ends = [], [], 0
+    for table in tables:
+        if table.root != first.root or table.vocabulary != first.vocabulary:
+            raise ValueError("tables of different roots or vocabularies cannot be joined")
+        remap = np.array([_code(names, name) for name in table.split_names] or [0], np.int32)
+        codes.append(remap[table.split_codes])
+        begin, end = int(table.offsets[0]), int(table.offsets[-1])
+        offsets.append(table.offsets[1:] - begin + ends)
+        ends += end - begin
+    return RefTable(first.root, b"".join(t.blob[int(t.offsets[0]):int(t.offsets[-1])] for t in tables),
+                    np.concatenate([np.zeros(1, np.int64)] + offsets).astype(np.int64),
+                    np.concatenate([t.sizes for t in tables]), np.concatenate(codes), tuple(names),
+                    np.concatenate([t.labels for t in tables]), first.vocabulary,
+                    np.concatenate([t.keys for t in tables]).reshape(-1, 2),
+                    np.concatenate([t.stamps for t in tables]), np.concatenate([t.crcs for t in tables]))
 
 
 class PathBuffer:
