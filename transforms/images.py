@@ -7,8 +7,9 @@ proportion to the file count: about 100 bytes per image plus its path once a
 folder layout lists more than ``COMPACT_LISTING_REFS`` images (held as columns,
 a ``RefTable``, and cut with a sort of 128-bit keys; see
 ``benchmarks/bench_planning.py``), ~2 KB below that (a list of ``ImageRef``).
-It runs in one worker, as a file match does; everything after it is spread
-over shards, one element per shard.
+It runs in one worker, as a file match does (``worker_listing`` spreads it over
+workers, for ``--list_on_workers``); everything after it is spread over shards,
+one element per shard.
 """
 
 from __future__ import annotations

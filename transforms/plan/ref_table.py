@@ -15,8 +15,8 @@ input fingerprint's time or generation and crc32c, kept in columns so that
 ``inputs.jsonl`` is written from them) without holding the stream;
 ``shard_cuts`` cuts each split, in key order, exactly as
 ``plan.shards.cut_shards`` cuts a list, and ``rows`` gives a shard its rows as
-a table of their own. How this would spread over Dataflow workers (listing by
-prefix, cuts by weighted key quantiles) is in ``docs/scaling.md``.
+a table of their own. ``transforms/worker_listing.py`` spreads the listing over
+workers, a table per folder, joined with ``concat_tables`` (``docs/scaling.md``).
 """
 
 from __future__ import annotations
