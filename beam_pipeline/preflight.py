@@ -22,7 +22,7 @@ import re
 from collections import Counter
 
 import numpy as np
-from apache_beam.io.filesystem import BeamIOError
+from apache_beam.io.filesystem import BeamIOError, FileSystem
 from apache_beam.options.pipeline_options import (
     DirectOptions,
     PipelineOptions,
@@ -725,8 +725,16 @@ def _plan_on_workers(config: ConvertConfig, target: ShardTarget, dataset_output:
     if not gcs.is_gcs(pattern) or layout == "csv":
         raise ConvertError(f"--list_on_workers lists a gs:// folder or glob of images on the "
                            f"workers; {config.input} is not one (drop the flag)")
+    output_root = config.output.rstrip("/") + "/"
+    if output_root.startswith(root.rstrip("/") + "/"):
+        raise ConvertError(f"--list_on_workers: --output {config.output} is inside the input "
+                           f"folder {root}; the workers would list the run's own files as "
+                           "input. Write the output elsewhere")
     if layout == "auto":
-        layout = "cifar" if files.exists(files.join(root, CIFAR_LABELS_FILE)) else "class_folders"
+        # As detect_layout decides from a listing: a labels.txt the input matches.
+        labels_file = files.join(root, CIFAR_LABELS_FILE)
+        matched = re.compile(FileSystem.translate_pattern(pattern)).match(labels_file)
+        layout = "cifar" if matched and files.exists(labels_file) else "class_folders"
     labels: tuple[str, ...] = ()
     try:
         if config.labels:
@@ -799,6 +807,9 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
         config = resolve_config(config, options)
     except ValueError as err:
         raise ConvertError(str(err)) from None
+    if config.list_on_workers and config.layout == "table":
+        raise ConvertError(f"--list_on_workers lists a gs:// folder or glob of images on the "
+                           f"workers; {config.input} is read as a table (drop the flag)")
     drift_gate(config)  # A --compare_to that cannot be read fails now, not after the run.
     _, root, _ = resolve_input(config.input, config.layout)
     output_root = config.output.rstrip("/") + "/"

@@ -91,7 +91,7 @@ def _split_tree(gcs_emulator, tmp_path_factory):
 
 
 @pytest.mark.emulator
-def test_units_list_what_one_listing_lists(gcs, split_tree):
+def test_units_list_what_one_listing_lists(gcs, split_tree, monkeypatch):
     """The units, listed in order, are the one listing, whatever the unit count and limit."""
     pattern = split_tree + "/**"
     whole = list(files.list_stamped(pattern))
@@ -101,8 +101,16 @@ def test_units_list_what_one_listing_lists(gcs, split_tree):
         listed = [item for unit in units for item in files.list_unit(pattern, unit)]
         assert listed == whole, (min_units, limit)
         folders = sum(objects is None for _, objects in units)
-        # A small tree is listed whole by the launcher unless the units or the limit stop it.
-        assert (folders == 0) == ((min_units, limit) in ((1, 1000), (64, 1000))) or min_units == 1, units
+        # The 12 <split>/<class>/ folders are leaves: listed by the workers. With
+        # min_units 1, or a limit below the root's own 2 files, the root is the one unit.
+        assert folders == (1 if min_units == 1 or limit < 2 else 12), units
+    # Past INLINE_OBJECTS objects met, the level that met them is left to the workers.
+    monkeypatch.setattr(files, "INLINE_OBJECTS", 1)
+    units = files.listing_units(pattern, 64)
+    assert [name for name, objects in units if objects is None] == [
+        "split/test/", "split/train/", "split/validation/"]
+    assert [item for unit in units for item in files.list_unit(pattern, unit)] == whole
+    monkeypatch.undo()
     # The launcher never lists inside a folder of more than `limit` objects.
     units = files.listing_units(pattern, 64, 2)
     inline = [item[0] for _, objects in units if objects is not None for item in objects]
@@ -160,12 +168,42 @@ def test_cifar_layout_on_workers(gcs, tmp_path, few_units):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(_png(i))
     (local / "train" / "77_bird.png").write_bytes(_png(77))  # a class not in labels.txt
+    (local / "train" / "a.png").write_bytes(_png(78))  # no class: sorts with the one above
     (local / "labels.txt").write_text("cat\ndog\nfrog\n")
     gcs.upload_tree(str(local), "gs://wl/cifar")
     assert _run("--input", "gs://wl/cifar", "--output", "gs://wl/out-cf-launcher") == 0
     assert _run("--input", "gs://wl/cifar", "--output", "gs://wl/out-cf-workers", "--list_on_workers") == 0
     manifest = _same_dataset(gcs, "gs://wl/out-cf-launcher", "gs://wl/out-cf-workers")
     assert {k: v["records"] for k, v in manifest["splits"].items()} == {"train": 30, "test": 12}
+    dead = [json.loads(line)["error"] for line in
+            gcs.download("gs://wl/out-cf-workers/dead_letter/listing.jsonl").splitlines()]
+    assert dead == ["unknown_class", "unlabeled"]  # by path, as one listing gives them
+
+
+@pytest.mark.emulator
+def test_a_glob_decides_the_layout_as_the_launcher_listing(gcs, few_units):
+    """A labels.txt at the root that the glob does not match: class folders, not CIFAR."""
+    for i in range(6):
+        gcs.upload_bytes(f"gs://wl/globbed/{['cat', 'dog'][i % 2]}/{i}_{['cat', 'dog'][i % 2]}.png", _png(i))
+    gcs.upload_bytes("gs://wl/globbed/labels.txt", b"cat\ndog\n")
+    flags = ["--input", "gs://wl/globbed/**.png"]
+    assert _run(*flags, "--output", "gs://wl/out-gl-launcher") == 0
+    assert _run(*flags, "--output", "gs://wl/out-gl-workers", "--list_on_workers") == 0
+    manifest = _same_dataset(gcs, "gs://wl/out-gl-launcher", "gs://wl/out-gl-workers")
+    assert list(manifest["splits"]) == ["train"]
+
+
+@pytest.mark.emulator
+def test_no_image_at_all_ends_as_without_the_flag(gcs, few_units):
+    gcs.upload_bytes("gs://wl/none/a.png", _png(1))  # no class folder
+    gcs.upload_bytes("gs://wl/none/cat/readme.txt", b"text")
+    codes = [_run("--input", "gs://wl/none", "--output", f"gs://wl/out-none-{mode}", *flags)
+             for mode, flags in (("l", []), ("w", ["--list_on_workers"]))]
+    assert codes[0] == codes[1] != 0
+    reports = [json.loads(gcs.download(f"gs://wl/out-none-{mode}/run_report.json")) for mode in "lw"]
+    assert reports[1]["status"] == reports[0]["status"]
+    assert (gcs.download("gs://wl/out-none-w/dead_letter/listing.jsonl")
+            == gcs.download("gs://wl/out-none-l/dead_letter/listing.jsonl"))
 
 
 @pytest.mark.emulator
@@ -190,6 +228,12 @@ def test_worker_listing_refusals(gcs, split_tree, tmp_path, capsys, monkeypatch)
     err = refused("--input", "gs://wl/mixed", "--output", "gs://wl/out-r", "--list_on_workers")
     assert "look like splits" in err and "holds no images" in err
     assert not gcs.exists("gs://wl/out-r/manifest.json")
+    err = refused("--input", split_tree, "--output", split_tree + "/out", "--list_on_workers")
+    assert "is inside the input folder" in err
+    gcs.upload_bytes("gs://wl/table/t.csv", b"a,b\n1,2\n")
+    err = refused("--input", "gs://wl/table/t.csv", "--layout", "table", "--output", "gs://wl/out-r",
+                  "--list_on_workers")
+    assert "is read as a table (drop the flag)" in err
 
 
 @pytest.mark.emulator

@@ -57,10 +57,11 @@ _log = logging.getLogger(__name__)
 _THIN_TAG = "thin"
 # Shards a unit sends its rows to in one piece (see ``CutPlan``).
 SHARDS_PER_GROUP = 64
-# The order a one-process listing gives its dead letters in: files of no class
-# (or, in CIFAR, unlabelled and unknown classes together), then classes not in
-# the labels file, each by path; then names that are not UTF-8, as listed.
+# The order a one-process listing gives its dead letters in: class folders: files
+# of no class, then classes not in the labels file, each by path; CIFAR: unlabelled
+# files and unknown classes together, by path; then names that are not UTF-8, as listed.
 _DEAD_ORDER = {"no_class_folder": 0, "unlabeled": 0, "unknown_class": 1, "bad_file_name": 2}
+_CIFAR_DEAD_ORDER = {**_DEAD_ORDER, "unknown_class": 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,12 +243,10 @@ def cut_plan(thins: Sequence[_Thin], settings: UnitsToList) -> CutPlan:
             shards[t.index][rows] = assigned[start:start + len(rows)]
             start += len(rows)
         num_shards[split] = count
+    rank = _CIFAR_DEAD_ORDER if settings.layout == "cifar" else _DEAD_ORDER
     dead = sorted((d for t in thins for d in t.dead_letters),
-                  key=lambda d: (_DEAD_ORDER.get(d.error, 3), d.source if d.error != "bad_file_name" else ""))
+                  key=lambda d: (rank.get(d.error, 3), d.source if d.error != "bad_file_name" else ""))
     ignored = sum(t.ignored for t in thins)
-    if not images:
-        raise ValueError(f"no images under {settings.pattern}: {ignored:,} other files, "
-                         f"{len(dead):,} refused (see {files.join(settings.output, 'dead_letter')})")
     input_bytes = sum(t.file_bytes for t in thins)
     summary = InputSummary(
         root=settings.root,

@@ -331,6 +331,9 @@ def _list_gcs(pattern: str, threads: int | None = None) -> Iterator[tuple[str, i
 # subfolders) is a unit of its own, listed whole by a worker; the launcher lists
 # no further into it.
 UNIT_OBJECTS = 1000
+# Objects met beside the folders travel in the job's graph: past this many, the
+# level that met them is left to the workers.
+INLINE_OBJECTS = 10_000
 
 
 def _folder_level(client, bucket: str, head: str, folder: str, limit: int):
@@ -357,8 +360,11 @@ def listing_units(pattern: str, min_units: int, limit: int | None = None
     Folders are listed with a delimiter, level by level (down to
     ``_PREFIX_DEPTH`` levels), while there are fewer than ``min_units`` units;
     a folder with more than ``limit`` objects directly in it (default
-    ``UNIT_OBJECTS``) is not listed further: it is a unit. So the launcher lists
-    the folder tree and the few objects beside it, never a large folder's objects.
+    ``UNIT_OBJECTS``) is not listed further: it is a unit. A level below the
+    first that finds no folder, or that brings the objects met past
+    ``INLINE_OBJECTS``, is undone: its folders are units. So the launcher lists
+    the folder tree and the few objects beside it, never a large folder's objects,
+    and at most ``INLINE_OBJECTS`` objects go into the job.
     """
     bucket, prefix, matches, head = _gcs_pattern(pattern)
     limit = UNIT_OBJECTS if limit is None else limit
@@ -367,9 +373,10 @@ def listing_units(pattern: str, min_units: int, limit: int | None = None
         client = _gcs._client().client  # pylint: disable=protected-access
         with concurrent.futures.ThreadPoolExecutor(LIST_THREADS, thread_name_prefix="list-gcs") as pool:
             folders = [prefix]
-            for _ in range(_PREFIX_DEPTH):
-                if not folders or len(found) + len(folders) >= min_units:
+            for depth in range(_PREFIX_DEPTH):
+                if not folders or sum(o is None for _, o in found) + len(folders) >= min_units:
                     break
+                before = list(found)
                 below: list[str] = []
                 for folder, level in zip(folders, pool.map(
                         lambda f: _folder_level(client, bucket, head, f, limit), folders)):
@@ -378,6 +385,12 @@ def listing_units(pattern: str, min_units: int, limit: int | None = None
                     else:
                         found += [(item[0][len(head):], [item]) for item in level[0]]
                         below += level[1]
+                inline = sum(objects is not None for _, objects in found)
+                if depth and (not below or inline > INLINE_OBJECTS):
+                    # Leaf folders (or too many objects met): workers list these folders
+                    # whole; the objects met stay out of the job's graph.
+                    found = before
+                    break
                 folders = below
             found += [(folder, None) for folder in folders]
     except Exception as err:  # pylint: disable=broad-except
