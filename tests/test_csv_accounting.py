@@ -162,3 +162,41 @@ def test_text_after_a_closing_quote(text, after):
     from beam_tfrecords.transforms.tables import _text_after_close
 
     assert _text_after_close(text, ",", '"') == after
+
+
+def _shards(out) -> dict[str, bytes]:
+    return {name: open(os.path.join(out, name), "rb").read()
+            for name in sorted(os.listdir(out)) if ".tfrecord" in name}
+
+
+def test_the_csv_reader_reads_at_most_a_few_blocks_ahead(tmp_path, monkeypatch):
+    """pyarrow's CSV reader would read up to 32 blocks ahead of the batches taken (128 MB
+    at 4 MB blocks): the gate holds it to _READ_AHEAD_BLOCKS, with the same records, on
+    a clean table and on one whose bad rows make the reader read some parts again."""
+    from beam_tfrecords.transforms import tables  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(tables, "_BLOCK_BYTES", 4096)  # ~20 blocks in this table
+    clean, broken = str(tmp_path / "clean.csv"), str(tmp_path / "broken.csv")
+    _table(clean)
+    _table(broken, {7: b'7,"unclosed\n', 2000: b'2000,"two\nlines",x\n'})
+    leads: list[int] = []
+    real = tables._ReadAhead.before_read  # pylint: disable=protected-access
+
+    def before_read(self):
+        real(self)
+        if not self._open:  # pylint: disable=protected-access  # (open: the segment is done)
+            leads.append(self._read - self._taken * self._block)  # pylint: disable=protected-access
+
+    monkeypatch.setattr(tables._ReadAhead, "before_read", before_read)  # pylint: disable=protected-access
+    for name, src in (("clean", clean), ("broken", broken)):
+        assert _convert(src, str(tmp_path / f"{name}-held")) == 0
+        if name == "clean":
+            assert len(leads) > 15
+            assert max(leads) < (tables._READ_AHEAD_BLOCKS + 1) * 4096, max(leads)  # pylint: disable=protected-access
+    monkeypatch.setattr(tables, "_READ_AHEAD_BLOCKS", 1000)  # The gate never holds it.
+    for name, src in (("clean", clean), ("broken", broken)):
+        assert _convert(src, str(tmp_path / f"{name}-free")) == 0
+        held, free = str(tmp_path / f"{name}-held"), str(tmp_path / f"{name}-free")
+        assert _shards(held) == _shards(free)
+        assert _dead(held) == _dead(free)
+        assert _ids(held) == _ids(free)

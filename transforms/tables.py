@@ -17,6 +17,7 @@ row order, so a rerun gives the same bytes.
 
 from __future__ import annotations
 
+import codecs
 import collections
 import csv
 import dataclasses
@@ -27,6 +28,7 @@ import itertools
 import json
 import logging
 import pickle
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -84,6 +86,9 @@ _BLOCK_BYTES = 4 << 20
 # A row longer than the block is read again with blocks 4x larger, up to this.
 _MAX_BLOCK_BYTES = 256 << 20
 _MULTILINE_SAMPLES = 5
+# How far (in blocks) the CSV reader may read ahead of the batches taken (see _ReadAhead).
+_READ_AHEAD_BLOCKS = 4
+_READ_AHEAD_STALL_SECONDS = 2.0
 SIZES_SUFFIX = ".sizes"  # A spool's sidecar: its records' framed sizes.
 _CHECKPOINT_EVERY = 16 << 20  # codec.tfrecord.checkpoints' spacing (a test holds them equal).
 _log = logging.getLogger(__name__)
@@ -322,16 +327,102 @@ class _FileCounts:
         return self.newlines + (1 if self.last_byte not in (b"", b"\n") else 0)
 
 
+class _ReadAhead:
+    """Holds pyarrow's CSV reader at most ``blocks`` blocks ahead of the batches taken.
+
+    ``pacsv.open_csv`` reads its stream on a thread of its own up to 32 blocks
+    ahead of the batches taken (Arrow's ``MakeBackgroundGenerator`` default, which
+    pyarrow does not expose: ARROW-12090), each block a ``bytes`` held until it is
+    parsed: 128 MB at 4 MB blocks whenever encoding is slower than reading, which
+    it is; only files longer than 32 blocks reach that, so the launcher's peak grew
+    with the file. The reader makes one batch of each block (an empty one when
+    every row was set aside) and reads on only to end a batch's last row, so a few
+    blocks ahead do not starve it. The gate counts the file's bytes, so it paces
+    UTF-8 files only (a transcoded file's block is not a block of its bytes), and
+    only segments read with the first block size (a segment read again with a
+    larger block starts at a row that straddled blocks, where the reader may need
+    more blocks to fail). Should the consumer ever wait on the reader
+    ``_READ_AHEAD_STALL_SECONDS`` while the gate holds it (a block parses in
+    milliseconds), the gate opens for good: the memory of before, never a hang.
+    """
+
+    def __init__(self, block_bytes: int, blocks: int = _READ_AHEAD_BLOCKS):
+        self._changed = threading.Condition()
+        self._block = block_bytes
+        self._blocks = blocks
+        self._read = 0  # Bytes read.
+        self._taken = 0  # Batches taken.
+        self._waiting_since: float | None = None  # When the consumer began waiting on the reader.
+        self._open = False
+
+    def before_read(self) -> None:
+        """Called by the reader's thread before each read: waits for its turn."""
+        with self._changed:
+            while not self._open and self._read >= (self._taken + self._blocks) * self._block:
+                self._changed.wait(0.25)
+                since = self._waiting_since
+                if since is not None and time.monotonic() - since >= _READ_AHEAD_STALL_SECONDS:
+                    self._open = True
+
+    def after_read(self, asked: int, size: int) -> None:
+        """Called by the reader's thread with the bytes a read gave (none: the end)."""
+        with self._changed:
+            self._read += size
+            self._open = self._open or (asked > 0 and not size)
+
+    def waiting(self, waiting: bool) -> None:
+        """Called by the consumer as it begins and ends waiting on the reader."""
+        with self._changed:
+            self._waiting_since = time.monotonic() if waiting else None
+
+    def took(self) -> None:
+        """Called by the consumer as it takes a batch."""
+        with self._changed:
+            self._taken += 1
+            self._changed.notify_all()
+
+    def release(self) -> None:
+        """Lets the reader's thread read on (the segment is done with the reader)."""
+        with self._changed:
+            self._open = True
+            self._changed.notify_all()
+
+
 class _CountingReader(ObservingReader):
     """Passes a stream through (from byte ``start`` of its file), counting the
     segment's quote characters (an odd count at its end means a quote was never
-    closed) and the file's newlines (each byte once, whatever segments re-read)."""
+    closed) and the file's newlines (each byte once, whatever segments re-read);
+    ``ahead`` (optional) paces the reads: see ``waiting`` and ``release``."""
 
-    def __init__(self, source, start: int, counts: _FileCounts):
+    def __init__(self, source, start: int, counts: _FileCounts, ahead: _ReadAhead | None = None):
         super().__init__(source, self._count)
         self._position = start
         self._counts = counts
         self.quotes = 0
+        self.ahead = ahead
+
+    def readinto(self, buffer) -> int:
+        if self.ahead is None:
+            return super().readinto(buffer)
+        self.ahead.before_read()
+        size = super().readinto(buffer)
+        self.ahead.after_read(len(buffer), size)
+        return size
+
+    def waiting(self, waiting: bool) -> None:
+        """The consumer begins (``True``) or ends waiting on the reader."""
+        if self.ahead is not None:
+            self.ahead.waiting(waiting)
+
+    def took(self) -> None:
+        """The consumer took a batch of the reader."""
+        if self.ahead is not None:
+            self.ahead.took()
+
+    def release(self) -> None:
+        """The segment is done with the reader: stop pacing its reads."""
+        if self.ahead is not None:
+            self.ahead.release()
 
     def _count(self, data: bytes) -> None:
         self.quotes += data.count(self._counts.quote)
@@ -345,6 +436,7 @@ class _CountingReader(ObservingReader):
         self._position = end
 
     def close(self) -> None:
+        self.release()
         self._source.close()
         super().close()
 
@@ -419,15 +511,33 @@ class _LineIndex:
 
 
 class _Batches:
-    """A reader's batches; an unreadable block ends the iteration and is kept in ``error``."""
+    """A reader's batches; an unreadable block ends the iteration and is kept in ``error``.
+    ``counting`` (a ``_CountingReader``), if given, hears of each wait and batch taken."""
 
-    def __init__(self, reader):
+    def __init__(self, reader, counting=None):
         self._reader = reader
+        self._counting = counting
         self.error: Exception | None = None
 
     def __iter__(self):
+        if self._counting is None:
+            try:
+                yield from self._reader
+            except (pa.ArrowInvalid, UnicodeDecodeError) as err:
+                self.error = err
+            return
+        batches = iter(self._reader)
         try:
-            yield from self._reader
+            while True:
+                self._counting.waiting(True)
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                finally:
+                    self._counting.waiting(False)
+                self._counting.took()
+                yield batch
         except (pa.ArrowInvalid, UnicodeDecodeError) as err:
             self.error = err
 
@@ -687,14 +797,27 @@ class _EncodeCsvFn(beam.DoFn):
         stream = files.open_read(state.path)
         if offset:
             stream.seek(offset)
-        counting = _CountingReader(stream, offset, state.counts)
+        paced = block == _BLOCK_BYTES and codecs.lookup(dialect.encoding).name in ("utf-8", "utf-8-sig")
+        counting = _CountingReader(stream, offset, state.counts, _ReadAhead(block) if paced else None)
         tracker = _LineTracker(0 if dialect.no_header or line > 1 else 1, line)
 
         def on_invalid(row) -> str:
             tracker.invalid.append((row.number, row.text or ""))
             return "skip"
 
-        reader = pacsv.open_csv(
+        counting.waiting(True)  # open_csv reads the first batch.
+        try:
+            reader = self._open_csv(counting, state, line, block, on_invalid)
+        except BaseException:
+            counting.release()
+            raise
+        finally:
+            counting.waiting(False)
+        return counting, tracker, reader
+
+    def _open_csv(self, counting, state: _FileState, line: int, block: int, on_invalid):
+        dialect = self._dialect
+        return pacsv.open_csv(
             counting,
             read_options=pacsv.ReadOptions(
                 use_threads=False, block_size=block, encoding=dialect.encoding,
@@ -711,7 +834,6 @@ class _EncodeCsvFn(beam.DoFn):
                 strings_can_be_null=False, quoted_strings_can_be_null=False,
             ),
         )
-        return counting, tracker, reader
 
     def _set_aside(self, state: _FileState, line: int, reason: str, message: str) -> None:
         """Dead-letters one physical line (read again from the file for its text)."""
@@ -741,7 +863,15 @@ class _EncodeCsvFn(beam.DoFn):
             self._set_aside(state, first_line, "unreadable", f"the line cannot be read: {err}")
             state.lines_done = first_line
             return (first_line + 1 if first_line < state.counts.lines or first_line == 1 else None), block
-        batches = _Batches(reader)
+        try:
+            return (yield from self._read_segment(state, block, counting, tracker, reader))
+        finally:
+            counting.release()  # Before the reader is dropped: its thread may wait on the gate.
+
+    def _read_segment(self, state: _FileState, block: int, counting, tracker, reader):
+        """``_segment`` once its reader is open."""
+        path = state.path
+        batches = _Batches(reader, counting)
         unicode_errors: collections.deque = collections.deque()
 
         def as_text():
