@@ -201,6 +201,9 @@ class ColumnSpec:
         for key in ("feature", "delimiter", "default"):
             if getattr(self, key) not in ("", None):
                 out[key] = getattr(self, key)
+        if self.type == "float" and self.default is not None:  # NaN and infinities as YAML words.
+            out["default"] = ([_float_text(v) for v in self.default] if isinstance(self.default, list)
+                              else _float_text(self.default))
         if self.shape is not None:
             out["shape"] = list(self.shape)
             out["encoding"] = self.encoding
@@ -208,6 +211,29 @@ class ColumnSpec:
             if getattr(self, key):
                 out[key] = True
         return out
+
+
+# A float default that is not finite: written as YAML's words (strict JSON has none),
+# read from those and the usual spellings.
+_FLOAT_WORDS = {word: value for words, value in (
+    ((".nan", "nan"), math.nan),
+    ((".inf", "+.inf", "inf", "+inf", "infinity", "+infinity"), math.inf),
+    (("-.inf", "-inf", "-infinity"), -math.inf)) for word in words}
+
+
+def _float_text(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
+    return value
+
+
+def _float_value(value):
+    """A float column's default as a schema holds it: the words above as those floats."""
+    if isinstance(value, list):
+        return [_float_value(v) for v in value]
+    if isinstance(value, str):
+        return _FLOAT_WORDS.get(value.strip().lower(), value)
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,6 +299,8 @@ class TableSchema:
                 if not isinstance(fields["shape"], list):
                     raise ValueError(f"{source}: column {fields.get('name')!r}: shape must be a list")
                 fields["shape"] = tuple(fields["shape"])
+            if fields.get("type") == "float" and "default" in fields:
+                fields["default"] = _float_value(fields["default"])
             try:
                 columns.append(ColumnSpec(**fields))
             except (TypeError, ValueError) as err:

@@ -671,7 +671,9 @@ class _EncodeCsvFn(beam.DoFn):
 
     def _infos(self, state: _FileState, size: int, lines_in: int) -> list[SpoolInfo]:
         """The file's ``SpoolInfo``s (its totals on the first), its dead letters written."""
-        path, file_index, dead = state.path, state.file_index, state.dead
+        path, file_index = state.path, state.file_index
+        # In line order: letters are found as rows are read and as batches come back encoded.
+        dead = sorted(state.dead, key=lambda d: int(d.source.rsplit(":", 1)[1]))
         stem = path.rsplit("/", 1)[-1].rsplit(".", 1)[0]
         dead_path = write_dead_letters(self._output, f"{stem}-{file_index:05d}", dead)
         bad = tuple(sorted(Counter(d.error for d in dead).items()))

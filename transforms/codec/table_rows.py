@@ -151,8 +151,9 @@ def _parse_cell(spec, cell, parse, default, size) -> list | RowError:
 def _value_error(spec: ColumnSpec, pieces: list[str], i: int, reason: str, phrase: str) -> RowError:
     """The error of a cell's ``i``-th value: the column, which value, what kind of text."""
     which = f"value {i + 1} of {len(pieces)}: " if len(pieces) > 1 else ""
-    return RowError(0, reason, f"column {spec.name!r} ({spec.type}): {which}"
-                    f"{describe_text(pieces[i])} {phrase}")
+    # A value read (it is a number), but not finite: what it reads as is what matters.
+    what = "the value" if reason == "non_finite_value" else describe_text(pieces[i])
+    return RowError(0, reason, f"column {spec.name!r} ({spec.type}): {which}{what} {phrase}")
 
 
 def _tensor_entry(spec: ColumnSpec, values: list) -> bytes:
