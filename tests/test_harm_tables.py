@@ -480,3 +480,13 @@ def test_schema_parse_messages_do_not_quote_cells():
         "value 2 of 2: the value reads as NaN, which the column does not allow (add 'allow_nan: true' "
         "to the column to keep NaN)",
         "value 2 of 2: a 4-character text is outside the float32 range"]
+
+
+@pytest.mark.unit
+def test_image_manifest_columns_holding_non_finite_numbers_stay_text():
+    from beam_tfrecords.transforms.plan.layouts import list_csv_manifest  # pylint: disable=import-outside-toplevel
+
+    text = ("image,label,score,big,ok,n\na.jpg,0,nan,1e39,0.5,1\nb.jpg,1,1.5,2,1,99999999999999999999\n"
+            "c.jpg,0,inf,3,2,3\n")
+    listing = list_csv_manifest("/m/x.csv", text, lambda p: 7)
+    assert listing.extra_features == {"score": "string", "big": "string", "ok": "float32", "n": "float32"}

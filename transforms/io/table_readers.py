@@ -158,7 +158,7 @@ class ParquetReader:
                 yield TablePiece(pa.table({}), np.empty(0, dtype=np.int64), unreadable=[Unreadable(
                     first + done, group_rows - done, "unreadable",
                     f"rows {first + done}-{first + group_rows - 1} (row group {group}) cannot be "
-                    f"read: {err}")])
+                    f"read: {arrow_error_text(err)}")])
                 done = group_rows
             if done != group_rows:  # Fewer rows than the metadata says.
                 yield TablePiece(pa.table({}), np.empty(0, dtype=np.int64), unreadable=[Unreadable(
