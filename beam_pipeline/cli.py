@@ -220,7 +220,8 @@ def _convert_parser(prog: str) -> argparse.ArgumentParser:
                    help="standard deviations (of the old values) a numeric feature's mean may "
                    f"move (default {DRIFT_MAX_MEAN_SHIFT:g})")
     g.add_argument("--drift_max_missing_change", type=float, default=DRIFT_MAX_MISSING_CHANGE,
-                   help="how much a feature's missing rate may change, absolute (default "
+                   help="how much a feature's missing rate, or a numeric feature's share of "
+                   "NaN and infinite values, may change, absolute (default "
                    f"{DRIFT_MAX_MISSING_CHANGE:g})")
     g.add_argument("--drift_max_class_share_change", type=float,
                    default=DRIFT_MAX_CLASS_SHARE_CHANGE,
@@ -387,6 +388,13 @@ def _print_summary(report: dict, seconds: float | None = None) -> None:
         print("ACCOUNTING FAILED: the rows read do not account for every line of the input "
               "(see rows and lines above), so nothing was published; check the file's line "
               "endings and quoting")
+    if report["status"] == "split_name_clash":
+        clashes = "; ".join(" and ".join(f"'{name}' ({count:,} record{'' if count == 1 else 's'})"
+                                         for name, count in group.items())
+                            for group in report["split_name_clash"])
+        print(f"SPLIT NAMES CLASH: splits {clashes} differ only in case: their shard files would be "
+              "one file on a case-insensitive file system, so nothing was published; give each "
+              "split one spelling (a table: in its --split_column cells) and run again")
     if report["status"] == "leakage_found":
         groups = report["leakage"]["groups"]
         print(f"LEAKAGE FOUND: {groups} image{'s have' if groups > 1 else ' has'} copies in more "
@@ -579,14 +587,18 @@ def _run_infer_schema(argv: Sequence[str], prog: str) -> int:
         config = resolve_config(config, PipelineOptions([]))
         found = table_inputs(config.input)
         header = table_header(config.dialect, found[0][0])
-        schema, rows = infer_table_schema(config, found[0][0], header, args.sample_rows)
-        text = dump_schema(schema)
+        notes: list[str] = []
+        schema, rows = infer_table_schema(config, found[0][0], header, args.sample_rows, notes)
+        # What the sample decided beyond the types, as comments the schema keeps.
+        text = "".join(f"# note: {note}\n" for note in notes) + dump_schema(schema)
     except (ConvertError, ValueError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     if args.output:
         files.write_bytes(args.output, text.encode("utf-8"))
         print(f"schema of {len(header)} columns from {rows} rows: {args.output}")
+        for note in notes:
+            print(f"note: {note}")
     else:
         sys.stdout.write(text)
     return EXIT_OK

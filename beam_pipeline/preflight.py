@@ -319,8 +319,9 @@ def resolve_config(config: ConvertConfig, options: PipelineOptions) -> ConvertCo
 
 
 def sample_rows(config: ConvertConfig, path: str, header: list[str],
-                limit: int) -> list[list[str]]:
-    """Up to ``limit`` rows of a CSV file that have as many cells as ``header``."""
+                limit: int, lines: list[int] | None = None) -> list[list[str]]:
+    """Up to ``limit`` rows of a CSV file that have as many cells as ``header``
+    (``lines``, if given, is appended with each row's first line number)."""
     csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # The converter has no cap either.
     with files.open_read(path) as stream:
         # Bytes that do not decode cost their row when converting; here they must not
@@ -329,26 +330,35 @@ def sample_rows(config: ConvertConfig, path: str, header: list[str],
         reader = csv.reader(text, delimiter=config.csv_delimiter, quotechar=config.csv_quote)
         if not config.no_header:
             next(reader, None)
-        return [row for row in itertools.islice(reader, limit) if len(row) == len(header)]
+        rows, line = [], reader.line_num + 1
+        for row in itertools.islice(reader, limit):
+            if len(row) == len(header):
+                rows.append(row)
+                if lines is not None:
+                    lines.append(line)
+            line = reader.line_num + 1
+        return rows
 
 
 def infer_table_schema(config: ConvertConfig, path: str, header: list[str],
-                       limit: int) -> tuple[TableSchema, int]:
+                       limit: int, notes: list[str] | None = None) -> tuple[TableSchema, int]:
     """A schema inferred from the first ``limit`` rows of a table file (from the cell
     text of a CSV, from the column types of a Parquet or JSON Lines file), and the
-    number of rows it was inferred from.
+    number of rows it was inferred from; ``notes``, if given, gets what the sample
+    decided beyond the types (see ``plan.table_inference``).
 
     Raises:
       ValueError: if the file cannot be read.
     """
     if table_format(path) == "csv":
         rows = sample_rows(config, path, header, limit)
-        return infer_schema(header, rows), len(rows)
+        return infer_schema(header, rows, notes), len(rows)
     tables = typed_sample(path, limit)
-    return infer_typed_schema(header, tables), sum(t.num_rows for t in tables)
+    return infer_typed_schema(header, tables, notes), sum(t.num_rows for t in tables)
 
 
-def _table_schema(config: ConvertConfig, first: str, header: list[str]) -> TableSchema:
+def _table_schema(config: ConvertConfig, first: str, header: list[str],
+                  notes: list[str] | None = None) -> TableSchema:
     """``--schema``, or a schema inferred from the first rows; checked against the header.
 
     Raises:
@@ -364,7 +374,7 @@ def _table_schema(config: ConvertConfig, first: str, header: list[str]) -> Table
             raise ConvertError(f"--schema {err}") from None
     else:
         try:
-            schema, _ = infer_table_schema(config, first, header, _INFER_SAMPLE_ROWS)
+            schema, _ = infer_table_schema(config, first, header, _INFER_SAMPLE_ROWS, notes)
         except ValueError as err:
             raise ConvertError(f"--input {err}") from None
     missing = [c.name for c in schema.kept if c.name not in header]
@@ -432,11 +442,15 @@ def _check_images(config: ConvertConfig) -> None:
 
 def _refuse_image_paths(config: ConvertConfig, first: str, header: list[str]) -> None:
     """Refuses a CSV detected as a table whose column holds image paths."""
-    found = image_path_column(header, sample_rows(config, first, header, _PATH_SAMPLE_ROWS))
+    lines: list[int] = []
+    rows = sample_rows(config, first, header, _PATH_SAMPLE_ROWS, lines)
+    found = image_path_column(header, rows)
     if found:
         column, cell = found
+        at = header.index(column)
+        line = next(n for row, n in zip(rows, lines) if row[at] == cell)
         raise ConvertError(
-            f"--input {config.input}: column {column!r} holds image paths (e.g. {cell!r}) but no "
+            f"--input {config.input}: column {column!r} holds image paths (e.g. on line {line}) but no "
             f"column is named {', '.join(IMAGE_COLUMNS)}, so the CSV would be read as a table of "
             f"strings; pass --image_column {column} to convert the images it names, or "
             "--layout table to keep it a table")
@@ -581,7 +595,7 @@ def _check_table_headers(config: ConvertConfig, schema: TableSchema, found, head
 
 
 def _describe_table(config: ConvertConfig, found, header: list[str], schema: TableSchema,
-                    dropped: tuple[str, ...]) -> list[str]:
+                    dropped: tuple[str, ...], notes: tuple[str, ...] | list[str] = ()) -> list[str]:
     """The plan of a table input."""
     size = sum(s for _, s in found)
     kinds = Counter({"csv": "CSV", "parquet": "Parquet", "jsonl": "JSON Lines"}[table_format(path)]
@@ -594,6 +608,7 @@ def _describe_table(config: ConvertConfig, found, header: list[str], schema: Tab
     features = ", ".join(f"{c.feature_name}:{c.type}" for c in kept[:12])
     more = f", ... and {len(kept) - 12} more" if len(kept) > 12 else ""
     lines.append(f"  schema {source}: {len(kept)} features: {features}{more}")
+    lines += [f"  note: {note}" for note in notes]
     skipped = [c.name for c in schema.columns if c.skip]
     if skipped or dropped:
         parts = ([f"{', '.join(skipped)} (skip: true)"] if skipped else []) + (
@@ -925,7 +940,8 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
         raise ConvertError(f"--input {err}") from None
     if given_layout == "auto" and not config.schema and not typed:
         _refuse_image_paths(config, found[0][0], header)
-    schema = _table_schema(config, found[0][0], header)
+    notes: list[str] = []
+    schema = _table_schema(config, found[0][0], header, notes)
     dropped = _check_table_headers(config, schema, found, header)
     # Tables are few, large files that the run reads whole: their content hash is
     # always recorded (about 1 GB/s here), so a touched file is not a changed one.
@@ -937,7 +953,7 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
         found = tuple((path, size) for path, size in found if relative_path(root, path) in wanted)
         entries = [e for e in entries if e.path in wanted]
     config, target = _as_part(config, target, update)
-    inputs = tuple(_update_lines(update) + _describe_table(config, found, header, schema, dropped))
+    inputs = tuple(_update_lines(update) + _describe_table(config, found, header, schema, dropped, notes))
     return RunPlan(config, target, found, tuple(header), schema, dropped, inputs,
                    input_files=tuple(entries), role_files=roles, update=update,
                    dataset_output=dataset_output)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 
-from beam_tfrecords.schemas.shards import COMPRESSIONS, ShardBand, is_valid_split_name
+from beam_tfrecords.schemas.shards import COMPRESSIONS, ShardBand, clashing_split_names, is_valid_split_name
 
 __all__ = ["COLOR_MODES", "DEFAULT_MAX_PIXELS", "FITS", "IMAGE_BYTES_MODES", "IMAGE_FORMATS",
            "ImageReshape", "FINGERPRINTS", "LAYOUTS", "RUN_CONTROL_OPTIONS", "TEMPLATE_FIELDS", "expand_templates",
@@ -287,6 +287,11 @@ class ConvertConfig:
             names = [name for name, _ in self.splits]
             if len(set(names)) != len(names):
                 raise ValueError(f"--splits names a split twice: {names}")
+            clash = clashing_split_names(names)
+            if clash:
+                raise ValueError(f"--splits names {' and '.join(map(repr, clash[0]))}, which differ only "
+                                 "in case: their shard files would be one file on a case-insensitive "
+                                 "file system; give the splits names that differ in more than case")
             for name, fraction in self.splits:
                 if not is_valid_split_name(name):
                     raise ValueError(f"--splits: {name!r} cannot name a shard file; "

@@ -91,7 +91,9 @@ class DeadLetter:
       stage: one of ``DEAD_LETTER_STAGES``.
       error: short reason code, e.g. ``truncated_jpeg``; bad-record counts are keyed by it.
       message: a sentence a person can act on.
-      row: for a CSV row, the raw row (cut to ``MAX_ROW_CHARS``); else ''.
+      row: for a line of a CSV image manifest, its text (cut to ``MAX_ROW_CHARS``); else
+        ''. A table's dead letters never set it: they name the line and column, and
+        describe the value, never quote it.
     """
 
     source: str

@@ -30,7 +30,8 @@ of the format::
                 "count": 990,               # values summarised (lists: every value)
                 "missing": 10,              # records whose cell was empty (a default
                                             # then fills it, and is counted in the values)
-                "non_finite": 0,            # NaN/inf values, left out of the four below
+                "non_finite": 0,            # NaN/inf values (a column's allow_nan, allow_infinite),
+                                            # left out of the four below
                 "min": 18, "max": 90,       # null when count is 0
                 "mean": 41.2, "std": 12.9}, # population std (ddof 0)
         "city": {"kind": "string", "count": 1000, "missing": 0,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import unicodedata
+from collections.abc import Iterable
 
 __all__ = [
     "COMPRESSIONS",
@@ -16,6 +18,7 @@ __all__ = [
     "ShardBand",
     "ShardTarget",
     "WORK_DIR",
+    "clashing_split_names",
     "is_valid_split_name",
     "parse_shard_name",
     "shard_name",
@@ -76,6 +79,16 @@ def check_compression(compression: str) -> None:
 def is_valid_split_name(split: str) -> bool:
     """Whether ``split`` can start a shard file name (letters, digits, '_', '.')."""
     return bool(_SPLIT_NAME.fullmatch(split))
+
+
+def clashing_split_names(names: Iterable[str]) -> list[tuple[str, ...]]:
+    """Groups of split names that differ only in Unicode normalization or case (``TRAIN``
+    and ``train``): their shard files would be one file on a case-insensitive file
+    system (macOS, Windows). Each group sorted, groups in order of their first name."""
+    groups: dict[str, set[str]] = {}
+    for name in names:
+        groups.setdefault(unicodedata.normalize("NFC", name).casefold(), set()).add(name)
+    return sorted(tuple(sorted(group)) for group in groups.values() if len(group) > 1)
 
 
 def shard_name(split: str, index: int, num_shards: int, compression: str) -> str:

@@ -18,6 +18,12 @@ values), ``encoding`` for shaped columns (``flat``: the values plus a
 empty cell sends the row to the dead letter), ``skip``, and ``sequence`` (with
 ``--sequence_key``: a per-row feature list rather than a context feature).
 
+A float column refuses values that are not finite (``nan``, ``inf``, ``1e400``,
+which overflows to infinity; also NaN and infinities in Parquet and JSON Lines):
+their rows go to the dead letter (``non_finite_value``). ``allow_nan: true`` keeps
+NaN, ``allow_infinite: true`` keeps +/-infinity, each as float32 in the record.
+A finite value outside the float32 range is always refused.
+
 An optional column without a default gives an empty list for an empty cell, so
 its feature is variable-length (shape ``[None]``).
 """
@@ -37,6 +43,7 @@ __all__ = [
     "TableSchema",
     "dump_schema",
     "load_schema",
+    "FLOAT32_MAX",
     "parse_bool",
 ]
 
@@ -47,21 +54,23 @@ _FEATURE_DTYPE = {"int64": "int64", "float": "float32", "bytes": "string", "stri
 TRUE_WORDS = frozenset({"true", "t", "yes", "y", "1"})
 FALSE_WORDS = frozenset({"false", "f", "no", "n", "0"})
 _KEYS = ("name", "type", "feature", "delimiter", "shape", "encoding", "default", "required",
-         "skip", "sequence")
+         "skip", "sequence", "allow_nan", "allow_infinite")
+# The largest finite float32; a finite value beyond it has no float32.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def parse_bool(cell: str) -> bool:
     """``true/false``, ``t/f``, ``yes/no``, ``y/n``, ``1/0``, any case.
 
     Raises:
-      ValueError: for anything else.
+      ValueError: for anything else (its message does not quote the cell).
     """
     value = cell.strip().lower()
     if value in TRUE_WORDS:
         return True
     if value in FALSE_WORDS:
         return False
-    raise ValueError(f"{cell!r} is not a boolean (true/false, yes/no, 1/0)")
+    raise ValueError("is not a boolean (true/false, yes/no, 1/0)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +87,8 @@ class ColumnSpec:
     required: bool = False
     skip: bool = False
     sequence: bool = False
+    allow_nan: bool = False
+    allow_infinite: bool = False
 
     def __post_init__(self):
         where = f"column {self.name!r}"
@@ -101,6 +112,12 @@ class ColumnSpec:
             raise ValueError(f"{where}: encoding 'tensor' needs a 'shape'")
         if self.encoding == "tensor" and self.type not in ("int64", "float", "bool", "string"):
             raise ValueError(f"{where}: encoding 'tensor' supports int64, float, bool and string")
+        for key in ("allow_nan", "allow_infinite"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{where}: {key} must be true or false; got {getattr(self, key)!r}")
+            if getattr(self, key) and self.type != "float":
+                raise ValueError(f"{where}: {key} applies only to float columns (this one is "
+                                 f"{self.type})")
         if self.required and self.default is not None:
             raise ValueError(f"{where}: a column cannot be both 'required' and have a 'default'")
         if self.default is not None:
@@ -129,6 +146,24 @@ class ColumnSpec:
             return [None]
         return []
 
+    def float_refusal(self, value: float) -> tuple[str, str] | None:
+        """Why this float column refuses a parsed value: ``(reason, phrase)`` (the phrase
+        follows a description of the value, never the value itself), or ``None``."""
+        if math.isnan(value):
+            if self.allow_nan:
+                return None
+            return ("non_finite_value", "reads as NaN, which the column does not allow (add "
+                    "'allow_nan: true' to the column to keep NaN)")
+        if math.isinf(value):
+            if self.allow_infinite:
+                return None
+            sign = "-" if value < 0 else "+"
+            return ("non_finite_value", f"reads as {sign}infinity, which the column does not allow "
+                    "(add 'allow_infinite: true' to the column to keep infinities)")
+        if abs(value) > FLOAT32_MAX:
+            return "bad_value", "is outside the float32 range"
+        return None
+
     def check_default(self) -> None:
         """Raises ValueError if ``default`` does not fit the column."""
         values = self.default if isinstance(self.default, list) else [self.default]
@@ -144,6 +179,14 @@ class ColumnSpec:
             }[self.type]
             if not ok:
                 raise ValueError(f"column {self.name!r}: default {value!r} is not a {self.type}")
+            refusal = None
+            if self.type == "float":
+                try:
+                    refusal = self.float_refusal(float(value))
+                except OverflowError:  # An int too large for a float64.
+                    refusal = ("bad_value", "is outside the float32 range")
+            if refusal is not None:
+                raise ValueError(f"column {self.name!r}: default {value!r} {refusal[1]}")
         if self.shape is not None and len(values) != math.prod(self.shape):
             raise ValueError(f"column {self.name!r}: default has {len(values)} values, shape "
                              f"{list(self.shape)} needs {math.prod(self.shape)}")
@@ -158,13 +201,39 @@ class ColumnSpec:
         for key in ("feature", "delimiter", "default"):
             if getattr(self, key) not in ("", None):
                 out[key] = getattr(self, key)
+        if self.type == "float" and self.default is not None:  # NaN and infinities as YAML words.
+            out["default"] = ([_float_text(v) for v in self.default] if isinstance(self.default, list)
+                              else _float_text(self.default))
         if self.shape is not None:
             out["shape"] = list(self.shape)
             out["encoding"] = self.encoding
-        for key in ("required", "sequence"):
+        for key in ("required", "sequence", "allow_nan", "allow_infinite"):
             if getattr(self, key):
                 out[key] = True
         return out
+
+
+# A float default that is not finite: written as YAML's words (strict JSON has none),
+# read from those and the usual spellings.
+_FLOAT_WORDS = {word: value for words, value in (
+    ((".nan", "nan"), math.nan),
+    ((".inf", "+.inf", "inf", "+inf", "infinity", "+infinity"), math.inf),
+    (("-.inf", "-inf", "-infinity"), -math.inf)) for word in words}
+
+
+def _float_text(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
+    return value
+
+
+def _float_value(value):
+    """A float column's default as a schema holds it: the words above as those floats."""
+    if isinstance(value, list):
+        return [_float_value(v) for v in value]
+    if isinstance(value, str):
+        return _FLOAT_WORDS.get(value.strip().lower(), value)
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +299,8 @@ class TableSchema:
                 if not isinstance(fields["shape"], list):
                     raise ValueError(f"{source}: column {fields.get('name')!r}: shape must be a list")
                 fields["shape"] = tuple(fields["shape"])
+            if fields.get("type") == "float" and "default" in fields:
+                fields["default"] = _float_value(fields["default"])
             try:
                 columns.append(ColumnSpec(**fields))
             except (TypeError, ValueError) as err:

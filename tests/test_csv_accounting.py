@@ -53,7 +53,7 @@ def test_an_unterminated_quote_costs_one_row(tmp_path, row):
     assert _ids(out) == [i for i in range(ROWS) if i != row]
     (letter,) = _dead(out)
     assert letter["error"] == "unterminated_quote"
-    assert letter["source"] == f"{src}:{row + 2}" and letter["row"] == f'{row},1.0,"never closed'
+    assert letter["source"] == f"{src}:{row + 2}" and "row" not in letter  # The line, not its text.
     rows = load_manifest(out)["input"]["rows"]
     assert (rows["in"], rows["written"], rows["dead_lettered"]) == (ROWS, ROWS - 1, 1)
     assert rows["lines"] == {"in": ROWS + 1, "accounted_for": ROWS + 1} and rows["accounted"]
@@ -136,8 +136,9 @@ def test_two_stray_quotes_cost_two_rows_not_the_lines_between(tmp_path):
     stray, unterminated = sorted(_dead(out), key=lambda d: d["source"])
     assert stray["error"] == "bad_quoting" and stray["source"] == f"{src}:102"
     assert stray["message"].startswith(
-        "a quoted cell opened here closes at line 2902 followed by 'never closed either', which "
-        "is not CSV: a stray quote would merge lines 102-2902 into one cell")
+        "a quoted cell opened here closes at line 2902 followed by text other than a delimiter, "
+        "which is not CSV: a stray quote would merge lines 102-2902 into one cell")
+    assert "either" not in json.dumps(_dead(out))  # Described, not quoted.
     assert unterminated["error"] == "unterminated_quote" and unterminated["source"] == f"{src}:2902"
     rows = load_manifest(out)["input"]["rows"]
     assert (rows["in"], rows["written"], rows["dead_lettered"]) == (ROWS, ROWS - 2, 2)

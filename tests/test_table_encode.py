@@ -12,7 +12,7 @@ pytestmark = pytest.mark.unit
 
 SCHEMA = load_schema("""
 columns:
-  - {name: f, type: float, required: true}
+  - {name: f, type: float, required: true, allow_nan: true}
   - {name: g, type: float, default: 0.5}
   - {name: h, type: float}
   - {name: n, type: int64, required: true}

@@ -158,7 +158,9 @@ def test_parquet_and_jsonl_give_the_csv_records(tables, tmp_path, flags):
     assert where == {"csv": [str(csv_line)], "parquet": [str(BAD_ROW)], "jsonl": [str(BAD_ROW)]}
     for fmt, out in outputs.items():
         (letter,) = _dead(out)
-        assert letter["error"] == "bad_value" and "'12x' is not an integer" in letter["message"], fmt
+        # The cell described by its kind and size, never quoted.
+        assert letter["error"] == "bad_value" and "is not an integer" in letter["message"], fmt
+        assert "12x" not in json.dumps(letter), fmt
         rows = _report(out)["rows"]
         assert rows["accounted"] is True, fmt
         assert rows["in"] == ROWS and rows["dead_lettered"] == 1, fmt
@@ -234,8 +236,8 @@ def test_bad_json_lines_and_blank_lines_are_accounted(tmp_path):
     assert sorted(dead, key=int) == ["3", "4", "5", "6", "8", "11"]
     assert dead["11"]["error"] == "invalid_utf8"
     assert dead["3"]["error"] == "bad_json" and dead["4"]["error"] == "bad_json"
-    assert dead["5"]["error"] == "bad_value" and "3.5 is not an integer" in dead["5"]["message"]
-    assert dead["5"]["row"] == lines[4]
+    assert dead["5"]["error"] == "bad_value" and "a JSON number is not an integer" in dead["5"]["message"]
+    assert "row" not in dead["5"] and "3.5" not in dead["5"]["message"]
     assert dead["8"]["error"] == "bad_value" and "does not fit in int64" in dead["8"]["message"]
     rows = _report(out)["rows"]
     # 11 lines: 2 written, 6 dead-lettered, 3 blank ("", "   ", "{}").
@@ -372,7 +374,9 @@ def test_infer_schema_cli_on_each_format(tables, capsys):
     texts = {}
     for fmt, path in paths.items():
         assert main(["infer-schema", "--input", path]) == 0
-        texts[fmt] = capsys.readouterr().out
+        # Notes (what the sample decided beyond the types) are comments before the schema.
+        texts[fmt] = "".join(line for line in capsys.readouterr().out.splitlines(True)
+                             if not line.startswith("# note: "))
     parquet = {c["name"]: c for c in (json.loads(line.strip()[2:]) for line in texts["parquet"].splitlines()[1:])}
     assert parquet["ints"] == {"name": "ints", "type": "int64", "delimiter": ";"}
     assert parquet["pair"]["shape"] == [2] and parquet["pair"]["type"] == "float"

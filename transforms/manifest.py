@@ -25,7 +25,7 @@ from beam_tfrecords.schemas.elements import InputSummary, ShardResult
 from beam_tfrecords.schemas.features import FeatureSpec, image_feature_spec
 from beam_tfrecords.schemas.inputs import INPUTS_NAME, UNIT_INPUTS_DIR, complete_inputs, unit_inputs_name
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME, ErrorBudget, build_manifest
-from beam_tfrecords.schemas.shards import ShardBand, ShardTarget
+from beam_tfrecords.schemas.shards import ShardBand, ShardTarget, clashing_split_names
 from beam_tfrecords.schemas.version import __version__
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.commit import (
@@ -170,7 +170,8 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
       The run report: ``status`` is ``ok``, or, with nothing published,
       ``verification_failed`` (a shard did not write or verify), ``commit_failed``
       (the store refused moving a shard to its final name),
-      ``no_records``, ``error_budget_exceeded``, ``leakage_found``, ``drift_found``
+      ``split_name_clash`` (split names that differ only in case, listed in
+      ``split_name_clash``), ``no_records``, ``error_budget_exceeded``, ``leakage_found``, ``drift_found``
       (statistics moved past ``settings.drift``'s limits) or ``output_exists``. In memory
       only, ``manifest_json`` holds the published manifest.
     """
@@ -244,7 +245,13 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
     if drift:
         report["drift"] = drift
     manifest_path = files.join(target.output, MANIFEST_NAME)
-    if summary.layout == "table" and not report["rows"]["accounted"]:
+    clash = clashing_split_names(report["splits"])
+    if clash:
+        # Their shards would be one file on a case-insensitive file system: publish nothing.
+        report["status"] = "split_name_clash"
+        report["split_name_clash"] = [{name: report["splits"][name]["records"] for name in group}
+                                      for group in clash]
+    elif summary.layout == "table" and not report["rows"]["accounted"]:
         # Rows or lines went missing between the file and the records: publish nothing.
         report["status"] = "accounting_failed"
     elif failures:

@@ -61,6 +61,7 @@ from beam_tfrecords.transforms.io.helpers import ordered_map, ready_helper_pool
 from beam_tfrecords.transforms.io.table_readers import (
     JsonLinesReader,
     ParquetReader,
+    arrow_error_text,
     table_columns,
     table_format,
 )
@@ -595,12 +596,6 @@ def _drop_rows(encoded: EncodedBatch, drops: dict[int, tuple[str, str] | None]) 
                                statistics=None)
 
 
-def _raw_row(cells: Sequence[str], delimiter: str, quote: str) -> str:
-    out = io.StringIO()
-    csv.writer(out, delimiter=delimiter, quotechar=quote, lineterminator="").writerow(cells)
-    return out.getvalue()
-
-
 class _EncodeCsvFn(beam.DoFn):
     """``(file_index, path, size)`` → one ``SpoolInfo`` per split with rows."""
 
@@ -676,7 +671,9 @@ class _EncodeCsvFn(beam.DoFn):
 
     def _infos(self, state: _FileState, size: int, lines_in: int) -> list[SpoolInfo]:
         """The file's ``SpoolInfo``s (its totals on the first), its dead letters written."""
-        path, file_index, dead = state.path, state.file_index, state.dead
+        path, file_index = state.path, state.file_index
+        # In line order: letters are found as rows are read and as batches come back encoded.
+        dead = sorted(state.dead, key=lambda d: int(d.source.rsplit(":", 1)[1]))
         stem = path.rsplit("/", 1)[-1].rsplit(".", 1)[0]
         dead_path = write_dead_letters(self._output, f"{stem}-{file_index:05d}", dead)
         bad = tuple(sorted(Counter(d.error for d in dead).items()))
@@ -735,7 +732,7 @@ class _EncodeCsvFn(beam.DoFn):
                 for stretch in piece.unreadable:
                     stage = "validate" if stretch.reason == "bad_value" else "read"
                     state.dead.append(DeadLetter(f"{path}:{stretch.number}", stage, stretch.reason,
-                                                 stretch.message, row=stretch.text))
+                                                 stretch.message))
                     state.rows_in += 1
                     state.lines_done += stretch.covers
                 state.blank += piece.blank
@@ -753,7 +750,7 @@ class _EncodeCsvFn(beam.DoFn):
                     encoded = _drop_rows(encoded, problems)
                 numbers = piece.numbers
                 self._take_batch(state, batch, numbers, [], np.zeros(len(numbers), dtype=np.int64),
-                                 encoded, _piece_text(piece, batch))
+                                 encoded)
                 state.lines_done += len(numbers)
                 yield from self._sequence_rows(state, numbers, encoded)
         finally:
@@ -836,11 +833,8 @@ class _EncodeCsvFn(beam.DoFn):
         )
 
     def _set_aside(self, state: _FileState, line: int, reason: str, message: str) -> None:
-        """Dead-letters one physical line (read again from the file for its text)."""
-        if state.index is None:
-            state.index = _LineIndex(state.path)
-        state.dead.append(DeadLetter(f"{state.path}:{line}", "read", reason, message,
-                                     row=state.index.text_of(line)))
+        """Dead-letters one physical line (by its number: the letter holds none of its text)."""
+        state.dead.append(DeadLetter(f"{state.path}:{line}", "read", reason, message))
         state.rows_in += 1
 
     def _segment(self, state: _FileState, first_line: int, block: int):
@@ -860,7 +854,8 @@ class _EncodeCsvFn(beam.DoFn):
             if "straddl" in str(err):
                 err = (f"the row is larger than the CSV reader's largest block "
                        f"({_MAX_BLOCK_BYTES >> 20} MB)")
-            self._set_aside(state, first_line, "unreadable", f"the line cannot be read: {err}")
+            self._set_aside(state, first_line, "unreadable",
+                            f"the line cannot be read: {arrow_error_text(err)}")
             state.lines_done = first_line
             return (first_line + 1 if first_line < state.counts.lines or first_line == 1 else None), block
         try:
@@ -901,7 +896,7 @@ class _EncodeCsvFn(beam.DoFn):
                     for row in np.nonzero(newlines)[0]})
             stray = self._stray_quote(state, lines, newlines)
             if stray is not None:
-                row, after = stray
+                row, _ = stray
                 first, last = int(lines[row]), int(lines[row] + newlines[row])
                 later = range(row, len(newlines))
                 encoded = _drop_rows(encoded, dict.fromkeys(later))
@@ -911,8 +906,8 @@ class _EncodeCsvFn(beam.DoFn):
                 self._take_batch(state, batch, lines, invalid, newlines, encoded)
                 state.rows_in -= len(later)  # Read again from the next segment.
                 yield from self._sequence_rows(state, lines, encoded)
-                message = (f"a quoted cell opened here closes at line {last} followed by "
-                           f"{after!r}, which is not CSV: a stray quote would merge lines "
+                message = (f"a quoted cell opened here closes at line {last} followed by text "
+                           "other than a delimiter, which is not CSV: a stray quote would merge lines "
                            f"{first}-{last} into one cell; this line is set aside and reading "
                            f"goes on at line {first + 1}")
                 self._set_aside(state, first, "bad_quoting", message)
@@ -951,7 +946,8 @@ class _EncodeCsvFn(beam.DoFn):
             if "straddl" in str(error):
                 error = (f"the row is larger than the CSV reader's largest block "
                          f"({_MAX_BLOCK_BYTES >> 20} MB)")
-            self._set_aside(state, line, "unreadable", f"the line cannot be parsed: {error}")
+            self._set_aside(state, line, "unreadable",
+                            f"the line cannot be parsed: {arrow_error_text(error)}")
             state.lines_done = line
             return line + 1, block
         state.lines_done = tracker.next_line - 1
@@ -973,7 +969,7 @@ class _EncodeCsvFn(beam.DoFn):
                 return int(row), after
         return None
 
-    def _take_batch(self, state, batch, lines, invalid, newlines, encoded, row_text=None) -> None:
+    def _take_batch(self, state, batch, lines, invalid, newlines, encoded) -> None:
         path, header = state.path, state.header
         state.dead.extend(self._invalid_rows(path, invalid, len(header)))
         state.rows_in += sum(1 for _, text in invalid if text.strip())
@@ -989,8 +985,7 @@ class _EncodeCsvFn(beam.DoFn):
         state.blank += int((encoded.status == BLANK).sum())
         state.rows_in += int((encoded.status != BLANK).sum())
         for row, reason, message in encoded.errors:
-            state.dead.append(self._row_letter(path, int(lines[row]), batch, header, row,
-                                               reason, message, row_text))
+            state.dead.append(DeadLetter(f"{path}:{int(lines[row])}", "validate", reason, message))
         for split, blob, sizes in zip(encoded.splits, encoded.blobs, encoded.sizes):
             if not len(sizes):
                 continue
@@ -1028,17 +1023,10 @@ class _EncodeCsvFn(beam.DoFn):
                 continue
             letters.append(DeadLetter(
                 f"{path}:{line}", "read", "bad_row",
-                f"the row does not split into {expected} cells (wrong cell count, or broken quoting)",
-                row=text,
+                f"the row ({len(text):,} characters) does not split into {expected} cells (wrong "
+                "cell count, or broken quoting)",
             ))
         return letters
-
-    def _row_letter(self, path, line, batch, header, row, reason, message, row_text=None) -> DeadLetter:
-        if row_text is not None:  # Parquet, JSON Lines: the row as the file holds it.
-            return DeadLetter(f"{path}:{line}", "validate", reason, message, row=row_text(row))
-        cells = [batch.column(name)[row].as_py() for name in header]
-        return DeadLetter(f"{path}:{line}", "validate", reason, message,
-                          row=_raw_row(cells, self._dialect.delimiter, self._dialect.quote))
 
 
 def _json_types(schema: TableSchema) -> dict[str, pa.DataType]:
@@ -1047,14 +1035,6 @@ def _json_types(schema: TableSchema) -> dict[str, pa.DataType]:
     scalar = {"int64": pa.int64(), "float": pa.float64()}
     return {c.name: pa.list_(scalar[c.type]) if c.is_list else scalar[c.type]
             for c in schema.kept if c.type in scalar}
-
-
-def _piece_text(piece, batch: pa.RecordBatch):
-    """A row's text for its dead letter: its JSON line, or its cells as a JSON object."""
-    if piece.lines is not None:
-        return lambda row: piece.lines[row].decode("utf-8", errors="replace").rstrip("\r")
-    return lambda row: json.dumps({name: batch.column(name)[row].as_py() for name in batch.schema.names},
-                                  ensure_ascii=False)
 
 
 class EncodeTables(beam.PTransform):
@@ -1341,7 +1321,7 @@ class _RowsToExamplesFn(beam.DoFn):
                 beam.metrics.Metrics.counter("rows", "dead_letter").inc()
                 yield beam.pvalue.TaggedOutput(ROWS_DEAD_LETTER_TAG, DeadLetter(
                     f"row:{rows[number][key_at] if key_at is not None else number}", "validate",
-                    reason, message, row=_raw_row(rows[number], ",", '"')))
+                    reason, message))
                 continue
             size = int(encoded.sizes[status][counters[status]])
             start = offsets[status]

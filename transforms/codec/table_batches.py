@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import math
 import pickle
 
 import numpy as np
@@ -25,7 +26,7 @@ from beam_tfrecords.schemas.shards import is_valid_split_name
 from beam_tfrecords.schemas.table_schema import TableSchema
 from beam_tfrecords.transforms.codec import table_columns
 from beam_tfrecords.transforms.codec.table_columns import frame_examples
-from beam_tfrecords.transforms.codec.table_rows import RowEncoder
+from beam_tfrecords.transforms.codec.table_rows import RowEncoder, describe_text
 from beam_tfrecords.transforms.plan.splits import split_fraction
 from beam_tfrecords.transforms.plan.statistics import table_batch_statistics
 
@@ -151,6 +152,12 @@ def _split_codes(task: TableTask, batch: pa.RecordBatch) -> tuple[np.ndarray, li
     return np.zeros(rows, dtype=np.int64), [DEFAULT_SPLIT]
 
 
+def _bad_split(task: TableTask, cell: str) -> str:
+    what = "an empty cell" if cell == "" else describe_text(cell)
+    return (f"column {task.split_column!r} (--split_column): {what} cannot name a shard file: "
+            "use letters, digits, '_' and '.'")
+
+
 def _row_splits(task: TableTask, batch: pa.RecordBatch) -> list[str | None]:
     codes, names = _split_codes(task, batch)
     return [names[c] if c >= 0 else None for c in codes.tolist()]
@@ -184,11 +191,13 @@ def _newlines(batch: pa.RecordBatch) -> np.ndarray:
 
 
 def order_key(cell: str) -> tuple:
-    """How ``--sequence_order`` sorts: numbers numerically, before other text."""
+    """How ``--sequence_order`` sorts: numbers numerically, before other text (NaN, which
+    has no order among numbers, sorts as text)."""
     try:
-        return (0, float(cell), "")
+        value = float(cell)
     except ValueError:
         return (1, 0.0, cell)
+    return (1, 0.0, cell) if math.isnan(value) else (0, value, "")
 
 
 def sequence_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch:
@@ -212,8 +221,7 @@ def sequence_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBat
         if row not in errors and key == "":
             errors[row] = (row, "missing_sequence_key", f"column {task.sequence_key!r} is empty")
         if row not in errors and splits[row] is None:
-            errors[row] = (row, "bad_split", f"split {cells[task.split_column][row]!r} cannot "
-                           "name a shard file: use letters, digits, '_' and '.'")
+            errors[row] = (row, "bad_split", _bad_split(task, cells[task.split_column][row]))
         if row in errors:
             continue
         order = order_key(cells[task.sequence_order][row]) if task.sequence_order else (0, 0.0, "")
@@ -264,8 +272,7 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
     if len(bad_split):
         split_cells = batch.column(task.split_column).take(pa.array(bad_split)).to_pylist()
         for row, cell in zip(bad_split.tolist(), split_cells):
-            errors[row] = (row, "bad_split", f"split {cell!r} cannot name a shard file: "
-                                             "use letters, digits, '_' and '.'")
+            errors[row] = (row, "bad_split", _bad_split(task, cell))
     good = ~bad & ~blank & (codes >= 0)
     status = np.full(rows, BAD, dtype=np.int16)
     status[blank] = BLANK

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from beam_tfrecords.schemas.table_schema import FALSE_WORDS, TRUE_WORDS, ColumnSpec
+from beam_tfrecords.schemas.table_schema import FALSE_WORDS, FLOAT32_MAX, TRUE_WORDS, ColumnSpec
 from beam_tfrecords.transforms.codec.example import _entry_prefix
 
 __all__ = ["blob", "column_entries", "frame_examples", "vectorized"]
@@ -38,7 +38,6 @@ __all__ = ["blob", "column_entries", "frame_examples", "vectorized"]
 _BINARY = pa.large_binary()
 _NOTHING = pa.scalar(b"", type=_BINARY)
 _U64 = np.uint64
-_FLOAT32_MAX = 3.4028234663852886e38
 # Spaces Arrow trims here; Python's str.strip() trims these and more (a cell with
 # other spaces goes to the per-cell path, which trims as Python does).
 _SPACES = " \t\n\r\x0b\x0c"
@@ -165,7 +164,7 @@ def _int_entries(name: str, values: np.ndarray) -> pa.Array:
 
 
 def _float32_bytes(values: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):  # Values outside float32 are left to the per-cell path.
+    with np.errstate(over="ignore"):  # Values not finite in float32 are left to the per-cell path.
         return values.astype("<f4").view(np.uint8)
 
 
@@ -211,9 +210,12 @@ def _number(kind: str, delimiter: str = "") -> str:
     return f"{pad}(?:{_DIGITS if kind == 'int64' else _DECIMAL}){pad}"
 
 
-def _out_of_float32(values: np.ndarray) -> np.ndarray:
+def _not_finite_float32(values: np.ndarray) -> np.ndarray:
+    """Values with no finite float32: NaN, infinities (``1e400`` reads as one) and finite
+    values outside the float32 range. The per-cell path refuses them, or encodes the
+    non-finite ones a column allows."""
     with np.errstate(invalid="ignore"):
-        return np.isfinite(values) & (np.abs(values) > _FLOAT32_MAX)
+        return ~np.isfinite(values) | (np.abs(values) > FLOAT32_MAX)
 
 
 def column_entries(spec: ColumnSpec, cells: pa.Array, empty_entry: bytes | None
@@ -269,7 +271,7 @@ def _column_entries(spec: ColumnSpec, cells: pa.Array, empty_entry: bytes | None
         if kind == "int64":
             entries = _int_entries(name, values)
         else:
-            good &= ~_out_of_float32(values)
+            good &= ~_not_finite_float32(values)
             entries = _float_entries(name, values)
         rest = ~(good | empty)
     if empty.any():
@@ -292,7 +294,7 @@ def _list_column(spec: ColumnSpec, cells: pa.Array) -> tuple[pa.Array, np.ndarra
     values = _values(spec.type, pc.list_flatten(lists))
     counts = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
     if spec.type == "float":
-        bad = _out_of_float32(values)
+        bad = _not_finite_float32(values)
         if bad.any():
             rows = np.repeat(np.arange(len(counts)), counts)
             good[rows[bad]] = False

@@ -6,7 +6,10 @@ and numpy (``codec.table_columns``), any cell those leave aside, and the other
 columns (shapes, tensors, string and bytes lists, bytes), by the per-cell parser
 here, which is the reference for what a cell means. A row's record is its
 entries in feature-name order, framed (``table_columns.frame_examples``). Cells
-that do not parse, and empty required cells, mark their row bad with a reason.
+that do not parse, floats that are not finite where the column does not allow them,
+and empty required cells, mark their row bad with a reason. A reason's message
+names the column and describes the cell by its kind and size (``describe_text``),
+never by its content: a table's cells may hold what must not reach a log.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from beam_tfrecords.transforms.codec.example import feature_entry
 from beam_tfrecords.transforms.codec.table_columns import column_entries, frame_examples, vectorized
 from beam_tfrecords.transforms.codec.tensors import encode_tensor
 
-__all__ = ["ColumnValues", "RowEncoder", "RowError", "parse_column"]
+__all__ = ["ColumnValues", "RowEncoder", "RowError", "describe_text", "parse_column"]
 
 _INT_CHARS = frozenset("+-0123456789")
 
@@ -41,34 +44,44 @@ class RowError:
     message: str
 
 
+def describe_text(text: str) -> str:
+    """A cell described by its kind and size, never its content: ``a 12-character text``."""
+    return f"a {len(text):,}-character text"
+
+
+# The parsers' errors say what is wrong, not what the cell holds: the caller puts a
+# description of the cell before them (``describe_text``).
+
+
 def _parse_int(piece: str) -> int:
     text = piece.strip()
     if not text or not set(text) <= _INT_CHARS:
-        raise ValueError(f"{piece!r} is not an integer")
-    value = int(text)
+        raise ValueError("is not an integer")
+    try:
+        value = int(text)
+    except ValueError:  # Signs only, or a sign inside.
+        raise ValueError("is not an integer") from None
     if not -(2**63) <= value < 2**63:
-        raise ValueError(f"{piece!r} does not fit in int64")
+        raise ValueError("does not fit in int64")
     return value
-
-
-_FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _parse_float(piece: str) -> float:
+    """A float64 (not finite ones too: the column decides, see ``ColumnSpec.float_refusal``)."""
     text = piece.strip()
     if "_" in text:
-        raise ValueError(f"{piece!r} is not a number")
-    value = float(text)
-    if math.isfinite(value) and abs(value) > _FLOAT32_MAX:
-        raise ValueError(f"{piece!r} is outside the float32 range")
-    return value
+        raise ValueError("is not a number")
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError("is not a number") from None
 
 
 def _parse_bytes(piece: str) -> bytes:
     try:
         return base64.b64decode(piece.strip(), validate=True)
     except (binascii.Error, ValueError):
-        raise ValueError(f"{piece[:40]!r} is not valid base64") from None
+        raise ValueError("is not valid base64") from None
 
 
 _PARSERS = {
@@ -118,14 +131,29 @@ def _parse_cell(spec, cell, parse, default, size) -> list | RowError:
             return RowError(0, "missing_required", f"column {spec.name!r} is required but empty")
         return list(default) if default is not None else []
     pieces = cell.split(spec.delimiter) if spec.is_list else [cell]
-    try:
-        values = [parse(p) for p in pieces]
-    except ValueError as err:
-        return RowError(0, "bad_value", f"column {spec.name!r} ({spec.type}): {err}")
+    values = []
+    for i, piece in enumerate(pieces):
+        try:
+            value = parse(piece)
+        except ValueError as err:
+            return _value_error(spec, pieces, i, "bad_value", str(err))
+        if spec.type == "float":
+            refusal = spec.float_refusal(value)
+            if refusal is not None:
+                return _value_error(spec, pieces, i, *refusal)
+        values.append(value)
     if size is not None and len(values) != size:
         return RowError(0, "wrong_length", f"column {spec.name!r}: {len(values)} values, shape "
                         f"{list(spec.shape)} needs {size}")
     return values
+
+
+def _value_error(spec: ColumnSpec, pieces: list[str], i: int, reason: str, phrase: str) -> RowError:
+    """The error of a cell's ``i``-th value: the column, which value, what kind of text."""
+    which = f"value {i + 1} of {len(pieces)}: " if len(pieces) > 1 else ""
+    # A value read (it is a number), but not finite: what it reads as is what matters.
+    what = "the value" if reason == "non_finite_value" else describe_text(pieces[i])
+    return RowError(0, reason, f"column {spec.name!r} ({spec.type}): {which}{what} {phrase}")
 
 
 def _tensor_entry(spec: ColumnSpec, values: list) -> bytes:

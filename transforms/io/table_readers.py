@@ -6,6 +6,7 @@ row group at a time, JSON Lines a block of whole lines at a time. Every piece
 carries the number of each of its rows (Parquet: the row, from 1; JSON Lines:
 the line), and what could not be read is reported as ``Unreadable`` with the
 rows or line it covers, so a run can account for every row the file holds.
+Messages describe a value by its kind and size, never quote it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import dataclasses
 import gzip
 import io
 import json
+import math
+import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -30,6 +33,8 @@ __all__ = [
     "ParquetReader",
     "TablePiece",
     "Unreadable",
+    "arrow_error_text",
+    "describe_json",
     "table_columns",
     "table_format",
     "typed_sample",
@@ -41,6 +46,35 @@ _BLOCK_BYTES = 4 << 20
 _BATCH_ROWS = 32_768
 # Lines of a JSON Lines file whose keys name its columns.
 _COLUMN_LINES = 1000
+
+
+# Arrow's messages that go on to quote the data they could not read: cut before it.
+_QUOTING_ERRORS = re.compile(r"(Expected \d+ columns, got \d+|couldn't parse|Invalid value)\s*:.*", re.S)
+
+
+def arrow_error_text(err: BaseException) -> str:
+    """An Arrow (or other reader) error as one line that quotes no data: its first line,
+    cut where Arrow would quote the row or value it could not read."""
+    text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    text = _QUOTING_ERRORS.sub(r"\1", text)
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def describe_json(value) -> str:
+    """A parsed JSON value described by its kind and size, never its content."""
+    if isinstance(value, bool):
+        return "a JSON true/false"
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            return "a JSON number that is NaN" if math.isnan(value) else "a JSON number that overflows to infinity"
+        return "a JSON number"
+    if isinstance(value, str):
+        return f"a {len(value):,}-character JSON string"
+    if isinstance(value, list):
+        return f"a JSON array of {len(value):,} value{'' if len(value) == 1 else 's'}"
+    if isinstance(value, dict):
+        return f"a JSON object of {len(value):,} key{'' if len(value) == 1 else 's'}"
+    return "a JSON null"
 
 
 def table_format(path: str) -> str:
@@ -124,7 +158,7 @@ class ParquetReader:
                 yield TablePiece(pa.table({}), np.empty(0, dtype=np.int64), unreadable=[Unreadable(
                     first + done, group_rows - done, "unreadable",
                     f"rows {first + done}-{first + group_rows - 1} (row group {group}) cannot be "
-                    f"read: {err}")])
+                    f"read: {arrow_error_text(err)}")])
                 done = group_rows
             if done != group_rows:  # Fewer rows than the metadata says.
                 yield TablePiece(pa.table({}), np.empty(0, dtype=np.int64), unreadable=[Unreadable(
@@ -230,25 +264,42 @@ class JsonLinesReader:
             self._parse(kept[half:], out)
             return
         number, line = kept[0]
-        text = line.decode("utf-8", errors="replace").rstrip("\r")
         try:
             value = json.loads(line)
         except (ValueError, RecursionError):
             value = None
+        if isinstance(value, dict) and _is_utf8(line):
+            table = self._read_normalized(value)
+            if table is not None:
+                out.append(TablePiece(table, np.array([number], dtype=np.int64), [line]))
+                return
         misfit = self._misfit(value) if isinstance(value, dict) else None
         if not _is_utf8(line):
             reason, message = "invalid_utf8", "the line is not valid UTF-8 text"
         elif misfit is not None:
             reason, message = "bad_value", misfit
         elif isinstance(value, dict):
-            reason, message = "bad_value", f"a value does not fit the schema: {error}"
+            reason, message = "bad_value", f"a value does not fit the schema: {arrow_error_text(error)}"
         else:
-            reason, message = "bad_json", f"the line is not one JSON object: {error}"
-        unreadable = Unreadable(number, 1, reason, message, text)
+            reason, message = "bad_json", f"the line is not one JSON object: {arrow_error_text(error)}"
+        unreadable = Unreadable(number, 1, reason, message)
         if out and out[-1].table.num_rows == 0:
             out[-1].unreadable.append(unreadable)
         else:
             out.append(TablePiece(pa.table({}), np.empty(0, dtype=np.int64), [], [unreadable]))
+
+    def _read_normalized(self, value: dict) -> pa.Table | None:
+        """One line Arrow refused, read again as JSON Arrow takes: a list whose values are
+        of several kinds (``[1, "a", 2.5]``) as a list of their text (``["1", "a",
+        "2.5"]``), and a number too large for a float64 (``1e400``) as ``Infinity``
+        (its column then refuses it, unless it allows infinities). ``None`` if Arrow
+        still refuses it."""
+        try:
+            data = json.dumps(_normalized(value), ensure_ascii=False).encode("utf-8")
+            table = self._read([data])
+        except (pa.ArrowInvalid, UnicodeError, ValueError, RecursionError):
+            return None
+        return table.combine_chunks() if table.num_rows == 1 else None
 
     def _misfit(self, value: dict) -> str | None:
         """Which typed column a parsed line's value does not fit, said as the CSV
@@ -263,17 +314,48 @@ class JsonLinesReader:
                     continue
                 if isinstance(item, bool) or not isinstance(item, (int, float)):
                     what = "an integer" if label == "int64" else "a number"
-                    return f"column {name!r} ({label}): {item!r} is not {what}"
+                    return f"column {name!r} ({label}): {describe_json(item)} is not {what}"
                 if label == "int64" and not isinstance(item, int):
-                    return f"column {name!r} ({label}): {item!r} is not an integer"
+                    return f"column {name!r} ({label}): {describe_json(item)} is not an integer"
                 if label == "int64" and not -(2**63) <= item < 2**63:
-                    return f"column {name!r} ({label}): {item!r} does not fit in int64"
+                    return f"column {name!r} ({label}): a JSON number of {len(str(abs(item)))} digits does not fit in int64"
             if pa.types.is_list(kind) and cell is not None and not isinstance(cell, list):
-                return f"column {name!r} ({label} list): {cell!r} is not a JSON array"
+                return f"column {name!r} ({label} list): {describe_json(cell)} is not a JSON array"
         return None
 
     def close(self) -> None:
         self._stream.close()
+
+
+def _kind(value) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    return type(value).__name__
+
+
+def _text(value) -> str:
+    """A JSON value's text, as a cell of a string column holds it."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return json.dumps(value)
+
+
+def _normalized(value):
+    """``value`` with every list of values of several kinds (nulls aside) made a list of
+    their text, at any depth."""
+    if isinstance(value, dict):
+        return {key: _normalized(item) for key, item in value.items()}
+    if isinstance(value, list):
+        if len({_kind(item) for item in value if item is not None}) > 1:
+            return [None if item is None else _text(item) for item in value]
+        return [_normalized(item) for item in value]
+    return value
 
 
 def _is_utf8(data: bytes) -> bool:

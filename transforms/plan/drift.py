@@ -11,6 +11,10 @@ compares before it publishes anything, and a run that drifted publishes nothing
   deviations of the old values (``max_mean_shift``).
 - ``missing_rate``: per split and feature, the change of the share of records
   whose cell was empty (absolute, ``max_missing_change``).
+- ``non_finite_rate``: per split and numeric feature, the change of the share of
+  its values that are NaN or infinite (absolute, ``max_missing_change`` too: a
+  value that carries no number is missing in all but name), so a feature that
+  went from 0% to 98% NaN fails even though its finite values kept their mean.
 - ``class_share``: per split and image class, the change of its share of the
   records (absolute, ``max_class_share_change``).
 - ``value_share``: per split and string feature whose top values are exact on
@@ -18,8 +22,14 @@ compares before it publishes anything, and a run that drifted publishes nothing
   threshold); a value outside one side's top list counts at most that list's
   last share there, so only a change that is certain fails.
 
-Splits in one dataset only are listed (``not_compared``), not failed. An old
-manifest without statistics gets the schema check only.
+A comparison that cannot be made (a split in one dataset only, an old manifest
+without statistics, a value one side does not have or that is not a number, a
+mean with no finite value to take, top values that are not exact) is listed with
+the verdict ``not_compared`` and a ``note`` saying why: it never counts as passed,
+and the report's message counts such checks apart. It does not fail the gate: the
+checks that could be made decide (``non_finite_rate`` and ``missing_rate`` are
+what fails a feature whose values all became NaN or empty, where ``mean`` has
+nothing to compare).
 """
 
 from __future__ import annotations
@@ -93,6 +103,10 @@ class _Checks:
         self.failures: list[str] = []
         self._splits = splits
 
+    def not_compared(self, check: dict, note: str) -> None:
+        """A check that could not be made: listed, never passed nor failed."""
+        self.checks.append({**check, "verdict": "not_compared", "note": note})
+
     def add(self, check: dict, failed: bool, message: str, split: str | None = None) -> None:
         check["verdict"] = "failed" if failed else "passed"
         self.checks.append(check)
@@ -122,22 +136,31 @@ def _schema(checks: _Checks, old: Mapping, new: Mapping) -> None:
                    before != after, f"feature '{name}' {what}")
 
 
+def _number(value) -> float | None:
+    """A finite number from a statistics entry, or ``None`` (absent, null, not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 def _mean(checks: _Checks, split: str, name: str, old: Mapping, new: Mapping, limit: float) -> None:
-    if old.get("mean") is None or new.get("mean") is None:
-        checks.checks.append({"check": "mean", "split": split, "feature": name, "old": old.get("mean"),
-                              "new": new.get("mean"), "threshold": limit, "verdict": "not_compared"})
+    before, after, std = _number(old.get("mean")), _number(new.get("mean")), _number(old.get("std"))
+    if before is None or after is None or std is None:
+        side = "old" if before is None or std is None else "new"
+        checks.not_compared({"check": "mean", "split": split, "feature": name, "old": old.get("mean"),
+                             "new": new.get("mean"), "threshold": limit},
+                            f"the {side} dataset has no mean for it (no finite value)")
         return
-    moved = abs(new["mean"] - old["mean"])
-    std = old.get("std") or 0.0
-    if moved <= _EPSILON * max(1.0, abs(old["mean"])):
+    moved = abs(after - before)
+    if moved <= _EPSILON * max(1.0, abs(before)):
         shift = 0.0
     else:
         shift = moved / std if std > 0 else math.inf
-    check = {"check": "mean", "split": split, "feature": name, "old": old["mean"], "new": new["mean"],
+    check = {"check": "mean", "split": split, "feature": name, "old": before, "new": after,
              "old_std": std, "shift_std": round(shift, 6) if math.isfinite(shift) else None,
              "threshold": limit}
     how = (f"{shift:.1f} std" if math.isfinite(shift)
-           else f"from {old['mean']:g} to {new['mean']:g} (its old values were all equal)")
+           else f"from {before:g} to {after:g} (its old values were all equal)")
     checks.add(check, shift > limit, f"feature '{name}' mean moved {how} (limit {float(limit)})", split)
 
 
@@ -152,9 +175,28 @@ def _top_shares(stats: Mapping) -> tuple[dict[str, float], float] | None:
     return shares, (min(shares.values()) if full and shares else 0.0)
 
 
+def _rate(checks: _Checks, kind: str, split: str, name: str, old: tuple, new: tuple,
+          limit: float, label: str) -> None:
+    """A share check (``old``, ``new``: ``(part, whole)`` each), or ``not_compared`` when a
+    side's part is unknown or its whole is zero."""
+    shares = []
+    for side, (part, whole) in (("old", old), ("new", new)):
+        part, whole = _number(part), _number(whole)
+        if part is None or whole is None or whole <= 0:
+            what = "does not count them" if part is None else "has no value to count them among"
+            checks.not_compared({"check": kind, "split": split, "feature": name, "threshold": limit},
+                                f"the {side} dataset {what}")
+            return
+        shares.append(part / whole)
+    checks.share(kind, f"'{name}' {label}", split, shares[0], shares[1], limit, "feature", feature=name)
+
+
 def _values(checks: _Checks, split: str, name: str, old: Mapping, new: Mapping, limit: float) -> None:
     before, after = _top_shares(old), _top_shares(new)
     if before is None or after is None:
+        side = "old" if before is None else "new"
+        checks.not_compared({"check": "value_share", "split": split, "feature": name, "threshold": limit},
+                            f"the {side} dataset's top values are not exact counts (or it has none)")
         return
     (old_shares, old_rest), (new_shares, new_rest) = before, after
     for value in sorted(set(old_shares) | set(new_shares)):
@@ -169,27 +211,51 @@ def _values(checks: _Checks, split: str, name: str, old: Mapping, new: Mapping, 
                      f"feature '{name}' value", feature=name, value=value)
 
 
+def _values_of(stats: Mapping) -> float | None:
+    """A numeric feature's values, finite or not (``None`` when either count is unknown)."""
+    count, non_finite = _number(stats.get("count")), _number(stats.get("non_finite"))
+    return None if count is None or non_finite is None else count + non_finite
+
+
 def _split(checks: _Checks, gate: DriftGate, split: str, old: Mapping, new: Mapping) -> None:
     old_stats = old.get("statistics")
     if not old_stats:
-        checks.checks.append({"check": "statistics", "split": split, "verdict": "not_compared",
-                              "note": "the old manifest has no statistics for this split"})
+        checks.not_compared({"check": "statistics", "split": split},
+                            "the old manifest has no statistics for this split")
         return
     old_records, new_records = old_stats.get("records") or 0, new.get("records") or 0
     old_features, new_features = old_stats.get("features") or {}, new.get("features") or {}
+    for name in sorted(set(old_features) ^ set(new_features)):
+        side = "new" if name in old_features else "old"
+        checks.not_compared({"check": "statistics", "split": split, "feature": name},
+                            f"the {side} dataset has no statistics for it")
     for name in sorted(set(old_features) & set(new_features)):
         before, after = old_features[name], new_features[name]
-        if before.get("kind") == after.get("kind") == "numeric":
+        numeric = before.get("kind") == after.get("kind") == "numeric"
+        if numeric:
             _mean(checks, split, name, before, after, gate.max_mean_shift)
-        if old_records and new_records:
-            checks.share("missing_rate", f"'{name}' missing rate", split, before.get("missing", 0) / old_records,
-                         after.get("missing", 0) / new_records, gate.max_missing_change,
-                         "feature", feature=name)
+        elif before.get("kind") != after.get("kind"):
+            checks.not_compared({"check": "statistics", "split": split, "feature": name,
+                                 "old": before.get("kind"), "new": after.get("kind")},
+                                "its statistics are of another kind on each side")
+            continue
+        _rate(checks, "missing_rate", split, name, (before.get("missing"), old_records),
+              (after.get("missing"), new_records), gate.max_missing_change, "missing rate")
+        if numeric:
+            _rate(checks, "non_finite_rate", split, name, *(
+                (stats.get("non_finite"), _values_of(stats)) for stats in (before, after)),
+                gate.max_missing_change, "non-finite share")
         if before.get("kind") == after.get("kind") == "string":
             _values(checks, split, name, before, after, gate.max_class_share_change)
     old_classes = (old_stats.get("images") or {}).get("classes")
     new_classes = (new.get("images") or {}).get("classes")
-    if old_classes is not None and new_classes is not None and old_records and new_records:
+    if (old_classes is None) != (new_classes is None):
+        checks.not_compared({"check": "class_share", "split": split},
+                            f"the {'old' if old_classes is None else 'new'} dataset has no class counts")
+    elif (old_classes is not None and new_classes is not None) and not (old_records and new_records):
+        checks.not_compared({"check": "class_share", "split": split},
+                            f"the {'old' if not old_records else 'new'} dataset has no records in it")
+    elif old_classes is not None and new_classes is not None:
         for name in sorted(set(old_classes) | set(new_classes)):
             checks.share("class_share", f"'{name}' share", split, old_classes.get(name, 0) / old_records,
                          new_classes.get(name, 0) / new_records, gate.max_class_share_change,
@@ -225,21 +291,25 @@ def compare(gate: DriftGate, features: Mapping, statistics: Mapping[str, Mapping
     _schema(checks, gate.baseline["features"], features)
     for split in sorted(set(old_splits) | set(statistics)):
         if split not in old_splits or split not in statistics:
-            checks.checks.append({
+            checks.not_compared({
                 "check": "split", "split": split,
                 "old": old_splits[split]["records"] if split in old_splits else None,
-                "new": statistics[split]["records"] if split in statistics else None,
-                "verdict": "not_compared"})
+                "new": statistics[split]["records"] if split in statistics else None},
+                f"the split is only in the {'old' if split in old_splits else 'new'} dataset")
             continue
         _split(checks, gate, split, old_splits[split], statistics[split])
     failed = bool(checks.failures)
-    compared = sum(1 for c in checks.checks if c["verdict"] != "not_compared")
+    passed = sum(1 for c in checks.checks if c["verdict"] == "passed")
+    not_compared = sum(1 for c in checks.checks if c["verdict"] == "not_compared")
+    apart = f", {not_compared} not compared (see 'checks')" if not_compared else ""
     report.update(
         status="failed" if failed else "passed",
         checks=checks.checks,
         failures=checks.failures,
+        passed=passed,
+        not_compared=not_compared,
         message=("; ".join(checks.failures) if failed else
-                 f"{compared} checks passed against {gate.source}"),
+                 f"{passed} checks passed{apart} against {gate.source}"),
     )
     return report
 

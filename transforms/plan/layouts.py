@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -29,6 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from beam_tfrecords.schemas.config import LAYOUTS
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
 from beam_tfrecords.schemas.shards import is_valid_split_name
+from beam_tfrecords.schemas.table_schema import FLOAT32_MAX
 from beam_tfrecords.transforms.codec.images import is_image_filename
 from beam_tfrecords.transforms.plan.ref_table import RefTable, TableListing, cifar_table, class_folder_table
 from beam_tfrecords.transforms.plan.shards import stable_key
@@ -306,9 +308,25 @@ def _from_table(layout: str, found: TableListing, compact: bool) -> Listing:
                    split_source=found.split_source)
 
 
+def _int64(value: str) -> int:
+    number = int(value)
+    if not -(2**63) <= number < 2**63:
+        raise ValueError("does not fit in int64")
+    return number
+
+
+def _finite_float32(value: str) -> float:
+    number = float(value)
+    if not math.isfinite(number) or abs(number) > FLOAT32_MAX:
+        raise ValueError("not a finite float32")
+    return number
+
+
 def _infer_dtype(values: Sequence[str]) -> str:
-    """int64 if every cell is an int, float32 if every cell is a number, else string."""
-    for dtype, parse in (("int64", int), ("float32", float)):
+    """int64 if every cell is an int64, float32 if every cell is a finite float32 number,
+    else string (a manifest has no schema to allow NaN or infinities: such a column is
+    kept as its text, never published as a value that is not finite)."""
+    for dtype, parse in (("int64", _int64), ("float32", _finite_float32)):
         try:
             for value in values:
                 parse(value)
