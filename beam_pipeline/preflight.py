@@ -43,7 +43,13 @@ from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.schemas.table_schema import TableSchema, load_schema
 from beam_tfrecords.transforms import worker_listing
 from beam_tfrecords.transforms.codec.images import is_image_filename
-from beam_tfrecords.transforms.images import LISTING_NAME, HeldImages, keep_listing, list_images
+from beam_tfrecords.transforms.images import (
+    LISTING_NAME,
+    HeldImages,
+    keep_listing,
+    list_images,
+    read_labels_text,
+)
 from beam_tfrecords.transforms.io import files, gcs
 from beam_tfrecords.transforms.io.commit import (
     OutputBusyError,
@@ -418,7 +424,7 @@ def _check_images(config: ConvertConfig) -> None:
         if not files.exists(config.labels):
             raise ConvertError(f"--labels: {config.labels} does not exist")
         try:
-            parse_labels_text(files.read_text(config.labels))
+            parse_labels_text(read_labels_text(config.labels))
         except ValueError as err:
             raise ConvertError(f"--labels {config.labels}: {err}") from None
     if layout == "csv":

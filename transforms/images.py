@@ -90,6 +90,7 @@ __all__ = [
     "pack_refs",
     "keep_listing",
     "list_images",
+    "read_labels_text",
     "plan_image_shards",
 ]
 
@@ -264,7 +265,7 @@ def _list_images(input_path: str, layout: str, labels_path: str | None,
                  image_column: str | None, label_column: str | None,
                  vocabulary: tuple[str, ...] = (), follow_links_outside: bool = False) -> Listing:
     layout, root, pattern = resolve_input(input_path, layout)
-    labels = parse_labels_text(files.read_text(labels_path)) if labels_path else None
+    labels = parse_labels_text(read_labels_text(labels_path)) if labels_path else None
     if labels is None and vocabulary:
         labels = list(vocabulary)
     if layout == "csv":
@@ -296,7 +297,7 @@ def _list_images(input_path: str, layout: str, labels_path: str | None,
     if layout == "auto":
         layout = detect_layout(root, (item[0] for item in found))
     if layout == "cifar":
-        labels_text = "\n".join(labels) if labels else files.read_text(files.join(root, CIFAR_LABELS_FILE))
+        labels_text = "\n".join(labels) if labels else read_labels_text(files.join(root, CIFAR_LABELS_FILE))
         listing = list_cifar(root, found, labels_text, compact=True)
     else:
         listing = list_class_folders(root, found, labels, compact=True)
@@ -377,6 +378,25 @@ def _take_listing(token: str | None, args: tuple) -> Listing | None:
     with _kept_lock:
         kept = _kept_listings.pop(token, None)
     return kept[1] if kept and kept[0] == tuple(args) else None
+
+
+# A labels file is a few KB; more than this is not one (and is not read whole).
+_LABELS_BYTES = 16 << 20
+
+
+def read_labels_text(path: str) -> str:
+    """A labels file's text, read as inputs are (``io.bounded_read``: a regular
+    file only, at most 16 MiB).
+
+    Raises:
+      ValueError: when it is not a regular file, or is larger.
+      OSError: when it cannot be read (``FileNotFoundError`` when missing).
+    """
+    try:
+        data = read_input(path, None, _LABELS_BYTES)
+    except InputRefused as refused:
+        raise ValueError(f"the labels file {path.rsplit('/', 1)[-1]}: {refused.message}") from None
+    return data.decode("utf-8-sig")
 
 
 def _printable(path: str) -> str:

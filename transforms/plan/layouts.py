@@ -310,7 +310,10 @@ def list_cifar(root: str, files: Iterable[tuple[str, int]], labels_text: str,
                compact: bool = False) -> Listing:
     """Images named ``ROOT/<split>/<ID>_<CLASS>.<ext>``, labelled by ``labels.txt``
     (``compact``: see ``list_class_folders``)."""
-    vocabulary = parse_labels_text(labels_text)
+    try:
+        vocabulary = parse_labels_text(labels_text)
+    except ValueError as err:
+        raise ValueError(f"{CIFAR_LABELS_FILE}: {err}") from None
     found = cifar_table(root, files, vocabulary, CIFAR_LABELS_FILE, DEFAULT_SPLIT)
     return _from_table("cifar", found, compact)
 
