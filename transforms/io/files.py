@@ -148,28 +148,16 @@ def _walk_local(folder: str, skipped: list | None = None, stamped: bool = False,
     inside = real_root.rstrip("/") + "/"
     real, links = [folder], []  # Folders reached without a link; links met (to decide last).
     while real:
-        files, below = [], []
-        for entry in _entries(real.pop(), note):
-            try:
-                if entry.is_file(follow_symlinks=False):  # The common case: one stat, no link.
-                    info = entry.stat(follow_symlinks=False)
-                    files.append((entry.path, info, (info.st_dev, info.st_ino)))
-                elif entry.is_dir(follow_symlinks=False):
-                    info = entry.stat(follow_symlinks=False)
-                    key = (info.st_dev, info.st_ino)
-                    if key in seen_dirs:  # A bind mount of a folder met before.
-                        note((entry.path, "duplicate", f"the same folder as {shown(seen_dirs[key])}; "
-                              "listed once, there"))
-                        continue
-                    seen_dirs[key] = entry.path
-                    below.append(entry.path)
-                    _note_image_named_folder(entry.path, note)
-                elif entry.is_symlink():
-                    links.append(entry.path)
-                else:
-                    note((entry.path, "not_a_regular_file", _NOT_A_FILE))
-            except OSError as err:
-                note((entry.path, "unreadable", f"cannot read the entry: {err.strerror or err}"))
+        files, dirs, found = _scan(real.pop(), note)
+        links += found
+        below = []
+        for path, key in dirs:
+            if key in seen_dirs:  # A bind mount of a folder met before.
+                note((path, "duplicate", f"the same folder as {shown(seen_dirs[key])}; listed once, there"))
+                continue
+            seen_dirs[key] = path
+            below.append(path)
+            _note_image_named_folder(path, note)
         yield from _first_time(files, seen_files, note, stamped, shown)
         real.extend(reversed(below))
     # What links lead to: each folder or file once, links in path order (so the same
@@ -204,35 +192,46 @@ def _walk_local(folder: str, skipped: list | None = None, stamped: bool = False,
             continue
         seen_dirs[key] = path
         _note_image_named_folder(path, note)
-        files, below = [], []
-        for entry in _entries(path, note):
-            try:
-                if entry.is_file(follow_symlinks=False):
-                    info = entry.stat(follow_symlinks=False)
-                    files.append((entry.path, info, (info.st_dev, info.st_ino)))
-                elif entry.is_dir(follow_symlinks=False) or entry.is_symlink():
-                    below.append(entry.path)  # Decided when taken: claimed then, or passed over.
-                else:
-                    note((entry.path, "not_a_regular_file", _NOT_A_FILE))
-            except OSError as err:
-                note((entry.path, "unreadable", f"cannot read the entry: {err.strerror or err}"))
+        files, dirs, found = _scan(path, note)
         yield from _first_time(files, seen_files, note, stamped, shown)
-        pending.extend(reversed(below))
+        # Decided when taken: claimed then, or passed over.
+        pending.extend(sorted([below for below, _ in dirs] + found, reverse=True))
 
 
 _NOT_A_FILE = "a FIFO, socket or device, not a file; not read"
 
 
-def _entries(folder: str, note) -> list:
-    """The entries of a folder, by name; ``[]`` (noted ``unreadable``) when it cannot be listed."""
+def _scan(folder: str, note) -> tuple[list, list, list]:
+    """A folder's entries, by name, none followed: regular files ``(path, stat,
+    (dev, inode))``, folders ``(path, (dev, inode))`` and links (paths); other
+    entries (FIFOs, sockets, devices) noted ``not_a_regular_file``. A folder that
+    cannot be listed is noted ``unreadable`` and has none."""
+    files: list = []
+    dirs: list = []
+    links: list = []
     try:
         with os.scandir(folder) as found:
-            return sorted(found, key=lambda entry: entry.name)
+            entries = sorted(found, key=lambda entry: entry.name)
     except FileNotFoundError:
-        return []
+        return files, dirs, links
     except OSError as err:
         note((folder, "unreadable", f"cannot list the folder: {err.strerror or err}"))
-        return []
+        return files, dirs, links
+    for entry in entries:
+        try:
+            if entry.is_file(follow_symlinks=False):  # The common case: one stat, no link.
+                info = entry.stat(follow_symlinks=False)
+                files.append((entry.path, info, (info.st_dev, info.st_ino)))
+            elif entry.is_dir(follow_symlinks=False):
+                info = entry.stat(follow_symlinks=False)
+                dirs.append((entry.path, (info.st_dev, info.st_ino)))
+            elif entry.is_symlink():
+                links.append(entry.path)
+            else:
+                note((entry.path, "not_a_regular_file", _NOT_A_FILE))
+        except OSError as err:
+            note((entry.path, "unreadable", f"cannot read the entry: {err.strerror or err}"))
+    return files, dirs, links
 
 
 def _note_image_named_folder(path: str, note) -> None:
