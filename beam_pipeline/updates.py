@@ -30,7 +30,12 @@ from beam_tfrecords.schemas.inputs import (
 )
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, manifest_shards, parse_manifest
 from beam_tfrecords.transforms.io import files
-from beam_tfrecords.transforms.io.fingerprint import local_sha256, root_identity
+from beam_tfrecords.transforms.io.fingerprint import (
+    local_sha256,
+    published_path,
+    published_root,
+    root_identity,
+)
 from beam_tfrecords.transforms.plan.changes import Changes, compare_inputs
 
 __all__ = ["Dataset", "Update", "config_fingerprint", "decide", "manifest_digest", "read_dataset"]
@@ -318,13 +323,16 @@ def _decide(config: ConvertConfig, dataset: Dataset | None, now: Sequence[InputF
             if incremental and entry.role == "manifest_csv" and old is not None and _appended(old, entry):
                 continue  # Rows added, none changed: the new rows' images are new inputs.
             why = " (its existing rows changed, not only rows added)" if entry.role == "manifest_csv" else ""
-            why_full = why_full or f"the {entry.role.replace('_', ' ')} file {entry.path} changed{why}"
+            name = published_path(input_root, entry.path) if input_root else entry.path
+            why_full = why_full or f"the {entry.role.replace('_', ' ')} file {name} changed{why}"
     for role in dataset.roles:
         if role not in {e.role for e in roles}:
             why_full = why_full or f"the dataset was made with a {role} file; this run has none"
     root_id = root_identity(input_root) if input_root else ""
     if root_id and dataset.input_root_id and root_id != dataset.input_root_id and not incremental:
-        why_full = why_full or f"the input root changed ({dataset.input_root} -> {input_root})"
+        # Named as published (the run report holds this reason): folder names, not paths.
+        why_full = why_full or (f"the input root changed (from {published_root(dataset.input_root)} "
+                                f"to {published_root(input_root)}, another folder)")
     old_vocabulary = dataset.manifest.get("labels", {}).get("vocabulary", [])
     if incremental and not why_full and vocabulary and list(vocabulary) != list(old_vocabulary):
         added = [c for c in vocabulary if c not in old_vocabulary]
