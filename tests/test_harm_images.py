@@ -273,6 +273,22 @@ def test_names_that_differ_only_in_normalization_or_case_are_refused(tmp_path, l
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("column, values", [("label", (NFC, NFD)), ("split", ("TRAIN", "train"))])
+def test_csv_manifest_labels_and_splits_that_differ_only_in_normalization_or_case_are_refused(
+        tmp_path, column, values):
+    root, out = tmp_path / "in", tmp_path / "out"
+    inside = _tree(root)
+    rows = [f"{rel},{values[i % 2] if column == 'label' else 'cat'},"
+            f"{values[i % 2] if column == 'split' else 'train'}" for i, rel in enumerate(inside)]
+    (root / "list.csv").write_text("image,label,split\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    run = _convert(tmp_path, root / "list.csv", out)
+    assert run.exit == EXIT_USAGE, run.stdout + run.stderr
+    first, second = sorted(values)
+    assert f"{ascii(first)} and {ascii(second)} differ only in" in run.message, run.message
+    assert not out.exists()
+
+
+@pytest.mark.e2e
 @pytest.mark.parametrize("where", ["labels.txt", "--labels"])
 def test_a_blank_line_in_a_labels_file_is_refused_naming_the_line(tmp_path, where):
     out = tmp_path / "out"
