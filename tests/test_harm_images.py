@@ -185,6 +185,48 @@ def test_incremental_through_a_symlinked_root_converts_nothing_again(tmp_path, o
 
 
 @pytest.mark.e2e
+def test_incremental_reads_a_dataset_an_earlier_version_published_with_absolute_paths(tmp_path):
+    """Absolute roots, role paths and dead-letter sources (as written before issue 18):
+    the next part, through a symlinked root, converts only the new image, takes the
+    labels file as unchanged and counts the refused file once."""
+    root, out = tmp_path / "data" / "cifar", tmp_path / "out"
+    make_cifar_sample(str(root), classes=CLASSES)
+    (root / "train" / "weird.png").write_bytes((root / "train" / "0_circles.png").read_bytes())
+    first = _convert(tmp_path, root, out, "--incremental", "--max_bad_fraction", "0.1")
+    assert first.exit == EXIT_OK, first.stderr
+    # Rewrite it as an earlier version wrote it.
+    lines = []
+    for line in (out / "inputs.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if entry.get("role"):
+            entry["path"] = str(root / entry["path"])
+        lines.append(json.dumps(entry, ensure_ascii=False))
+    inputs = ("\n".join(lines) + "\n").encode()
+    (out / "inputs.jsonl").write_bytes(inputs)
+    manifest = load_manifest(str(out))
+    for section in (manifest["input"], manifest["input"]["files_list"]):
+        section["root"] = str(root)
+        section.pop("root_id")
+    manifest["input"]["files_list"]["sha256"] = hashlib.sha256(inputs).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    listing = out / "dead_letter" / "listing.jsonl"
+    letters = [json.loads(line) for line in listing.read_text().splitlines()]
+    assert [(d["source"], d["error"]) for d in letters] == [("train/weird.png", "unlabeled")]
+    listing.write_text("".join(json.dumps({**d, "source": str(root / d["source"])}) + "\n"
+                               for d in letters))
+    make_cifar_sample(str(tmp_path / "more"), counts={"train": 1}, classes=CLASSES, seed=3)
+    shutil.copyfile(tmp_path / "more" / "train" / "0_circles.png", root / "train" / "50_circles.png")
+    os.symlink(root, tmp_path / "cifar_link")
+    part = _convert(tmp_path, tmp_path / "cifar_link", out, "--incremental", "--max_bad_fraction", "0.1")
+    assert part.exit == EXIT_OK, part.stdout + part.stderr
+    report = json.loads((out / "run_report.json").read_text())
+    assert report["update"]["inputs"]["new"] == 1 and report["update"]["inputs"]["deleted"] == 0
+    assert report["update"]["refused_before"] == 1
+    assert [r["image/filename"][0].decode() for r in _records(out / "part-00001")] == ["train/50_circles.png"]
+    assert not (out / "part-00001" / "dead_letter").exists()
+
+
+@pytest.mark.e2e
 def test_drop_duplicates_with_incremental_keeps_what_the_dataset_holds(tmp_path):
     root, out = tmp_path / "in", tmp_path / "out"
     _tree(root)
