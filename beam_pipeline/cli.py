@@ -31,6 +31,7 @@ from beam_tfrecords.pipeline import ConvertError, convert
 from beam_tfrecords.preflight import infer_table_schema, resolve_config, table_inputs
 from beam_tfrecords.schemas.config import (
     COLOR_MODES,
+    DEFAULT_MAX_FILE_BYTES,
     DEFAULT_MAX_PIXELS,
     DRIFT_MAX_CLASS_SHARE_CHANGE,
     DRIFT_MAX_MEAN_SHIFT,
@@ -118,6 +119,12 @@ def _convert_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--max_pixels", type=int, default=DEFAULT_MAX_PIXELS,
                    help="refuse images whose header declares more pixels (width x height), "
                    f"before any decode (default {DEFAULT_MAX_PIXELS:,} = 2**27, about 11585 x 11585)")
+    p.add_argument("--max_file_bytes", type=int, default=DEFAULT_MAX_FILE_BYTES,
+                   help="dead-letter (file_too_large), without reading it, an image file larger "
+                   f"than this (default {DEFAULT_MAX_FILE_BYTES:,} = 256 MiB)")
+    p.add_argument("--follow_links_outside", action="store_true",
+                   help="follow symbolic links inside --input that lead outside it (default: "
+                   "passed over, listed in the plan and dead_letter/skipped.jsonl)")
     p.add_argument("--shard_min_mb", type=float, default=100.0, help="shard size floor, MB (default 100)")
     p.add_argument("--shard_max_mb", type=float, default=200.0, help="shard size cap, MB (default 200)")
     p.add_argument("--max_bad_fraction", type=float, default=0.01,
@@ -274,6 +281,7 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
         label_column=args.label_column, skip_unchanged=args.skip_unchanged,
         incremental=args.incremental, fingerprint=args.fingerprint, date=args.date,
         list_on_workers=args.list_on_workers,
+        follow_links_outside=args.follow_links_outside, max_file_bytes=args.max_file_bytes,
         compare_to=args.compare_to, drift_max_mean_shift=args.drift_max_mean_shift,
         drift_max_missing_change=args.drift_max_missing_change,
         drift_max_class_share_change=args.drift_max_class_share_change,

@@ -135,7 +135,7 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
         specs, summary = pipeline | "ListOnWorkers" >> ListAndPlanOnWorkers(plan.units)
         source = ImageRecords(config.validate, config.read_threads, config.encode_processes,
                               max_pixels=config.max_pixels, image_bytes=config.image_bytes,
-                              reshape=config.reshape)
+                              reshape=config.reshape, max_file_bytes=config.max_file_bytes)
         results = (
             specs
             | "WriteShards" >> WriteShards(target, source)
@@ -150,11 +150,12 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
             config.input, config.layout, config.labels, config.output, config.encode_processes,
             config.image_column, config.label_column, kept=plan.listing,
             splits=config.splits, split_by=config.split_by, drop_duplicates=config.drop_duplicates,
-            vocabulary=plan.vocabulary, only=plan.only, listing_path=plan.listing_path)
+            vocabulary=plan.vocabulary, only=plan.only, listing_path=plan.listing_path,
+            follow_links_outside=config.follow_links_outside, max_file_bytes=config.max_file_bytes)
         summary = listing.summary
         source = ImageRecords(config.validate, config.read_threads, config.encode_processes,
                               max_pixels=config.max_pixels, image_bytes=config.image_bytes,
-                              reshape=config.reshape)
+                              reshape=config.reshape, max_file_bytes=config.max_file_bytes)
         if config.reshape.active:
             # Resized or re-encoded records are sized only once encoded: encode to
             # spools first, then cut shards by exact sizes.

@@ -43,7 +43,13 @@ from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.schemas.table_schema import TableSchema, load_schema
 from beam_tfrecords.transforms import worker_listing
 from beam_tfrecords.transforms.codec.images import is_image_filename
-from beam_tfrecords.transforms.images import LISTING_NAME, keep_listing, list_images
+from beam_tfrecords.transforms.images import (
+    LISTING_NAME,
+    HeldImages,
+    keep_listing,
+    list_images,
+    read_labels_text,
+)
 from beam_tfrecords.transforms.io import files, gcs
 from beam_tfrecords.transforms.io.commit import (
     OutputBusyError,
@@ -56,8 +62,10 @@ from beam_tfrecords.transforms.io.commit import (
 from beam_tfrecords.transforms.io.fingerprint import (
     file_entries,
     hash_entries,
+    published_entry,
     relative_path,
     role_entry,
+    root_identity,
     table_entries,
     write_inputs,
 )
@@ -86,6 +94,7 @@ from beam_tfrecords.transforms.plan.layouts import (
     parse_labels_text,
     resolve_input,
 )
+from beam_tfrecords.transforms.plan.names import check_names
 from beam_tfrecords.transforms.plan.ref_table import RefTable
 from beam_tfrecords.transforms.plan.table_inference import infer_schema, infer_typed_schema
 from beam_tfrecords.transforms.tables import csv_header, table_files, table_header
@@ -129,7 +138,8 @@ _IMAGE_FLAGS = (("--labels", "labels"), ("--validate", "validate"), ("--max_pixe
                 ("--fail_on_leakage", "fail_on_leakage"), ("--max_side", "max_side"),
                 ("--min_side", "min_side"), ("--size", "size"), ("--fit", "fit"),
                 ("--image_format", "image_format"), ("--jpeg_quality", "jpeg_quality"),
-                ("--color_mode", "color_mode"))
+                ("--color_mode", "color_mode"), ("--follow_links_outside", "follow_links_outside"),
+                ("--max_file_bytes", "max_file_bytes"))
 _MANIFEST_FLAGS = (("--image_column", "image_column"), ("--label_column", "label_column"))
 
 
@@ -424,7 +434,7 @@ def _check_images(config: ConvertConfig) -> None:
         if not files.exists(config.labels):
             raise ConvertError(f"--labels: {config.labels} does not exist")
         try:
-            parse_labels_text(files.read_text(config.labels))
+            parse_labels_text(read_labels_text(config.labels))
         except ValueError as err:
             raise ConvertError(f"--labels {config.labels}: {err}") from None
     if layout == "csv":
@@ -774,6 +784,7 @@ def _plan_on_workers(config: ConvertConfig, target: ShardTarget, dataset_output:
     split_folders = False
     if layout == "class_folders":
         try:
+            check_names("top-level folders", top)
             split_folders = folders_are_splits(root, top)
         except ValueError as err:
             raise ConvertError(f"--input {config.input}: {err} (with --list_on_workers, a top "
@@ -845,8 +856,9 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
             vocabulary = tuple(dataset.manifest.get("labels", {}).get("vocabulary", []))
         args = (config.input, config.layout, config.labels, config.image_column, config.label_column,
                 config.splits, config.split_by, config.drop_duplicates, vocabulary)
+        reading = (config.follow_links_outside, config.max_file_bytes)
         try:
-            listing = list_images(*args)
+            listing = list_images(*args, (), *reading, held=_held_images(config, dataset, root))
         except ValueError as err:
             text = str(err)
             raise ConvertError(text if text.startswith(config.input) else
@@ -865,7 +877,7 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
             # no entry object per file.
             config, target = _as_part(config, target, None)
             inputs = tuple(_describe_images(config, listing))
-            token = keep_listing(listing, (*args, ()))
+            token = keep_listing(listing, (*args, (), *reading))
             return RunPlan(config, target, inputs=inputs, listing=token, role_files=roles,
                            dataset_output=dataset_output, vocabulary=vocabulary,
                            input_table=columns, input_rows=rows, hand_over=hand_over)
@@ -914,7 +926,7 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
         config, target = _as_part(config, target, update)
         inputs = tuple(_update_lines(update) + _describe_images(config, listing))
         token = None if update is not None and update.action == "skip" else keep_listing(
-            listing, (*args, only))
+            listing, (*args, only, *reading))
         return RunPlan(config, target, inputs=inputs, listing=token, input_files=tuple(entries),
                        role_files=roles, update=update, dataset_output=dataset_output,
                        vocabulary=vocabulary, only=only, hand_over=hand_over)
@@ -959,10 +971,24 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
                    dataset_output=dataset_output)
 
 
+def _held_images(config: ConvertConfig, dataset, root: str) -> HeldImages | None:
+    """For ``--drop_duplicates`` with ``--incremental``: what the dataset holds
+    (``transforms.images.HeldImages``), so that the listing keeps it and drops new
+    copies of it; ``None`` otherwise."""
+    if not (config.incremental and config.drop_duplicates) or dataset is None or dataset.problem:
+        return None
+    here = dataset.files.get(root_identity(root), {})
+    contents = {entry.sha256: entry.path for layer in dataset.files.values()
+                for entry in layer.values() if entry.sha256}
+    return HeldImages(frozenset(here), contents)
+
+
 def _listing_dead_letters(dataset) -> set[tuple[str, str]]:
     """``(source, error)`` of the inputs a dataset (its first run and its parts)
-    refused while listing."""
+    refused while listing (a source an earlier version wrote absolute is also
+    known relative to the dataset's input root, as sources are written now)."""
     known: set[tuple[str, str]] = set()
+    prefix = dataset.input_root.rstrip("/") + "/" if dataset.input_root.startswith("/") else None
     folders = [dataset.output] + [files.join(dataset.output, part["path"])
                                   for part in dataset.manifest.get("parts", [])]
     for folder in folders:
@@ -972,6 +998,8 @@ def _listing_dead_letters(dataset) -> set[tuple[str, str]]:
                 try:
                     value = json.loads(line)
                     known.add((value["source"], value["error"]))
+                    if prefix and value["source"].startswith(prefix):
+                        known.add((value["source"][len(prefix):], value["error"]))
                 except (ValueError, KeyError, TypeError):
                     continue  # Not ours to judge here: verify reports a damaged file.
     return known
@@ -1029,15 +1057,18 @@ def take_output(plan: RunPlan) -> None:
         stale = [files.join(lock_output, REPORT_NAME)]
         stale += [p for p, _ in files.list_files(files.join(config.output, DEAD_LETTER_DIR, "*.jsonl"))]
         files.delete_files(stale)
+        # Role files (labels, schema, CSV manifest) are published relative to the input root.
+        _, root, _ = resolve_input(config.input, config.layout)
+        roles = [published_entry(entry, root) for entry in plan.role_files]
         if plan.input_table is not None:
             # A listing's columns: streamed, in the bytes encode_inputs makes.
-            write_inputs(files.join(target.temp_dir, INPUTS_NAME), plan.role_files,
+            write_inputs(files.join(target.temp_dir, INPUTS_NAME), roles,
                          plan.input_table, plan.input_rows)
-        elif plan.input_files or plan.role_files:
+        elif plan.input_files or roles:
             # The commit step completes the entries (content hashes it computed) and
             # publishes them beside the manifest.
             files.write_bytes(files.join(target.temp_dir, INPUTS_NAME),
-                              encode_inputs((*plan.role_files, *plan.input_files)))
+                              encode_inputs((*roles, *plan.input_files)))
     except BaseException:
         release_lock(lock_output, target.run_id)
         raise

@@ -30,7 +30,12 @@ from beam_tfrecords.schemas.inputs import (
 )
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, manifest_shards, parse_manifest
 from beam_tfrecords.transforms.io import files
-from beam_tfrecords.transforms.io.fingerprint import local_sha256
+from beam_tfrecords.transforms.io.fingerprint import (
+    local_sha256,
+    published_path,
+    published_root,
+    root_identity,
+)
 from beam_tfrecords.transforms.plan.changes import Changes, compare_inputs
 
 __all__ = ["Dataset", "Update", "config_fingerprint", "decide", "manifest_digest", "read_dataset"]
@@ -49,8 +54,8 @@ class Dataset:
       output: its folder.
       manifest: the root ``manifest.json``.
       parts: ``(name, manifest)`` of each incremental part, in order.
-      files: ``{input root: {path: entry}}``: the inputs it holds records of (a
-        later part's entry wins).
+      files: ``{input root's identity: {path: entry}}``: the inputs it holds
+        records of (a later part's entry wins; see ``fingerprint.root_identity``).
       roles: the labels file, schema, CSV manifest it was made with, by role.
       stale: inputs a later part converted again (changed files): the dataset
         also holds their old records.
@@ -75,13 +80,27 @@ class Dataset:
 
     @property
     def input_root(self) -> str:
+        """The input root as the manifest names it (``published_root``; an absolute
+        path in manifests of earlier versions)."""
+        listed = self.manifest.get("input", {}).get("files_list") or {}
+        return listed.get("root") or self.manifest.get("input", {}).get("root", "")
+
+    @property
+    def input_root_id(self) -> str:
         return _root_of(self.manifest)
 
 
 def _root_of(manifest: dict) -> str:
-    """The folder a manifest's input paths are relative to."""
-    listed = manifest.get("input", {}).get("files_list") or {}
-    return listed.get("root") or manifest.get("input", {}).get("root", "")
+    """What identifies the folder a manifest's input paths are relative to
+    (``fingerprint.root_identity``): the ``root_id`` it records, or, for a manifest
+    of an earlier version (an absolute root), the identity of that path now."""
+    section = manifest.get("input", {})
+    listed = section.get("files_list") or {}
+    recorded = listed.get("root_id") or section.get("root_id")
+    if recorded:
+        return recorded
+    root = listed.get("root") or section.get("root", "")
+    return root_identity(root) if root else ""
 
 
 def _read_inputs(folder: str, manifest: dict) -> list[InputFile] | str:
@@ -222,7 +241,7 @@ def _hash_now(root_paths: dict[str, str]):
         if not files.is_local(path):
             return ""
         try:
-            return local_sha256(path)
+            return local_sha256(path, entry.size)
         except OSError:
             return ""
     return hash_now
@@ -298,16 +317,22 @@ def _decide(config: ConvertConfig, dataset: Dataset | None, now: Sequence[InputF
                     else "the options that shape the records changed")
     for entry in roles:
         old = dataset.roles.get(entry.role)
-        if old is None or old.path != entry.path or (old.content or "x") != (entry.content or "y"):
+        # By content: the records depend on the file's bytes, not on the path it was
+        # reached by (published relative to the input root, absolute before).
+        if old is None or (old.content or "x") != (entry.content or "y"):
             if incremental and entry.role == "manifest_csv" and old is not None and _appended(old, entry):
                 continue  # Rows added, none changed: the new rows' images are new inputs.
             why = " (its existing rows changed, not only rows added)" if entry.role == "manifest_csv" else ""
-            why_full = why_full or f"the {entry.role.replace('_', ' ')} file {entry.path} changed{why}"
+            name = published_path(input_root, entry.path) if input_root else entry.path
+            why_full = why_full or f"the {entry.role.replace('_', ' ')} file {name} changed{why}"
     for role in dataset.roles:
         if role not in {e.role for e in roles}:
             why_full = why_full or f"the dataset was made with a {role} file; this run has none"
-    if input_root and dataset.input_root and input_root != dataset.input_root and not incremental:
-        why_full = why_full or f"the input root changed ({dataset.input_root} -> {input_root})"
+    root_id = root_identity(input_root) if input_root else ""
+    if root_id and dataset.input_root_id and root_id != dataset.input_root_id and not incremental:
+        # Named as published (the run report holds this reason): folder names, not paths.
+        why_full = why_full or (f"the input root changed (from {published_root(dataset.input_root)} "
+                                f"to {published_root(input_root)}, another folder)")
     old_vocabulary = dataset.manifest.get("labels", {}).get("vocabulary", [])
     if incremental and not why_full and vocabulary and list(vocabulary) != list(old_vocabulary):
         added = [c for c in vocabulary if c not in old_vocabulary]
@@ -324,7 +349,7 @@ def _decide(config: ConvertConfig, dataset: Dataset | None, now: Sequence[InputF
     # Compared file by file with what the dataset holds from this input root; under
     # a root it never read (a new {date} landing folder) every file is new, and
     # nothing of the other roots counts as deleted.
-    old = dataset.files.get(input_root, {})
+    old = dataset.files.get(root_id, {})
     changes = compare_inputs(old, now, config.fingerprint, _hash_now(paths))
     if not changes.any:
         return Update("skip", f"input unchanged since {dataset.manifest.get('created', '?')} "

@@ -7,7 +7,7 @@ import datetime
 
 from beam_tfrecords.schemas.shards import COMPRESSIONS, ShardBand, clashing_split_names, is_valid_split_name
 
-__all__ = ["COLOR_MODES", "DEFAULT_MAX_PIXELS", "FITS", "IMAGE_BYTES_MODES", "IMAGE_FORMATS",
+__all__ = ["COLOR_MODES", "DEFAULT_MAX_FILE_BYTES", "DEFAULT_MAX_PIXELS", "FITS", "IMAGE_BYTES_MODES", "IMAGE_FORMATS",
            "ImageReshape", "FINGERPRINTS", "LAYOUTS", "RUN_CONTROL_OPTIONS", "TEMPLATE_FIELDS", "expand_templates",
            "parse_date", "SPLIT_BY", "parse_size", "VALIDATE_MODES", "ConvertConfig", "CsvDialect",
            "TableLayout", "parse_splits"]
@@ -31,6 +31,8 @@ RUN_CONTROL_OPTIONS: frozenset[str] = frozenset({
     "skip_unchanged", "incremental", "fingerprint", "date", "list_on_workers",
     "compare_to", "drift_max_mean_shift", "drift_max_missing_change",
     "drift_max_class_share_change",
+    # Which files are read (their entries are fingerprinted file by file instead).
+    "follow_links_outside", "max_file_bytes",
 })
 # Drift gate defaults (--drift_max_*; README "Statistics and drift gate"): a mean
 # may move 2 standard deviations of the old values (sampling noise moves it about
@@ -120,6 +122,11 @@ IMAGE_BYTES_MODES: tuple[str, ...] = ("readable", "original")
 # (2**27, about 11585 x 11585). It also bounds the memory of checking an image (see
 # transforms/codec/images.py: up to ~10 bytes a pixel for a progressive JPEG in decode mode).
 DEFAULT_MAX_PIXELS = 1 << 27
+# --max_file_bytes: an input file larger than this is dead-lettered (file_too_large)
+# without being read (256 MiB; README "flags"): a reading thread holds a file and its
+# record at once, so 4 threads stay near 2 GiB at worst, while camera photos and
+# scans within --max_pixels compress far below it.
+DEFAULT_MAX_FILE_BYTES = 256 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +235,10 @@ class ConvertConfig:
     # List a gs:// image input on the workers, unit by unit, and cut the shards
     # there (transforms.worker_listing): for buckets of millions of objects.
     list_on_workers: bool = False
+    # Images: follow links inside --input that lead outside it (else passed over,
+    # listed in the plan and skipped.jsonl); dead-letter files larger than this.
+    follow_links_outside: bool = False
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
     def __post_init__(self):
         if not self.input:
@@ -255,6 +266,9 @@ class ConvertConfig:
         if (not isinstance(self.max_pixels, int) or isinstance(self.max_pixels, bool)
                 or self.max_pixels < 1):
             raise ValueError(f"--max_pixels must be a positive whole number; got {self.max_pixels!r}")
+        if (not isinstance(self.max_file_bytes, int) or isinstance(self.max_file_bytes, bool)
+                or self.max_file_bytes < 1):
+            raise ValueError(f"--max_file_bytes must be a positive whole number; got {self.max_file_bytes!r}")
         if self.shard_min_mb <= 0:
             raise ValueError(f"--shard_min_mb must be positive; got {self.shard_min_mb}")
         if self.shard_max_mb < self.shard_min_mb:

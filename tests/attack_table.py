@@ -292,6 +292,12 @@ def make_table(path: Path, rows: int, replace: dict[int, bytes] | None = None,
     return Table(str(path), rows, ids, sum(1 for line in lines[1:] if not line.strip()))
 
 
+def _relative(source: str, root) -> str:
+    """A dead letter's source relative to ``root`` (sources are relative to the input
+    root; earlier versions wrote absolute ones)."""
+    return os.path.relpath(source, root) if os.path.isabs(source) else source
+
+
 def _line_of(letter: dict) -> int:
     return int(letter["source"].rsplit(":", 1)[1])
 
@@ -535,7 +541,7 @@ def _manifest_rows_accounting(outcome, out, root: Path, csv_path: Path, image_ke
     for letter in found.dead:
         path, _, line = letter["source"].rpartition(":")
         seen[images_by_line.get(int(line), letter["source"]) if path == str(csv_path)
-             else os.path.relpath(letter["source"], root)] += 1
+             else _relative(letter["source"], root)] += 1
     expected = Counter(images_by_line.values())
     missing, extra = expected - seen, seen - expected
     outcome.nothing_lost = (outcome.n_in == outcome.written + outcome.dead) and not missing and not extra
@@ -678,7 +684,7 @@ def _bombs(work, outcome):
     found = account_files(outcome, out, root, images + bombs, others=1)
     _manifest_total(outcome, found)
     if found.published:
-        reasons = {os.path.relpath(d["source"], root): d["error"] for d in found.dead}
+        reasons = {_relative(d["source"], root): d["error"] for d in found.dead}
         wrong = {b: reasons.get(b) for b in bombs if reasons.get(b) != "too_many_pixels"}
         if wrong:
             outcome.problems.append(f"bombs not dead-lettered as too_many_pixels: {wrong}")
@@ -1128,3 +1134,250 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# --- issue 18: image inputs (read only what is the input, once, and name it rightly) ---
+
+import shutil  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+
+from beam_tfrecords.samples import make_cifar_sample  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    """Every regular file under ``folder`` (links not followed), with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+def _links_out(work: Path, outcome: Outcome, follow: bool) -> None:
+    root, outside = work / "in", work / "outside"
+    images = make_class_folder_sample(str(root), per_class=3, splits=None)
+    far = make_class_folder_sample(str(outside), per_class=2, splits=None, seed=7)
+    os.symlink(outside / "circles", root / "dogs")
+    os.symlink(outside / far[-1], root / "stripes" / "far.jpg")
+    before = _snapshot(outside)
+    out = str(work / "out")
+    _convert(work, outcome, str(root), out, *(["--follow_links_outside"] if follow else []))
+    followed = ["dogs/" + name.split("/", 1)[1] for name in far if name.startswith("circles/")]
+    found = account_files(outcome, out, root, images + (followed + ["stripes/far.jpg"] if follow
+                                                        else ["dogs", "stripes/far.jpg"]), others=1)
+    _manifest_total(outcome, found)
+    reasons = {d["source"]: d["error"] for d in found.skipped}
+    if not follow and reasons != {"dogs": "link_outside_input", "stripes/far.jpg": "link_outside_input"}:
+        outcome.problems.append(f"links out of the input not passed over as link_outside_input: {reasons}")
+    if _snapshot(outside) != before:
+        outcome.problems.append("files outside the input changed")
+
+
+case("link-out-of-input", "a folder and a .jpg linked from outside --input", EXIT_OK, STATUS_OK)(
+    lambda work, outcome: _links_out(work, outcome, False))
+case("link-out-of-input-followed", "the same with --follow_links_outside", EXIT_OK, STATUS_OK)(
+    lambda work, outcome: _links_out(work, outcome, True))
+
+
+@case("real-folder-over-link", "split folders holding links to each other's class folders",
+      EXIT_OK, STATUS_OK)
+def _real_over_link(work, outcome):
+    root = work / "in"
+    images = make_class_folder_sample(str(root), per_class=3, splits=("train", "test"))
+    for link, target in (("test/circles", "../train/circles"), ("train/squares", "../test/squares")):
+        shutil.rmtree(root / link)
+        os.symlink(target, root / link)
+    images = [i for i in images if not i.startswith(("test/circles/", "train/squares/"))]
+    out = str(work / "out")
+    _convert(work, outcome, str(root), out)
+    found = account_files(outcome, out, root, images + ["test/circles", "train/squares"], others=1)
+    _manifest_total(outcome, found)
+    per_split = Counter((r["image/filename"][0].decode().split("/")[0], r["image/class/text"][0].decode())
+                        for r in found.records)
+    if found.published and per_split != Counter((i.split("/")[0], i.split("/")[1]) for i in images):
+        outcome.problems.append(f"records per split and class {dict(per_split)}: a link took a "
+                                "real folder's images")
+
+
+def _clash(work: Path, outcome: Outcome, names: tuple[str, str], splits: bool) -> None:
+    root, source = work / "in", work / "src"
+    make_class_folder_sample(str(source), per_class=2, splits=None)
+    for name, cls in zip(names, ("circles", "squares")):
+        shutil.copytree(source / cls, root / name / cls if splits else root / name)
+    before = _snapshot(root)
+    out = str(work / "out")
+    _convert(work, outcome, str(root), out)
+    account_refused(outcome, out, 4)
+    if _snapshot(root) != before:
+        outcome.problems.append("the input changed")
+
+
+_NFC, _NFD = "caf\u00e9", "cafe\u0301"
+case("class-nfc-nfd", "class folders NFC 'café' and NFD 'café'", EXIT_USAGE,
+     CONVERT_ERROR + r".*'cafe\\u0301' and 'caf\\xe9' differ only in Unicode normalization")(
+    lambda work, outcome: _clash(work, outcome, (_NFC, _NFD), False))
+case("class-case", "class folders 'Cat' and 'cat'", EXIT_USAGE,
+     CONVERT_ERROR + r".*'Cat' and 'cat' differ only in letter case")(
+    lambda work, outcome: _clash(work, outcome, ("Cat", "cat"), False))
+case("split-case", "split folders 'TRAIN' and 'train'", EXIT_USAGE,
+     CONVERT_ERROR + r".*'TRAIN' and 'train' differ only in letter case")(
+    lambda work, outcome: _clash(work, outcome, ("TRAIN", "train"), True))
+
+
+@case("labels-blank-line", "CIFAR labels.txt with a blank third line", EXIT_USAGE,
+      CONVERT_ERROR + r".*line 3 of the labels file is blank")
+def _labels_blank(work, outcome):
+    root = work / "in"
+    images = make_cifar_sample(str(root))
+    lines = (root / "labels.txt").read_text().splitlines()
+    (root / "labels.txt").write_text("\n".join(lines[:2] + [""] + lines[2:]) + "\n")
+    out = str(work / "out")
+    _convert(work, outcome, str(root), out)
+    account_refused(outcome, out, len(images))
+
+
+def _tree_state(out: str) -> dict[str, tuple[int, bytes]]:
+    return {str(p.relative_to(out)): (p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(Path(out).rglob("*")) if p.is_file()}
+
+
+@case("incremental-symlinked-root", "--incremental again through a symlink to the same folder",
+      99, r"^SKIPPED: input unchanged since .*0 new, 0 changed, 0 deleted")
+def _incremental_link(work, outcome):
+    root = work / "data" / "photos"
+    images = make_class_folder_sample(str(root), per_class=3, splits=None)
+    os.symlink(root, work / "photos")
+    out = str(work / "out")
+    first = _convert(work, outcome, str(root), out, "--incremental")
+    before = _tree_state(out)
+    _convert(work, outcome, str(work / "photos"), out, "--incremental")
+    found = account_files(outcome, out, root, images, others=1)  # The dataset of the first run.
+    _manifest_total(outcome, found)
+    if first.exit != EXIT_OK:
+        outcome.problems.append(f"the first run exited {first.exit}")
+    if _tree_state(out) != before:
+        outcome.problems.append("the run through the link wrote to the dataset")
+
+
+@case("drop-duplicates-incremental", "--drop_duplicates --incremental after copies of held images "
+      "and one new image were added", EXIT_OK, STATUS_OK)
+def _dup_incremental(work, outcome):
+    from beam_tfrecords.transforms.plan.shards import stable_key  # pylint: disable=import-outside-toplevel
+
+    root, extra = work / "in", work / "extra"
+    images = make_class_folder_sample(str(root), per_class=3, splits=None)
+    out = str(work / "out")
+    first = _convert(work, outcome, str(root), out, "--incremental", "--drop_duplicates")
+    held = _tree_state(out)
+    original = images[0]
+    copy = next(f"{original.split('/')[0]}/copy{i}.jpg" for i in range(1000)
+                if stable_key("train", f"{original.split('/')[0]}/copy{i}.jpg") < stable_key("train", original))
+    shutil.copyfile(root / original, root / copy)
+    make_class_folder_sample(str(extra), per_class=1, splits=None, seed=9)
+    shutil.copyfile(extra / "stripes" / "stripes_0000.jpg", root / "stripes" / "new.jpg")
+    _convert(work, outcome, str(root), out, "--incremental", "--drop_duplicates")
+    found = account_files(outcome, out, root, images, others=1)  # The root dataset: as it was.
+    part = [r["image/filename"][0].decode() for rs in read_dataset(os.path.join(out, "part-00001")).values()
+            for r in rs] if os.path.isdir(os.path.join(out, "part-00001")) else []
+    report = json.loads(Path(out, "run_report.json").read_text())
+    inputs = report.get("update", {}).get("inputs", {})
+    if first.exit != EXIT_OK:
+        outcome.problems.append(f"the first run exited {first.exit}")
+    if part != ["stripes/new.jpg"]:
+        outcome.problems.append(f"the part holds {part}, not the new image alone")
+    if inputs.get("deleted") != 0 or inputs.get("new") != 1:
+        outcome.problems.append(f"inputs reported {inputs}: held files reported deleted or copies new")
+    if any(_tree_state(out).get(name) != state for name, state in held.items()
+           if name.endswith(".tfrecord") or name == "inputs.jsonl"):
+        outcome.problems.append("the dataset's shards or inputs.jsonl changed")
+    outcome.notes.append(f"part: {part}; inputs {inputs}")
+    _manifest_total(outcome, found)
+
+
+@case("fifo-and-dev-zero", "a FIFO and a link to /dev/zero named .jpg in class folders", EXIT_OK,
+      STATUS_OK)
+def _fifo_zero(work, outcome):
+    root = work / "in"
+    images = make_class_folder_sample(str(root), per_class=3, splits=None)
+    os.mkfifo(root / "circles" / "pipe.jpg")
+    os.symlink("/dev/zero", root / "squares" / "zero.jpg")
+    out = str(work / "out")
+    _convert(work, outcome, str(root), out)
+    found = account_files(outcome, out, root, images + ["circles/pipe.jpg", "squares/zero.jpg"], others=1)
+    _manifest_total(outcome, found)
+    if {d["source"]: d["error"] for d in found.skipped} != {
+            "circles/pipe.jpg": "not_a_regular_file", "squares/zero.jpg": "not_a_regular_file"}:
+        outcome.problems.append(f"skipped: {found.skipped}")
+    outcome.notes.append(f"returned after {outcome.run.elapsed:.1f} s")
+
+
+@case("manifest-fifo-and-dev-zero", "a CSV image manifest naming a FIFO and a /dev/zero link",
+      EXIT_OK, STATUS_OK)
+def _manifest_fifo_zero(work, outcome):
+    root = work / "in"
+    images = make_class_folder_sample(str(root), per_class=2, splits=None)
+    os.mkfifo(root / "pipe.jpg")
+    os.symlink("/dev/zero", root / "zero.jpg")
+    csv_path = root / "list.csv"
+    rows = [f"{rel},{rel.split('/')[0]}" for rel in images] + ["pipe.jpg,circles", "zero.jpg,squares"]
+    csv_path.write_text("image,label\n" + "\n".join(rows) + "\n")
+    out = str(work / "out")
+    _convert(work, outcome, str(csv_path), out, "--max_bad_fraction", "0.5")
+    found = _manifest_rows_accounting(outcome, out, root, csv_path, "image")
+    reasons = sorted((d["source"], d["error"]) for d in found.dead)
+    if reasons != [("pipe.jpg", "not_a_regular_file"), ("zero.jpg", "not_a_regular_file")]:
+        outcome.problems.append(f"dead letters {reasons}")
+    outcome.notes.append(f"returned after {outcome.run.elapsed:.1f} s")
+
+
+@case("max-file-bytes", "--max_file_bytes below the two largest of 12 images", EXIT_OK, STATUS_OK)
+def _max_file_bytes(work, outcome):
+    root = work / "in"
+    images = make_class_folder_sample(str(root), per_class=3, splits=None)
+    sizes = {rel: (root / rel).stat().st_size for rel in images}
+    limit = sorted(sizes.values())[-3]
+    out = str(work / "out")
+    _convert(work, outcome, str(root), out, "--max_file_bytes", str(limit), "--max_bad_fraction", "0.2")
+    found = account_files(outcome, out, root, images, others=1)
+    _manifest_total(outcome, found)
+    large = sorted(rel for rel, size in sizes.items() if size > limit)
+    if sorted((d["source"], d["error"]) for d in found.dead) != [(rel, "file_too_large") for rel in large]:
+        outcome.problems.append(f"dead letters {[(d['source'], d['error']) for d in found.dead]}, "
+                                f"expected file_too_large for {large}")
+
+
+@case("text-named-jpg", "text, HTML and PDF files named .jpg/.png holding a secret", EXIT_OK, STATUS_OK)
+def _text_named_jpg(work, outcome):
+    root = work / "in"
+    images = make_class_folder_sample(str(root), per_class=4, splits=None)
+    bodies = {"circles/notes.jpg": (f"{SECRET}\n".encode(), "text"),
+              "squares/page.png": (f"<html><body>{SECRET}</body></html>".encode(), "HTML"),
+              "stripes/doc.jpg": (b"%PDF-1.5\n" + SECRET.encode(), "PDF")}
+    for rel, (body, _) in bodies.items():
+        (root / rel).write_bytes(body)
+    out = str(work / "out")
+    _convert(work, outcome, str(root), out, "--max_bad_fraction", "0.2")
+    found = account_files(outcome, out, root, images + list(bodies), others=1)
+    _manifest_total(outcome, found)
+    for letter in found.dead:
+        body, kind = bodies.get(letter["source"], (b"", "?"))
+        if f"seems to be {kind} ({len(body):,} bytes)" not in letter["message"]:
+            outcome.problems.append(f"dead letter {letter} does not name the kind and size")
+    published = "".join(p.read_text(errors="replace") for p in Path(out).rglob("*")
+                        if p.is_file() and ".tfrecord" not in p.name)
+    if "hunter2" in published + outcome.run.stdout + outcome.run.stderr:
+        outcome.problems.append("a file's content was echoed")
+
+
+@case("no-absolute-input-path", "published files of a run with dead letters, skips and --labels",
+      EXIT_OK, STATUS_OK)
+def _no_absolute_path(work, outcome):
+    root = work / "home" / "alice" / "photos"
+    images = make_class_folder_sample(str(root), per_class=5, splits=None)
+    (root / "circles" / "broken.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    os.symlink("circles", root / "again")
+    labels = work / "home" / "alice" / "labels.txt"
+    labels.write_text("circles\nsquares\nstripes\ntriangles\n")
+    out = str(work / "out")
+    _convert(work, outcome, str(root), out, "--labels", str(labels), "--max_bad_fraction", "0.1")
+    found = account_files(outcome, out, root, images + ["circles/broken.jpg", "again"], others=1)
+    _manifest_total(outcome, found)
+    for path in sorted(Path(out).rglob("*")):
+        if path.is_file() and ".tfrecord" not in path.name and str(work / "home") in path.read_text():
+            outcome.problems.append(f"{path.relative_to(out)} publishes an absolute input path")

@@ -330,7 +330,7 @@ def test_dead_letter_on_gcs(gcs, image_tree):
     assert letters
     lines = [json.loads(line) for p in letters for line in gcs.download(p).decode().splitlines()]
     assert [(line["source"], line["error"]) for line in lines] == [
-        ("gs://b/images-bad/circles/broken.jpg", "not_an_image")]
+        ("circles/broken.jpg", "not_an_image")]  # Relative to the input root.
     manifest = json.loads(gcs.download(f"{out}/manifest.json"))
     assert manifest["splits"]["train"]["records"] == 8
 

@@ -40,12 +40,14 @@ def test_each_odd_path_has_one_outcome(odd_tree, tmp_path, capsys):
     assert names == sorted(relative)  # Each real image once; nothing through the links.
     manifest = load_manifest(out)
     assert manifest["input"]["skipped"]["by_reason"] == {
-        "duplicate": 1, "folder_named_like_an_image": 1, "link_loop": 1, "not_a_regular_file": 1}
+        "duplicate": 1, "folder_named_like_an_image": 1, "link_loop": 1, "not_a_regular_file": 1,
+        "link_outside_input": 1}
     with open(os.path.join(out, manifest["input"]["skipped"]["file"]), encoding="utf-8") as f:
         skipped = {os.path.basename(json.loads(line)["source"]): json.loads(line)["error"] for line in f}
     assert skipped == {"circles_again": "duplicate", "loop": "link_loop",
-                       "pipe.jpg": "not_a_regular_file", "folder.jpg": "folder_named_like_an_image"}
-    assert manifest["bad_records"]["by_reason"] == {"bad_file_name": 1, "not_an_image": 1}
+                       "pipe.jpg": "not_a_regular_file", "folder.jpg": "folder_named_like_an_image",
+                       "leak.jpg": "link_outside_input"}  # Not followed without --follow_links_outside.
+    assert manifest["bad_records"]["by_reason"] == {"bad_file_name": 1}
     letters = []
     for path in manifest["bad_records"]["dead_letter_files"]:
         with open(os.path.join(out, path), encoding="utf-8") as f:

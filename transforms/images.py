@@ -17,7 +17,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
-import hashlib
 import logging
 import pickle
 import threading
@@ -30,7 +29,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystem import BeamIOError
 
-from beam_tfrecords.schemas.config import DEFAULT_MAX_PIXELS, ImageReshape
+from beam_tfrecords.schemas.config import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, ImageReshape
 from beam_tfrecords.schemas.elements import (
     DeadLetter,
     ImageRef,
@@ -44,14 +43,17 @@ from beam_tfrecords.schemas.shards import ShardBand, shard_name
 from beam_tfrecords.transforms.codec.image_example import image_example_size
 from beam_tfrecords.transforms.codec.tfrecord import RECORD_OVERHEAD
 from beam_tfrecords.transforms.io import files, progress
+from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input, sha256_input
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
+from beam_tfrecords.transforms.io.fingerprint import relative_path
 from beam_tfrecords.transforms.io.helpers import (
     SMALL_FILE_BYTES,
     encode_chunk,
     helper_pool,
     image_example,
     ordered_map,
+    read_failure,
     ready_helper_pool,
 )
 from beam_tfrecords.transforms.plan.duplicates import keep_first
@@ -65,6 +67,7 @@ from beam_tfrecords.transforms.plan.layouts import (
     parse_labels_text,
     resolve_input,
 )
+from beam_tfrecords.transforms.plan.names import check_names
 from beam_tfrecords.transforms.plan.ref_table import PathBuffer, RefTable, shard_cuts
 from beam_tfrecords.transforms.plan.shards import cut_shards, stable_key
 from beam_tfrecords.transforms.plan.splits import split_of
@@ -72,6 +75,7 @@ from beam_tfrecords.transforms.shards import Chunk, RecordSource
 from beam_tfrecords.transforms.tables import plan_table_shards
 
 __all__ = [
+    "HeldImages",
     "ImageRecords",
     "ImagesToExamples",
     "ListImages",
@@ -86,6 +90,7 @@ __all__ = [
     "pack_refs",
     "keep_listing",
     "list_images",
+    "read_labels_text",
     "plan_image_shards",
 ]
 
@@ -109,7 +114,9 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
                 image_column: str | None = None, label_column: str | None = None,
                 splits: tuple[tuple[str, float], ...] = (), split_by: str = "path",
                 drop_duplicates: bool = False, vocabulary: tuple[str, ...] = (),
-                only: tuple[str, ...] = ()) -> Listing:
+                only: tuple[str, ...] = (), follow_links_outside: bool = False,
+                max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, *,
+                held: HeldImages | None = None) -> Listing:
     """Lists and labels the images that ``input_path`` names.
 
     Args:
@@ -126,14 +133,24 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
         incremental run labels as the dataset it adds to did).
       only: when given, keep only the images of these ``image/filename`` values
         (an incremental run's new and changed files).
+      follow_links_outside: follow links inside a local input folder that lead
+        outside it (else they are passed over: ``link_outside_input``).
+      max_file_bytes: a file larger than this is dead-lettered (``file_too_large``)
+        unread.
+      held: with ``drop_duplicates``, the images the dataset an incremental run
+        adds to already holds: they win over copies, and a new file holding one
+        of their contents is left out as a copy (not given to the listing step:
+        the preflight, which lists with it, hands its listing over).
 
     Raises:
-      ValueError: when the labels file or CSV manifest cannot be used, or when
-        ``splits`` are given for an input that names its splits (these are
-        caught before the pipeline runs, by the preflight).
+      ValueError: when the labels file or CSV manifest cannot be used, when two
+        class or split names differ only in Unicode normalization or letter case
+        (``plan.names``), or when ``splits`` are given for an input that names its
+        splits (these are caught before the pipeline runs, by the preflight).
     """
     listing = _list_images(input_path, layout, labels_path, image_column, label_column,
-                           vocabulary)
+                           vocabulary, follow_links_outside)
+    _refuse_large_files(listing, max_file_bytes)
     if only:
         wanted = set(only)
         listing.refs = [ref for ref in listing.refs if ref.filename in wanted]
@@ -144,7 +161,7 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
     if (splits and split_by == "content") or drop_duplicates:
         if isinstance(listing.refs, RefTable):  # Every file is read anyway.
             listing.refs = listing.refs.by_filename()
-        contents = _contents(listing)
+        contents = _contents(listing, max_file_bytes)
     if splits and isinstance(listing.refs, RefTable) and contents is None:
         listing.refs = listing.refs.with_splits(lambda name: split_of(name, splits))
         listing.split_source = "--splits, by path"
@@ -157,24 +174,82 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
         listing.refs = refs
         listing.split_source = f"--splits, by {'content' if split_by == 'content' else 'path'}"
     if drop_duplicates:
-        kept, dropped = keep_first(zip(contents, (ref.key for ref in listing.refs), listing.refs))
-        listing.refs = kept
-        listing.duplicates_dropped = [(d.filename, d.split, k.filename) for d, k in dropped]
+        _drop_copies(listing, contents, held or HeldImages())
     return listing
 
 
-def _content_key(ref: ImageRef) -> str | DeadLetter:
+@dataclasses.dataclass(frozen=True)
+class HeldImages:
+    """What the dataset an incremental run adds to holds, for ``--drop_duplicates``.
+
+    Attributes:
+      names: the ``image/filename`` of every image it holds from this input root.
+      contents: ``{sha256 of the file's bytes: image/filename}`` of the images it
+        holds (from every root it was made from).
+    """
+
+    names: frozenset[str] = frozenset()
+    contents: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _drop_copies(listing: Listing, contents: list[str], held: HeldImages) -> None:
+    """Leaves out every image whose bytes equal another's: of each content the one
+    the dataset already holds is kept, else the first by ordering key; a file the
+    dataset does not hold whose content it holds under another name is a copy
+    of that one (so an incremental run stores no copy of what the dataset holds,
+    and never drops a file it holds in favour of a new copy)."""
+    order = ((ref.filename not in held.names, ref.key) for ref in listing.refs)
+    kept, dropped = keep_first(zip(contents, order, zip(listing.refs, contents)))
+    copies = [(copy[0], keeper[0].filename) for copy, keeper in dropped]
+    refs = []
+    for ref, content in kept:
+        holder = held.contents.get(content)
+        if holder is not None and ref.filename not in held.names:
+            copies.append((ref, holder))
+        else:
+            refs.append(ref)
+    listing.refs = refs
+    listing.duplicates_dropped = sorted((copy.filename, copy.split, holder) for copy, holder in copies)
+
+
+def _refuse_large_files(listing: Listing, max_file_bytes: int) -> None:
+    """Moves images larger than ``max_file_bytes`` from the references to the dead
+    letters (``file_too_large``), unread."""
+    refs = listing.refs
+    if isinstance(refs, RefTable):
+        large = refs.sizes > max_file_bytes
+        if not large.any():
+            return
+        letters = [_too_large(ref, max_file_bytes) for ref in refs.take(np.flatnonzero(large))]
+        listing.refs = refs.select(~large)
+    else:
+        if not any(ref.size > max_file_bytes for ref in refs):
+            return
+        letters = [_too_large(ref, max_file_bytes) for ref in refs if ref.size > max_file_bytes]
+        listing.refs = [ref for ref in refs if ref.size <= max_file_bytes]
+    listing.dead_letters.extend(sorted(letters, key=lambda d: d.source))
+
+
+def _too_large(ref: ImageRef, max_file_bytes: int) -> DeadLetter:
+    return DeadLetter(ref.filename, "list", "file_too_large", f"the file is {ref.size:,} bytes, more "
+                      f"than --max_file_bytes ({max_file_bytes:,}); not read")
+
+
+def _content_key(ref: ImageRef, max_file_bytes: int) -> str | DeadLetter:
     try:
-        return hashlib.sha256(files.read_bytes(ref.path)).hexdigest()
+        return sha256_input(ref.path, ref.size, max_file_bytes)
+    except InputRefused as refused:
+        return DeadLetter(ref.filename, "read", refused.reason, refused.message)
     except (OSError, BeamIOError) as err:
-        return DeadLetter(ref.path, "read", "read_error", f"cannot read the file: {err}")
+        return DeadLetter(ref.filename, "read", "read_error", read_failure(err))
 
 
-def _contents(listing: Listing) -> list[str]:
-    """The SHA-256 of every listed image (read with 16 threads); images that cannot
-    be read move from the listing to its dead letters."""
+def _contents(listing: Listing, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> list[str]:
+    """The SHA-256 of every listed image (read a block at a time, with 16 threads);
+    images that cannot be read move from the listing to its dead letters."""
     with concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="hash-image") as pool:
-        digests = list(pool.map(_content_key, listing.refs))
+        digests = list(pool.map(functools.partial(_content_key, max_file_bytes=max_file_bytes),
+                                listing.refs))
     refs, contents = [], []
     for ref, digest in zip(listing.refs, digests):
         if isinstance(digest, DeadLetter):
@@ -188,9 +263,9 @@ def _contents(listing: Listing) -> list[str]:
 
 def _list_images(input_path: str, layout: str, labels_path: str | None,
                  image_column: str | None, label_column: str | None,
-                 vocabulary: tuple[str, ...] = ()) -> Listing:
+                 vocabulary: tuple[str, ...] = (), follow_links_outside: bool = False) -> Listing:
     layout, root, pattern = resolve_input(input_path, layout)
-    labels = parse_labels_text(files.read_text(labels_path)) if labels_path else None
+    labels = parse_labels_text(read_labels_text(labels_path)) if labels_path else None
     if labels is None and vocabulary:
         labels = list(vocabulary)
     if layout == "csv":
@@ -205,20 +280,24 @@ def _list_images(input_path: str, layout: str, labels_path: str | None,
                 return None
             return found[0][1] if found else None
 
-        return list_csv_manifest(input_path, files.read_text(input_path), size_of, labels,
-                                 image_column, label_column)
+        listing = list_csv_manifest(input_path, files.read_text(input_path), size_of, labels,
+                                    image_column, label_column)
+        if labels is None:
+            check_names("labels in the CSV manifest", listing.vocabulary)
+        check_names("splits in the CSV manifest's 'split' column", {ref.split for ref in listing.refs})
+        return listing
     skipped: list = []
     found, bad_names = PathBuffer(root), []
-    for item in files.list_stamped(pattern, skipped=skipped):  # (path, size, stamp, crc)
-        try:
+    for item in files.list_stamped(pattern, skipped=skipped, follow_outside=follow_links_outside):
+        try:  # item: (path, size, stamp, crc)
             found.add(*item)
         except UnicodeEncodeError:  # A name that is not UTF-8 cannot be a feature's text.
-            bad_names.append(DeadLetter(_printable(item[0]), "list", "bad_file_name",
+            bad_names.append(DeadLetter(_published(root, item[0]), "list", "bad_file_name",
                                         "the file name is not UTF-8 text; rename the file"))
     if layout == "auto":
         layout = detect_layout(root, (item[0] for item in found))
     if layout == "cifar":
-        labels_text = "\n".join(labels) if labels else files.read_text(files.join(root, CIFAR_LABELS_FILE))
+        labels_text = "\n".join(labels) if labels else read_labels_text(files.join(root, CIFAR_LABELS_FILE))
         listing = list_cifar(root, found, labels_text, compact=True)
     else:
         listing = list_class_folders(root, found, labels, compact=True)
@@ -226,7 +305,7 @@ def _list_images(input_path: str, layout: str, labels_path: str | None,
     listing.files = listing.refs  # The fingerprint's columns (stamps from this listing).
     if len(listing.refs) <= COMPACT_LISTING_REFS:
         listing.refs = listing.refs.by_filename()
-    listing.skipped = [DeadLetter(_printable(path), "list", reason, message)
+    listing.skipped = [DeadLetter(_published(root, path), "list", reason, message)
                        for path, reason, message in skipped]
     listing.dead_letters.extend(bad_names)
     return listing
@@ -244,7 +323,8 @@ def keep_listing(listing: Listing, args: tuple) -> str:
 
     ``args`` are the listing's arguments ``(input_path, layout, labels_path,
     image_column, label_column, splits, split_by, drop_duplicates, vocabulary,
-    only)``: a step lists again unless its own match.
+    only, follow_links_outside, max_file_bytes)``: a step lists again unless its
+    own match.
     """
     token = uuid.uuid4().hex
     with _kept_lock:
@@ -300,9 +380,34 @@ def _take_listing(token: str | None, args: tuple) -> Listing | None:
     return kept[1] if kept and kept[0] == tuple(args) else None
 
 
+# A labels file is a few KB; more than this is not one (and is not read whole).
+_LABELS_BYTES = 16 << 20
+
+
+def read_labels_text(path: str) -> str:
+    """A labels file's text, read as inputs are (``io.bounded_read``: a regular
+    file only, at most 16 MiB).
+
+    Raises:
+      ValueError: when it is not a regular file, or is larger.
+      OSError: when it cannot be read (``FileNotFoundError`` when missing).
+    """
+    try:
+        data = read_input(path, None, _LABELS_BYTES)
+    except InputRefused as refused:
+        raise ValueError(f"the labels file {path.rsplit('/', 1)[-1]}: {refused.message}") from None
+    return data.decode("utf-8-sig")
+
+
 def _printable(path: str) -> str:
     """A path as text, whatever bytes its name holds (undecodable ones escaped)."""
     return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _published(root: str, path: str) -> str:
+    """A listed path as dead letters name it: relative to the input root (as
+    ``image/filename``), undecodable bytes escaped."""
+    return _printable(relative_path(root, path))
 
 
 class _ListImagesFn(beam.DoFn):
@@ -313,10 +418,12 @@ class _ListImagesFn(beam.DoFn):
                  helper_processes: int, columns: tuple[str | None, str | None] = (None, None),
                  kept: str | None = None, splits: tuple = (), split_by: str = "path",
                  drop_duplicates: bool = False, vocabulary: tuple[str, ...] = (),
-                 only: tuple[str, ...] = (), listing_path: str | None = None):
+                 only: tuple[str, ...] = (), listing_path: str | None = None,
+                 follow_links_outside: bool = False, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES):
         self._kept = kept
         self._listing_path = listing_path
-        self._splits = (tuple(splits), split_by, drop_duplicates, tuple(vocabulary), tuple(only))
+        self._splits = (tuple(splits), split_by, drop_duplicates, tuple(vocabulary), tuple(only),
+                        follow_links_outside, max_file_bytes)
         self._input = input_path
         self._layout = layout
         self._labels = labels_path
@@ -399,7 +506,8 @@ class ListImages(beam.PTransform):
         step runs in the process that made it.
       listing_path: else, a file ``write_listing`` wrote: that listing is used (the
         step lists again only when neither is given).
-      splits, split_by, drop_duplicates, vocabulary, only: see ``list_images``.
+      splits, split_by, drop_duplicates, vocabulary, only, follow_links_outside,
+        max_file_bytes: see ``list_images``.
 
     Returns a ``DoOutputsTuple``: ``.refs`` holds one ``ImageRefs`` element;
     ``.summary`` holds one ``InputSummary``.
@@ -410,11 +518,13 @@ class ListImages(beam.PTransform):
                  label_column: str | None = None, kept: str | None = None,
                  splits: tuple = (), split_by: str = "path", drop_duplicates: bool = False,
                  vocabulary: tuple[str, ...] = (), only: tuple[str, ...] = (),
-                 listing_path: str | None = None):
+                 listing_path: str | None = None, follow_links_outside: bool = False,
+                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES):
         super().__init__()
         self._fn = _ListImagesFn(input_path, layout, labels_path, output, helper_processes,
                                  (image_column, label_column), kept, splits, split_by,
-                                 drop_duplicates, vocabulary, only, listing_path)
+                                 drop_duplicates, vocabulary, only, listing_path,
+                                 follow_links_outside, max_file_bytes)
 
     def expand(self, pbegin):
         return (
@@ -553,11 +663,15 @@ class ImageRecords(RecordSource):
       image_bytes: ``readable`` (images tf.io.decode_image cannot read are stored
         as PNG) or ``original`` (every file's bytes as they are).
       reshape: how images are resized and re-encoded (``None``: not at all).
+      max_file_bytes: a file larger than this is dead-lettered unread
+        (``file_too_large``); every file is read as ``io.bounded_read`` says (a
+        regular file only, at most its listed size plus one byte).
     """
 
     def __init__(self, validate: str = "structure", read_threads: int = 4, helper_processes: int = 0,
                  max_pixels: int = DEFAULT_MAX_PIXELS, image_bytes: str = "readable",
-                 reshape: ImageReshape | None = None):
+                 reshape: ImageReshape | None = None, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES):
+        self._max_file_bytes = max_file_bytes
         self._image_bytes = image_bytes
         self._reshape = reshape if reshape is not None and reshape.active else None
         self._validate = validate
@@ -590,7 +704,8 @@ class ImageRecords(RecordSource):
         pool, workers = self._pool_for(spec)
         chunks = list(_chunks(spec.records.unpack()))
         encode = functools.partial(encode_chunk, validate=self._validate, max_pixels=self._max_pixels,
-                                   image_bytes=self._image_bytes, reshape=self._reshape)
+                                   image_bytes=self._image_bytes, reshape=self._reshape,
+                                   max_file_bytes=self._max_file_bytes)
         for chunk, (framed, outcomes) in zip(chunks, ordered_map(pool, encode, chunks, workers + 2)):
             progress.add(inputs=len(chunk), input_bytes=sum(ref.size for ref in chunk))
             dead, labels, notes, contents, images = [], [], [], [], []
@@ -612,7 +727,9 @@ class _ImageToExampleFn(beam.DoFn):
     ``dead_letter``."""
 
     def __init__(self, root: str | None, split: str, labels: Sequence[str] | None, validate: str,
-                 max_pixels: int = DEFAULT_MAX_PIXELS, image_bytes: str = "readable"):
+                 max_pixels: int = DEFAULT_MAX_PIXELS, image_bytes: str = "readable",
+                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES):
+        self._max_file_bytes = max_file_bytes
         self._image_bytes = image_bytes
         self._root = root.rstrip("/") + "/" if root else None
         self._split = split
@@ -644,18 +761,20 @@ class _ImageToExampleFn(beam.DoFn):
                 DEAD_LETTER_TAG, DeadLetter(path, "list", "unknown_class", label))
             return
         try:
-            data = files.read_bytes(path)
-        except (OSError, BeamIOError) as err:
+            data = read_input(path, None, self._max_file_bytes)
+        except (InputRefused, OSError, BeamIOError) as err:
             beam.metrics.Metrics.counter("images", "dead_letter").inc()
-            yield beam.pvalue.TaggedOutput(
-                DEAD_LETTER_TAG, DeadLetter(path, "read", "read_error", f"cannot read the file: {err}"))
+            letter = (DeadLetter(path, "read", err.reason, err.message) if isinstance(err, InputRefused)
+                      else DeadLetter(path, "read", "read_error", read_failure(err)))
+            yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, letter)
             return
         ref = ImageRef(self._split, stable_key(self._split, relative), relative, path, len(data),
                        label[0], label[1])
         example = image_example(ref, data, self._validate, self._max_pixels, self._image_bytes)
         if isinstance(example, DeadLetter):
             beam.metrics.Metrics.counter("images", "dead_letter").inc()
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, example)
+            # Your pipeline's dead letters name the path it gave.
+            yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, dataclasses.replace(example, source=path))
             return
         yield ref.key, example[0], estimated_record_size(ref)
 
@@ -680,6 +799,7 @@ class ImagesToExamples(beam.PTransform):
       image_bytes: ``readable`` (default: an image tf.io.decode_image cannot read
         as stored, such as TIFF or CMYK JPEG, is stored as a lossless PNG) or
         ``original`` (every file's own bytes).
+      max_file_bytes: a file larger than this is not read (``file_too_large``).
 
     Returns the examples. Images that cannot be read, checked or labelled are
     counted (metric ``images/dead_letter``) and go to ``.dead_letter``, a
@@ -689,9 +809,11 @@ class ImagesToExamples(beam.PTransform):
 
     def __init__(self, root: str | None = None, split: str = "train",
                  labels: Sequence[str] | None = None, validate: str = "structure",
-                 max_pixels: int = DEFAULT_MAX_PIXELS, image_bytes: str = "readable"):
+                 max_pixels: int = DEFAULT_MAX_PIXELS, image_bytes: str = "readable",
+                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES):
         super().__init__()
-        self._fn = _ImageToExampleFn(root, split, labels, validate, max_pixels, image_bytes)
+        self._fn = _ImageToExampleFn(root, split, labels, validate, max_pixels, image_bytes,
+                                     max_file_bytes)
         self.dead_letter = None
 
     def expand(self, paths):

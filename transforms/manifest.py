@@ -36,6 +36,12 @@ from beam_tfrecords.transforms.io.commit import (
     remove_parts,
 )
 from beam_tfrecords.transforms.io.faults import hold_point
+from beam_tfrecords.transforms.io.fingerprint import (
+    published_input,
+    published_path,
+    published_root,
+    root_identity,
+)
 from beam_tfrecords.transforms.io.progress import split_totals
 from beam_tfrecords.transforms.plan.drift import DriftGate, statistics_and_drift
 from beam_tfrecords.transforms.plan.duplicates import duplicate_report
@@ -94,6 +100,20 @@ class CommitSettings:
 
 def _json_bytes(value: dict) -> bytes:
     return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _published_options(options: dict, root: str) -> dict:
+    """The options as the manifest records them: the input's paths relative to its
+    root (``fingerprint.published_input``, ``published_path``), never the folders
+    above it."""
+    if not root:
+        return options
+    if options.get("input"):
+        options["input"] = published_input(root, options["input"])
+    for name in ("labels", "schema"):
+        if options.get(name):
+            options[name] = published_path(root, options[name])
+    return options
 
 
 def _feature_spec(summary: InputSummary) -> FeatureSpec:
@@ -157,7 +177,8 @@ def _part_entry(settings: CommitSettings, manifest: dict, manifest_bytes: bytes)
         "records": sum(s["records"] for s in splits.values()),
         "bytes": sum(info["bytes"] for info in manifest["splits"].values()),
         "splits": splits,
-        "input_root": settings.input_root,
+        "input_root": published_root(settings.input_root) if settings.input_root else "",
+        "input_root_id": root_identity(settings.input_root) if settings.input_root else "",
         "input_files": manifest["input"].get("files_list", {}).get("files", 0),
     }
 
@@ -213,8 +234,12 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
     notes = _image_notes(results)
     if notes:
         report["image_bytes"] = notes
+    root = settings.input_root or summary.root
+    # Input paths are published relative to the root, which is named without the
+    # folders above it (see fingerprint.published_root) and identified by root_id.
     input_json = {
-        "root": summary.root,
+        "root": published_root(root) if root else "",
+        "root_id": root_identity(root) if root else "",
         "layout": summary.layout,
         "files": summary.input_files,
         "bytes": summary.input_bytes,
@@ -278,7 +303,7 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
             files.write_bytes(staged_inputs, inputs_bytes)
             renames.append((staged_inputs, files.join(target.output, INPUTS_NAME)))
             input_json["files_list"] = {
-                "path": INPUTS_NAME, "root": settings.input_root,
+                "path": INPUTS_NAME, "root": input_json["root"], "root_id": input_json["root_id"],
                 "files": input_count,
                 "sha256": hashlib.sha256(inputs_bytes).hexdigest()}
             input_json["fingerprint"] = fingerprint
@@ -286,7 +311,7 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
         manifest = build_manifest(
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             tool_version=__version__,
-            options=dict(settings.options),
+            options=_published_options(dict(settings.options), root),
             input_summary=input_json,
             results=relative,
             vocabulary=summary.vocabulary,

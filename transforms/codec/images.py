@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import io
 import posixpath
+import re
 import struct
 import threading
 import zlib
@@ -64,8 +65,10 @@ __all__ = [
     "ImageError",
     "ImageInfo",
     "decode_first_frame",
+    "describe_content",
     "inspect_image",
     "is_image_filename",
+    "quiet_message",
 ]
 
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
@@ -491,7 +494,7 @@ def _inspect_gif(data: bytes, n: int) -> ImageInfo:
     if n < 13:
         raise ImageError("truncated_gif", f"GIF is only {n} bytes long: file is truncated")
     if data[4] not in b"79" or data[5] != 0x61:  # GIF87a / GIF89a
-        raise ImageError("corrupt_gif", f"GIF has an unknown version {bytes(data[:6])!r}")
+        raise ImageError("corrupt_gif", "GIF has an unknown version (neither 87a nor 89a)")
     width, height, flags = _GIF_SCREEN(data, 6)
     pos = 13
     if flags & 0x80:  # global colour table
@@ -768,12 +771,53 @@ def _undecodable(label: str, exc: Exception, reduced: bool = False) -> ImageErro
 
 
 def _describe_unknown(data: bytes) -> str:
-    """Message for content that matches no supported image signature."""
-    head = bytes(data[:16])
-    if data[4:8] == b"ftyp":
-        kind = "an ISO media file (HEIC/AVIF/MP4), which is not supported"
-    elif all(32 <= b < 127 or b in (9, 10, 13) for b in head):
-        kind = "text"
-    else:
-        kind = "not a JPEG, PNG, GIF, BMP, WEBP or TIFF image"
-    return f"content is {kind} (starts with {head[:8]!r})"
+    """Message for content that matches no supported image signature: what it
+    seems to be and its size, never what it holds."""
+    return (f"the file seems to be {describe_content(data)} ({len(data):,} bytes), not a JPEG, "
+            "PNG, GIF, BMP, WEBP or TIFF image")
+
+
+# Signatures of common files that are not images (what a dead letter may say a file is).
+_KINDS = ((b"%PDF-", "PDF"), (b"PK\x03\x04", "zip"), (b"PK\x05\x06", "zip"), (b"\x1f\x8b", "gzip"),
+          (b"\x7fELF", "an executable (ELF)"))
+_MARKUP = re.compile(rb"^(?:\xef\xbb\xbf)?\s*<(?:!doctype\s+html|html|head|body|\?xml|svg)\b", re.I)
+_TEXT_SAMPLE = 512
+
+
+def describe_content(data: bytes) -> str:
+    """What a file's bytes seem to be, in a few words (``text``, ``HTML``, ``PDF``,
+    ``zip``, ``empty``, ``unknown binary``, ...): for messages, which name a
+    file's kind and size and never quote its content."""
+    if not data:
+        return "empty"
+    head = bytes(data[:_TEXT_SAMPLE])
+    if head[4:8] == b"ftyp":
+        return "an ISO media file (HEIC/AVIF/MP4, not supported)"
+    for magic, kind in _KINDS:
+        if head.startswith(magic):
+            return kind
+    markup = _MARKUP.match(head)
+    if markup:
+        tag = markup.group(0).lower()
+        return "SVG" if b"svg" in tag else "XML" if b"xml" in tag else "HTML"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        # A character cut at the end of the sample is still text.
+        text = head[:err.start].decode("utf-8") if err.start >= len(head) - 3 else None
+    if text is not None and all(ch.isprintable() or ch in "\t\n\r\f" for ch in text):
+        return "text"
+    return "unknown binary"
+
+
+# A bytes literal in a message (``b'II*\x00'``, as Pillow quotes a header it refused).
+_BYTES_LITERAL = re.compile(r"(?<!\w)b'(?:[^'\\]|\\.)*'" + r'|(?<!\w)b"(?:[^"\\]|\\.)*"')
+_MESSAGE_CHARS = 300
+
+
+def quiet_message(text: str) -> str:
+    """A message fit for a dead letter: bytes a library quoted from the file
+    replaced by ``<bytes>``, control characters escaped, cut to 300 characters."""
+    text = _BYTES_LITERAL.sub("<bytes>", text)
+    text = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    return text if len(text) <= _MESSAGE_CHARS else text[:_MESSAGE_CHARS - 3] + "..."

@@ -114,98 +114,160 @@ def exists(path: str) -> bool:
     return FileSystems.exists(path)
 
 
-def _walk_local(folder: str, skipped: list | None = None, stamped: bool = False) -> Iterator[tuple]:
+def _walk_local(folder: str, skipped: list | None = None, stamped: bool = False,
+                follow_outside: bool = True) -> Iterator[tuple]:
     """``(path, size)`` of every regular file under a local folder, each file once
     (``stamped``: ``(path, size, mtime_ns, -1)``, see ``list_stamped``).
 
-    Real folders are walked before folders reached through symbolic links, and a
-    folder or file met again (a link to something already listed, or a link
-    loop) is not listed twice: the path without links wins. What is passed over
-    goes to ``skipped`` as ``(path, reason, message)``: ``link_loop``,
-    ``duplicate`` (the same file or folder through another path),
-    ``not_a_regular_file`` (FIFOs, sockets, devices), ``unreadable`` (a folder
-    or entry that cannot be read).
+    Every folder and file reached without a symbolic link is listed first (a
+    real folder always wins over a link to it, whatever the directory order);
+    then what links lead to, in path order, each folder or file not met before.
+    A link whose target lies outside ``folder`` (resolved) is followed only
+    with ``follow_outside``. What is passed over goes to ``skipped`` as
+    ``(path, reason, message)``, messages naming other paths relative to
+    ``folder``: ``link_loop``, ``duplicate`` (the same file or folder through
+    another path), ``link_outside_input``, ``not_a_regular_file`` (FIFOs,
+    sockets, devices, also behind a link), ``unreadable`` (a folder or entry
+    that cannot be read, a broken link), ``folder_named_like_an_image`` (noted;
+    what it holds is listed).
     """
     note = skipped.append if skipped is not None else (lambda item: None)
+    prefix = folder.rstrip("/") + "/"
+
+    def shown(path: str) -> str:
+        return path[len(prefix):] if path.startswith(prefix) else path
+
     seen_dirs: dict[tuple[int, int], str] = {}
     seen_files: dict[tuple[int, int], str] = {}
     try:
         top = os.stat(folder)
         seen_dirs[(top.st_dev, top.st_ino)] = folder
+        real_root = os.path.realpath(folder)
     except OSError:
         return
-    real, linked = [folder], []  # Folders to walk: reached without a link, and through one.
-    linked_files: list = []  # Files reached through a link: listed last, if not met before.
-    while real or linked:
-        current = real.pop() if real else linked.pop()
+    inside = real_root.rstrip("/") + "/"
+    real, links = [folder], []  # Folders reached without a link; links met (to decide last).
+    while real:
+        files, dirs, found = _scan(real.pop(), note)
+        links += found
+        below = []
+        for path, key in dirs:
+            if key in seen_dirs:  # A bind mount of a folder met before.
+                note((path, "duplicate", f"the same folder as {shown(seen_dirs[key])}; listed once, there"))
+                continue
+            seen_dirs[key] = path
+            below.append(path)
+            _note_image_named_folder(path, note)
+        yield from _first_time(files, seen_files, note, stamped, shown)
+        real.extend(reversed(below))
+    # What links lead to: each folder or file once, links in path order (so the same
+    # tree always lists the same paths), after everything reached without a link.
+    pending = sorted(links, reverse=True)
+    while pending:
+        path = pending.pop()
         try:
-            entries = list(os.scandir(current))
-        except FileNotFoundError:
-            continue
+            info = os.stat(path)
         except OSError as err:
-            note((current, "unreadable", f"cannot list the folder: {err.strerror or err}"))
+            reason = "link_loop" if err.errno == errno.ELOOP else "unreadable"
+            note((path, reason, f"cannot follow the path: {err.strerror or err}"))
             continue
-        files, later = [], []
-        for entry in entries:
+        key = (info.st_dev, info.st_ino)
+        is_dir = stat.S_ISDIR(info.st_mode)
+        if not (is_dir or stat.S_ISREG(info.st_mode)):
+            note((path, "not_a_regular_file", _NOT_A_FILE))
+            continue
+        if not follow_outside and not (os.path.realpath(path) + "/").startswith(inside):
+            note((path, "link_outside_input", "a link that leads outside the input folder; not "
+                  "followed (pass --follow_links_outside to read what it leads to)"))
+            continue
+        if not is_dir:
+            yield from _first_time([(path, info, key)], seen_files, note, stamped, shown)
+            continue
+        if key in seen_dirs:
+            first = seen_dirs[key]
+            # A link to a folder it sits in would be walked forever.
+            reason = "link_loop" if path.startswith(first.rstrip("/") + "/") else "duplicate"
+            where = shown(first) if first != folder else "the input folder"
+            note((path, reason, f"the same folder as {where}; listed once, there"))
+            continue
+        seen_dirs[key] = path
+        _note_image_named_folder(path, note)
+        files, dirs, found = _scan(path, note)
+        yield from _first_time(files, seen_files, note, stamped, shown)
+        # Decided when taken: claimed then, or passed over.
+        pending.extend(sorted([below for below, _ in dirs] + found, reverse=True))
+
+
+_NOT_A_FILE = "a FIFO, socket or device, not a file; not read"
+
+
+def _scan(folder: str, note) -> tuple[list, list, list]:
+    """A folder's entries, by name, none followed: regular files ``(path, stat,
+    (dev, inode))``, folders ``(path, (dev, inode))`` and links (paths); other
+    entries (FIFOs, sockets, devices) noted ``not_a_regular_file``. A folder that
+    cannot be listed is noted ``unreadable`` and has none."""
+    files: list = []
+    dirs: list = []
+    links: list = []
+    try:
+        with os.scandir(folder) as found:
+            entries = sorted(found, key=lambda entry: entry.name)
+    except FileNotFoundError:
+        return files, dirs, links
+    except OSError as err:
+        note((folder, "unreadable", f"cannot list the folder: {err.strerror or err}"))
+        return files, dirs, links
+    for entry in entries:
+        try:
             if entry.is_file(follow_symlinks=False):  # The common case: one stat, no link.
                 info = entry.stat(follow_symlinks=False)
-                files.append((entry, info, (info.st_dev, info.st_ino)))
-                continue
-            try:
-                info = entry.stat(follow_symlinks=True)
-            except OSError as err:
-                reason = "link_loop" if err.errno == errno.ELOOP else "unreadable"
-                note((entry.path, reason, f"cannot follow the path: {err.strerror or err}"))
-                continue
-            key = (info.st_dev, info.st_ino)
-            if stat.S_ISDIR(info.st_mode):
-                if key in seen_dirs:
-                    first = seen_dirs[key]
-                    # A link to a folder it sits in would be walked forever.
-                    reason = "link_loop" if entry.path.startswith(first + "/") else "duplicate"
-                    note((entry.path, reason, f"the same folder as {first}; listed once, there"))
-                    continue
-                seen_dirs[key] = entry.path
-                (later if entry.is_symlink() else real).append(entry.path)
-                if os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
-                    note((entry.path, "folder_named_like_an_image",
-                          "a folder, not an image file; what it holds is listed as usual"))
-            elif stat.S_ISREG(info.st_mode):
-                (linked_files if entry.is_symlink() else files).append((entry, info, key))
+                files.append((entry.path, info, (info.st_dev, info.st_ino)))
+            elif entry.is_dir(follow_symlinks=False):
+                info = entry.stat(follow_symlinks=False)
+                dirs.append((entry.path, (info.st_dev, info.st_ino)))
+            elif entry.is_symlink():
+                links.append(entry.path)
             else:
-                note((entry.path, "not_a_regular_file",
-                      "a FIFO, socket or device, not a file; not read"))
-        yield from _first_time(files, seen_files, note, stamped)
-        linked.extend(reversed(later))
-    yield from _first_time(linked_files, seen_files, note, stamped)
+                note((entry.path, "not_a_regular_file", _NOT_A_FILE))
+        except OSError as err:
+            note((entry.path, "unreadable", f"cannot read the entry: {err.strerror or err}"))
+    return files, dirs, links
 
 
-def _first_time(entries, seen_files: dict, note, stamped: bool = False) -> Iterator[tuple]:
-    for entry, info, key in entries:
+def _note_image_named_folder(path: str, note) -> None:
+    if os.path.splitext(path)[1].lower() in IMAGE_EXTENSIONS:
+        note((path, "folder_named_like_an_image",
+              "a folder, not an image file; what it holds is listed as usual"))
+
+
+def _first_time(entries, seen_files: dict, note, stamped: bool = False,
+                shown=lambda path: path) -> Iterator[tuple]:
+    for path, info, key in entries:
         if key in seen_files:
-            note((entry.path, "duplicate", f"the same file as {seen_files[key]}; converted "
+            note((path, "duplicate", f"the same file as {shown(seen_files[key])}; converted "
                   "once, there"))
             continue
-        seen_files[key] = entry.path
+        seen_files[key] = path
         if stamped:
-            yield entry.path, info.st_size, info.st_mtime_ns, -1
+            yield path, info.st_size, info.st_mtime_ns, -1
         else:
-            yield entry.path, info.st_size
+            yield path, info.st_size
 
 
-def list_files(pattern: str, limit: int | None = None,
-               skipped: list | None = None) -> list[tuple[str, int]]:
+def list_files(pattern: str, limit: int | None = None, skipped: list | None = None,
+               follow_outside: bool = True) -> list[tuple[str, int]]:
     """``(path, size)`` of files matching a glob (``**`` crosses folders).
 
     Patterns follow Beam's ``FileSystems.match`` (``*`` stays inside a folder).
     Local globs are matched with the same rules but walked directly, which is
     several times faster on folders of many small files; there, what is passed
-    over (links met twice, link loops, FIFOs and devices, unreadable folders) is
-    added to ``skipped`` as ``(path, reason, message)``.
+    over (links met twice, link loops, FIFOs and devices, unreadable folders, and
+    without ``follow_outside`` links leading outside the walked folder) is added
+    to ``skipped`` as ``(path, reason, message)`` (see ``_walk_local``).
     """
     if is_local(pattern) and _GLOB.search(pattern):
         folder = os.path.dirname(re.match(r"^[^[*?]*", pattern).group(0)) or "."
-        found = _walk_local(folder, skipped)
+        found = _walk_local(folder, skipped, follow_outside=follow_outside)
         if pattern != folder + "/**":  # Everything under the folder matches that one.
             matches = re.compile(FileSystem.translate_pattern(pattern)).match
             found = (item for item in found if matches(item[0]))
@@ -214,7 +276,8 @@ def list_files(pattern: str, limit: int | None = None,
     return [(m.path, m.size_in_bytes) for m in result.metadata_list]
 
 
-def list_stamped(pattern: str, skipped: list | None = None) -> Iterator[tuple[str, int, int, int]]:
+def list_stamped(pattern: str, skipped: list | None = None,
+                 follow_outside: bool = False) -> Iterator[tuple[str, int, int, int]]:
     """``(path, size, stamp, crc)`` of files matching a glob, as a stream: what
     ``list_files`` finds, with what the listing says of each file besides its size.
 
@@ -224,11 +287,13 @@ def list_stamped(pattern: str, skipped: list | None = None) -> Iterator[tuple[st
     the one listing, so nothing is listed or stat-ed twice. On GCS the objects
     under the pattern's fixed prefix are listed a page at a time and matched
     with Beam's rules (``FileSystem.translate_pattern``); on other file systems
-    the stamp is 0.
+    the stamp is 0. A local walk passes over links that lead outside the folder
+    above the pattern's first wildcard unless ``follow_outside`` (these are the
+    inputs: ``--follow_links_outside``).
     """
     if is_local(pattern) and _GLOB.search(pattern):
         folder = os.path.dirname(re.match(r"^[^[*?]*", pattern).group(0)) or "."
-        found = _walk_local(folder, skipped, stamped=True)
+        found = _walk_local(folder, skipped, stamped=True, follow_outside=follow_outside)
         if pattern != folder + "/**":
             matches = re.compile(FileSystem.translate_pattern(pattern)).match
             found = (item for item in found if matches(item[0]))

@@ -4,6 +4,7 @@ listing, content hashes of local files (see ``schemas.inputs``)."""
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import hashlib
 import os
 from collections.abc import Iterator, Sequence
@@ -12,13 +13,12 @@ import numpy as np
 
 from beam_tfrecords.schemas.inputs import InputFile, encode_inputs_chunks, file_line
 from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io.bounded_read import InputRefused, sha256_input
 from beam_tfrecords.transforms.io.gcs import _client, crc32c_gcs_to_hex, is_gcs
 
-__all__ = ["file_entries", "hash_entries", "local_sha256", "relative_path", "role_entry",
-           "table_entries", "table_lines", "write_inputs"]
-
-_HASH_BLOCK = 1 << 20
-
+__all__ = ["file_entries", "hash_entries", "local_sha256", "published_entry", "published_input",
+           "published_path", "published_root", "relative_path", "role_entry", "root_identity", "table_entries",
+           "table_lines", "write_inputs"]
 
 def relative_path(root: str, path: str) -> str:
     """``path`` relative to ``root`` ('/'-separated), or ``path`` itself outside it."""
@@ -26,13 +26,60 @@ def relative_path(root: str, path: str) -> str:
     return path[len(prefix):] if path.startswith(prefix) else path
 
 
-def local_sha256(path: str) -> str:
-    """SHA-256 of a local file's bytes, hex."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
+def root_identity(root: str) -> str:
+    """What names an input root whatever path reached it: ``sha256:`` and the hex
+    SHA-256 of its resolved path (a local folder's ``realpath``, so a symlinked
+    root is the folder it leads to; a ``gs://`` root as written, without a final
+    slash). Published in the manifest (``input.root_id``) instead of the path,
+    and compared by ``--skip_unchanged`` and ``--incremental``."""
+    resolved = os.path.realpath(root) if files.is_local(root) else root.rstrip("/")
+    return "sha256:" + hashlib.sha256(resolved.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def published_root(root: str) -> str:
+    """How a manifest names an input root: a local folder by its name only (the
+    folders above it are the machine's, not the dataset's, and a published
+    dataset must not carry them: user names, mount points); a ``gs://`` root as
+    written (the same place for every reader). ``root_identity`` tells roots apart."""
+    if not files.is_local(root):
+        return root.rstrip("/")
+    return os.path.basename(os.path.normpath(root)) or "/"
+
+
+def published_path(root: str, path: str | None) -> str | None:
+    """How published files name an input path: relative to ``root`` when under it,
+    a ``gs://`` path as written, another local path by its file name only."""
+    if path is None:
+        return None
+    relative = relative_path(root, path)
+    if relative != path or not files.is_local(path):
+        return relative
+    return os.path.basename(path.rstrip("/")) or path
+
+
+def published_input(root: str, path: str) -> str:
+    """How the manifest's options name ``--input``: the root as ``published_root``
+    names it, then the rest of the path (a glob's pattern, a CSV manifest's name)."""
+    name = published_root(root)
+    rest = relative_path(root, path)
+    if rest == path:  # The root itself (or outside it: named as other inputs are).
+        return name if path.rstrip("/") == root.rstrip("/") else published_path(root, path)
+    return f"{name.rstrip('/')}/{rest}"
+
+
+def published_entry(entry: InputFile, root: str) -> InputFile:
+    """A fingerprint entry as ``inputs.jsonl`` publishes it (``published_path``)."""
+    return dataclasses.replace(entry, path=published_path(root, entry.path))
+
+
+def local_sha256(path: str, size: int | None = None) -> str:
+    """SHA-256 of a local file's bytes, hex, read a block at a time: a regular file
+    only (a FIFO or device raises ``OSError``, unread) and, with ``size`` (the
+    listed size), at most that plus one byte (another count raises ``OSError``)."""
+    try:
+        return sha256_input(path, size)
+    except InputRefused as refused:
+        raise OSError(refused.message) from None
 
 
 def _gcs_listing(root: str) -> dict[str, tuple[int, str, str]]:
@@ -88,8 +135,8 @@ def hash_entries(entries: Sequence[InputFile], paths: Sequence[str], threads: in
         if entry.sha256 or not files.is_local(path):
             return entry
         try:
-            return InputFile(entry.path, entry.size, entry.mtime_ns, local_sha256(path),
-                             role=entry.role)
+            return InputFile(entry.path, entry.size, entry.mtime_ns,
+                             local_sha256(path, None if entry.role else entry.size), role=entry.role)
         except OSError:
             return entry
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="hash-input") as pool:

@@ -24,13 +24,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from beam_tfrecords.schemas.config import DEFAULT_MAX_PIXELS, ImageReshape
+from beam_tfrecords.schemas.config import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, ImageReshape
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
 from beam_tfrecords.transforms.codec.image_example import image_example_parts
-from beam_tfrecords.transforms.codec.images import ImageError, inspect_image
+from beam_tfrecords.transforms.codec.images import ImageError, inspect_image, quiet_message
 from beam_tfrecords.transforms.codec.readable import readable_image
 from beam_tfrecords.transforms.codec.reshape import reshape_decodes, reshape_image
 from beam_tfrecords.transforms.codec.tfrecord import RECORD_OVERHEAD, frame_parts, scan_records
+from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
 
 __all__ = [
     "SMALL_FILE_BYTES",
@@ -39,6 +40,7 @@ __all__ = [
     "helper_pool",
     "image_example",
     "ordered_map",
+    "read_failure",
     "ready_helper_pool",
     "verify_range",
 ]
@@ -57,23 +59,10 @@ _pool_broken = False
 _warmups: list[concurrent.futures.Future] = []
 
 
-def _read(path: str, size: int) -> bytes:
-    """The file's bytes; ``size`` (from the listing) lets a local read be one call."""
-    if "://" in path:
-        from beam_tfrecords.transforms.io import files  # pylint: disable=import-outside-toplevel
-
-        return files.read_bytes(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        data = os.read(fd, size + 1)
-        if len(data) != size:
-            parts = [data]  # Changed since listing, or a short read: read to the end.
-            while chunk := os.read(fd, 1 << 20):
-                parts.append(chunk)
-            data = b"".join(parts)
-        return data
-    finally:
-        os.close(fd)
+def read_failure(err: BaseException) -> str:
+    """A read error's dead-letter message: what went wrong, without the path (a
+    dead letter names its file relative to the input root) or any content."""
+    return f"cannot read the file: {getattr(err, 'strerror', None) or type(err).__name__}"
 
 
 def verify_range(path: str, start: int, end: int, first_index: int) -> int:
@@ -106,24 +95,31 @@ def _read_errors() -> tuple[type[BaseException], ...]:
 
 
 def encode_image(ref: ImageRef, validate: str, max_pixels: int = DEFAULT_MAX_PIXELS,
-                 image_bytes: str = "readable",
-                 reshape: ImageReshape | None = None) -> tuple | DeadLetter:
+                 image_bytes: str = "readable", reshape: ImageReshape | None = None,
+                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> tuple | DeadLetter:
     """Reads, checks and encodes one image: ``(framed record, note, sha256, source
     sha256, image)`` (see ``image_example``), or why it was refused."""
-    outcome = _framed_image(ref, validate, max_pixels, image_bytes, reshape)
+    outcome = _framed_image(ref, validate, max_pixels, image_bytes, reshape, max_file_bytes)
     if isinstance(outcome, DeadLetter):
         return outcome
     return b"".join(outcome[0]), *outcome[2:]
 
 
 def _framed_image(ref: ImageRef, validate: str, max_pixels: int, image_bytes: str,
-                  reshape: ImageReshape | None) -> tuple | DeadLetter:
+                  reshape: ImageReshape | None, max_file_bytes: int) -> tuple | DeadLetter:
     """``encode_image`` with the framed record as pieces (the file's bytes among
-    them, not copied) and its size: ``(pieces, size, note, ...)``."""
+    them, not copied) and its size: ``(pieces, size, note, ...)``.
+
+    The file is read bounded (``bounded_read.read_input``: a regular file only, at
+    most its listed size plus one byte, nothing of one over ``max_file_bytes``).
+    Dead letters name the image by ``ref.filename`` (relative to the input root).
+    """
     try:
-        data = _read(ref.path, ref.size)
+        data = read_input(ref.path, ref.size, max_file_bytes)
+    except InputRefused as refused:
+        return DeadLetter(ref.filename, "read", refused.reason, refused.message)
     except _read_errors() as err:
-        return DeadLetter(ref.path, "read", "read_error", f"cannot read the file: {err}")
+        return DeadLetter(ref.filename, "read", "read_error", read_failure(err))
     outcome = _example_parts(ref, data, validate, max_pixels, image_bytes, reshape)
     if isinstance(outcome, DeadLetter):
         return outcome
@@ -179,10 +175,10 @@ def _example_parts(ref: ImageRef, data: bytes, validate: str, max_pixels: int, i
             elif info.bit_depth == 16:
                 note = "kept/png_16_bit"
     except ImageError as err:
-        return DeadLetter(ref.path, "validate", err.reason, err.message)
+        return DeadLetter(ref.filename, "validate", err.reason, quiet_message(err.message))
     except (ValueError, OSError, TypeError, MemoryError) as err:  # Pillow, converting or resizing.
-        return DeadLetter(ref.path, "encode", "conversion_error",
-                          f"the image could not be converted: {type(err).__name__}: {err}")
+        return DeadLetter(ref.filename, "encode", "conversion_error",
+                          quiet_message(f"the image could not be converted: {type(err).__name__}: {err}"))
     # The one content hash: the image/key/sha256 feature, the duplicates report and
     # (the file's own bytes) the input fingerprint.
     digest = hashlib.sha256(data).hexdigest()
@@ -192,12 +188,14 @@ def _example_parts(ref: ImageRef, data: bytes, validate: str, max_pixels: int, i
             data, info, ref.label, ref.label_text, ref.filename, ref.extra, digest
         )
     except (ValueError, TypeError, OverflowError) as err:
-        return DeadLetter(ref.path, "encode", "encode_error", f"cannot encode the record: {err}")
+        return DeadLetter(ref.filename, "encode", "encode_error",
+                          quiet_message(f"cannot encode the record: {err}"))
     return example, note, digest, source_digest, (info.format, info.mode, info.width, info.height)
 
 
 def encode_chunk(chunk: list[ImageRef], validate: str, max_pixels: int = DEFAULT_MAX_PIXELS,
                  image_bytes: str = "readable", reshape: ImageReshape | None = None,
+                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
                  ) -> tuple[bytes, list[tuple[int, str, str] | DeadLetter]]:
     """``encode_image`` over a run of files: one task for a thread or a process.
 
@@ -210,7 +208,7 @@ def encode_chunk(chunk: list[ImageRef], validate: str, max_pixels: int = DEFAULT
     pieces: list[bytes] = []
     outcomes: list = []
     for ref in chunk:
-        outcome = _framed_image(ref, validate, max_pixels, image_bytes, reshape)
+        outcome = _framed_image(ref, validate, max_pixels, image_bytes, reshape, max_file_bytes)
         if isinstance(outcome, DeadLetter):
             outcomes.append(outcome)
         else:

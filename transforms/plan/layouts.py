@@ -32,6 +32,7 @@ from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
 from beam_tfrecords.schemas.shards import is_valid_split_name
 from beam_tfrecords.schemas.table_schema import FLOAT32_MAX
 from beam_tfrecords.transforms.codec.images import is_image_filename
+from beam_tfrecords.transforms.plan.names import check_names
 from beam_tfrecords.transforms.plan.ref_table import RefTable, TableListing, cifar_table, class_folder_table
 from beam_tfrecords.transforms.plan.shards import stable_key
 
@@ -132,20 +133,34 @@ def resolve_input(path: str, layout: str = "auto") -> tuple[str, str, str]:
 
 
 def parse_labels_text(text: str) -> list[str]:
-    """Class names from a labels file: one per line, blank lines skipped.
+    """Class names from a labels file: one per line; line ``i`` (from 0) names label ``i``.
+
+    Blank lines at the end are ignored; a blank line before a name is refused, since
+    skipping it would give every later class another label than its line says.
 
     Raises:
-      ValueError: if a name appears twice or there is none.
+      ValueError: naming the line, if a line before the last name is blank, a name
+        appears twice (also when only its Unicode normalization or letter case
+        differs, see ``plan.names``), or there is none.
     """
-    names = [line.strip() for line in text.splitlines() if line.strip()]
-    if not names:
+    lines = [line.strip() for line in text.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    if not lines:
         raise ValueError("the labels file holds no class names")
-    seen = set()
-    for name in names:
+    blank = next((number for number, name in enumerate(lines, start=1) if not name), None)
+    if blank is not None:
+        raise ValueError(f"line {blank} of the labels file is blank; a label is its line's index, "
+                         "so a blank line would shift every class after it: remove the line, or "
+                         "name the class it stands for")
+    seen: dict[str, int] = {}
+    for number, name in enumerate(lines, start=1):
         if name in seen:
-            raise ValueError(f"class {name!r} appears twice in the labels file")
-        seen.add(name)
-    return names
+            raise ValueError(f"class {name!r} appears twice in the labels file (lines {seen[name]} "
+                             f"and {number})")
+        seen[name] = number
+    check_names("classes in the labels file", lines)
+    return lines
 
 
 def _relative(root: str, path: str) -> str:
@@ -297,7 +312,10 @@ def list_cifar(root: str, files: Iterable[tuple[str, int]], labels_text: str,
                compact: bool = False) -> Listing:
     """Images named ``ROOT/<split>/<ID>_<CLASS>.<ext>``, labelled by ``labels.txt``
     (``compact``: see ``list_class_folders``)."""
-    vocabulary = parse_labels_text(labels_text)
+    try:
+        vocabulary = parse_labels_text(labels_text)
+    except ValueError as err:
+        raise ValueError(f"{CIFAR_LABELS_FILE}: {err}") from None
     found = cifar_table(root, files, vocabulary, CIFAR_LABELS_FILE, DEFAULT_SPLIT)
     return _from_table("cifar", found, compact)
 

@@ -31,6 +31,7 @@ import numpy as np
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
 from beam_tfrecords.schemas.shards import ShardBand, is_valid_split_name
 from beam_tfrecords.transforms.codec.images import is_image_filename
+from beam_tfrecords.transforms.plan.names import check_names
 from beam_tfrecords.transforms.plan.shards import cut_shards
 
 __all__ = ["RefTable", "TableListing", "cifar_table", "class_folder_table", "concat_tables", "shard_cuts"]
@@ -284,13 +285,13 @@ def _table_listing(columns: _Columns, split_of: np.ndarray, split_names: list[st
     label_of = np.where(class_of >= 0, labels[np.maximum(class_of, 0)] if len(labels) else -1, -1)
     keep = (class_of >= 0) & (label_of >= 0)
     rel = lambda i: blob[offsets[i]:offsets[i + 1]].decode("utf-8")  # noqa: E731
-    path = lambda i: columns.prefix + rel(i)  # noqa: E731
-    letters = [DeadLetter(path(i), "list", error, message) for i, error, message in dead]
+    # A dead letter names its image relative to the input root, as image/filename does.
+    letters = [DeadLetter(rel(i), "list", error, message) for i, error, message in dead]
     bad_codes = [code for code, name in enumerate(split_names) if not is_valid_split_name(name)]
     if bad_codes:
         bad = keep & np.isin(split_of, bad_codes)
         for i in sorted(np.flatnonzero(bad).tolist(), key=lambda i: (rel(i), int(sizes[i]))):
-            letters.append(DeadLetter(path(i), "list", "bad_split",
+            letters.append(DeadLetter(rel(i), "list", "bad_split",
                                       f"split {split_names[split_of[i]]!r} cannot name a shard "
                                       "file: use letters, digits, '_' and '.'"))
         keep &= ~bad
@@ -334,6 +335,7 @@ def class_folder_table(root: str, files: Iterable[tuple[str, int]], labels: Sequ
     depth = np.array(depth, np.int8)
     names = list(folders)
     top = {names[c] for c in np.unique(first[first >= 0]).tolist()}
+    check_names("top-level folders", top)
     by_split = folders_are_splits(root, top)
     split_names = list(dict.fromkeys([default_split] + [name for name in names if by_split and name in top]))
     split_code = {name: i for i, name in enumerate(split_names)}
@@ -345,6 +347,9 @@ def class_folder_table(root: str, files: Iterable[tuple[str, int]], labels: Sequ
         split_of = np.zeros(n, np.int32)
         class_of = np.where(depth >= 2, first, -1)
     used = sorted({names[c] for c in np.unique(class_of[class_of >= 0]).tolist()})
+    check_names("class folders", used)
+    if labels is not None:
+        check_names("class names (folders and the labels)", set(used) | set(labels))
     vocabulary = list(labels) if labels is not None else used
     known = set(vocabulary)
     blob_rel = _relpaths(columns)
@@ -391,6 +396,9 @@ def cifar_table(root: str, files: Iterable[tuple[str, int]], vocabulary: list[st
     split_of = np.fromiter(split_of, np.int32, n)
     class_of = np.fromiter(class_of, np.int32, n)
     class_names = list(classes)
+    check_names("split folders", splits)
+    check_names("classes in file names", class_names)
+    check_names(f"class names (file names and {labels_file})", set(class_names) | set(vocabulary))
     known = set(vocabulary)
     key = _relpaths(columns)
     dead = []
