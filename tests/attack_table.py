@@ -1065,10 +1065,6 @@ def _secret_rows(work, outcome):
         outcome.problems.append(f"the secret is in {leaks}")
 
 
-CASES_BY_NAME = {c.name: c for c in CASES}
-assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
-
-
 # --------------------------------------------------------------------------------------
 # the table
 # --------------------------------------------------------------------------------------
@@ -1131,9 +1127,6 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + details, file=sys.stderr)
     return 1 if any(not o.ok for o in outcomes if not o.skip_reason) else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 # --- issue 18: image inputs (read only what is the input, once, and name it rightly) ---
@@ -1381,3 +1374,12 @@ def _no_absolute_path(work, outcome):
     for path in sorted(Path(out).rglob("*")):
         if path.is_file() and ".tfrecord" not in path.name and str(work / "home") in path.read_text():
             outcome.problems.append(f"{path.relative_to(out)} publishes an absolute input path")
+
+
+# Every case is registered above this line (a case added below would not run as a script).
+CASES_BY_NAME = {c.name: c for c in CASES}
+assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
