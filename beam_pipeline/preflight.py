@@ -1002,7 +1002,7 @@ def take_output(plan: RunPlan) -> None:
                            f"({err.strerror or err}); choose another folder") from None
     try:
         if plan.update is not None:
-            now = manifest_digest(files.read_text_if_exists(files.join(lock_output, MANIFEST_NAME)))
+            now = manifest_digest(files.read_bytes_if_exists(files.join(lock_output, MANIFEST_NAME)))
             if now != plan.update.seen_manifest:
                 raise OutputBusy(f"--output {lock_output}: another run changed the dataset while "
                                  "this one was planning; run again to compare with what it wrote")

@@ -57,6 +57,7 @@ __all__ = [
     "digest_stream",
     "scan_records",
     "scan_stream",
+    "stream_size",
 ]
 
 RECORD_OVERHEAD = 16  # 8-byte length + 4-byte length CRC + 4-byte data CRC.
@@ -484,9 +485,10 @@ def _scan_block(data: bytes, first_index: int, base_offset: int, final: bool) ->
     return index, offset
 
 
-def _stream_size(source: BinaryIO) -> int | None:
+def stream_size(source: BinaryIO) -> int | None:
     """Bytes left in a stored file's stream (its size from its descriptor, or by
-    seeking), ``None`` when it cannot be known without reading."""
+    seeking), ``None`` when it cannot be known without reading. For the stored
+    bytes only: a ``GzipFile`` would decompress everything to seek to its end."""
     try:
         info = os.fstat(source.fileno())
         if stat.S_ISREG(info.st_mode):
@@ -507,7 +509,7 @@ def _stream_size(source: BinaryIO) -> int | None:
 def _scan_plain(source: BinaryIO) -> FileDigest:
     """``scan_stream`` of an uncompressed file: every byte read is digested."""
     digests = _Digests()
-    records = _scan_blocks(source.read, _stream_size(source), digests.update)
+    records = _scan_blocks(source.read, stream_size(source), digests.update)
     crc, sha = digests.digests()
     return FileDigest(records=records, bytes=digests.bytes, crc32c=crc, sha256=sha)
 
