@@ -50,6 +50,7 @@ from beam_tfrecords.schemas.config import (
     SPLIT_BY,
     VALIDATE_MODES,
     ConvertConfig,
+    parse_roots,
     parse_size,
     parse_splits,
 )
@@ -197,6 +198,12 @@ def _convert_parser(prog: str) -> argparse.ArgumentParser:
                    "image_path, path, filename, file, uri)")
     m.add_argument("--label_column", default=None,
                    help="the column of labels (default: the first of label, class, category)")
+    m.add_argument("--allowed_roots", type=_flag_value(parse_roots), default=(),
+                   help="folders or buckets outside the CSV's folder whose images the rows may "
+                   "name, comma-separated (gs://photos,/data/imgs); rows naming others refuse the run")
+    m.add_argument("--allow_paths_outside", action="store_true",
+                   help="read the images the rows name wherever they are (default: only inside "
+                   "the CSV's folder and --allowed_roots)")
     _add_table_flags(p)
     t = p.add_argument_group("tables (--layout table, or a CSV without an image column)")
     t.add_argument("--schema", default=None,
@@ -277,7 +284,8 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
         max_side=args.max_side, min_side=args.min_side, size=tuple(args.size), fit=args.fit,
         image_format=args.image_format, jpeg_quality=args.jpeg_quality, color_mode=args.color_mode,
         sequence_order=args.sequence_order, image_column=args.image_column,
-        label_column=args.label_column, skip_unchanged=args.skip_unchanged,
+        label_column=args.label_column, allowed_roots=tuple(args.allowed_roots),
+        allow_paths_outside=args.allow_paths_outside, skip_unchanged=args.skip_unchanged,
         incremental=args.incremental, fingerprint=args.fingerprint, date=args.date,
         list_on_workers=args.list_on_workers,
         compare_to=args.compare_to, drift_max_mean_shift=args.drift_max_mean_shift,
