@@ -30,7 +30,7 @@ from beam_tfrecords.schemas.shards import is_valid_split_name
 from beam_tfrecords.transforms.codec.example import example_to_dict
 from beam_tfrecords.transforms.codec.tfrecord import RecordError, iter_records, stream_size
 from beam_tfrecords.transforms.io import files
-from beam_tfrecords.verify import dataset_path, manifest_text
+from beam_tfrecords.verify import dataset_path, manifest_text, part_manifest
 
 __all__ = [
     "MAX_RECORD_BYTES",
@@ -63,14 +63,17 @@ def read_manifest(location: str) -> tuple[str, dict]:
 
     Raises:
       ValueError: one line: no manifest, or one that is malformed or names a
-        path outside its folder.
+        path outside its folder (its parts' folders and manifests included).
     """
     path = files.join(location, MANIFEST_NAME)
     text = manifest_text(path)
     if text is None:
         raise ValueError(f"{path} does not exist: not a finished dataset (verify --scan_only "
                          "CRC-scans its TFRecord files)")
-    return path, parse_manifest(text, path)
+    manifest = parse_manifest(text, path)
+    for index, part in enumerate(manifest.get("parts", [])):
+        part_manifest(location, path, index, part)  # Its folder and manifest stay inside.
+    return path, manifest
 
 
 def _records(path: str, count: int, max_record: int) -> list[bytes]:

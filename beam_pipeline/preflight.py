@@ -93,6 +93,7 @@ from beam_tfrecords.transforms.plan.table_inference import infer_schema, infer_t
 from beam_tfrecords.transforms.tables import csv_header, table_files, table_header
 from beam_tfrecords.transforms.worker_listing import UnitsToList
 from beam_tfrecords.updates import Update, UpdateRefused, decide, manifest_digest, read_dataset
+from beam_tfrecords.verify import manifest_text
 
 __all__ = [
     "ConvertError",
@@ -1112,13 +1113,13 @@ def drift_gate(config: ConvertConfig, output: str = "") -> DriftGate | None:
     output = output or config.output
     path = drift_manifest_path(config.compare_to, output)
     try:
-        found = files.exists(path)
-        if not found and config.compare_to == PREVIOUS:
+        text = manifest_text(path)
+        if text is None and config.compare_to == PREVIOUS:
             return DriftGate(config.compare_to, note=f"no dataset at {output} yet: nothing "
                              "to compare with (--compare_to previous passes)", **limits)
-        if not found:
+        if text is None:
             raise ValueError(f"{path} does not exist")
-        manifest = parse_manifest(files.read_text(path), path)
+        manifest = parse_manifest(text, path)
     except (OSError, ValueError) as err:
         raise ConvertError(f"--compare_to {config.compare_to}: {err} (give a manifest.json, a "
                            "dataset folder holding one, or 'previous')") from None
