@@ -279,7 +279,7 @@ def manifest_shards(manifest: Mapping) -> list[ShardEntry]:
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SHOWN_CHARS = 80
+_SHOWN_CHARS = 300
 
 
 def outside_folder(path: str) -> str:
@@ -310,7 +310,7 @@ def outside_folder(path: str) -> str:
 
 def shown_value(value: object) -> str:
     """A value from a file as one escaped line for a message: JSON, control and
-    other non-printing characters escaped, cut at 80 characters."""
+    other non-printing characters escaped, cut at 300 characters."""
     text = json.dumps(value, ensure_ascii=False, default=str)
     text = "".join(c if c.isprintable() else json.dumps(c)[1:-1] if ord(c) < 0x10000
                    else f"\\U{ord(c):08x}" for c in text)
