@@ -39,6 +39,7 @@ from beam_tfrecords.transforms.plan.layouts import outside_root, rows_outside, w
 from beam_tfrecords.verify import dataset_shards
 from tests.attack_table import EXIT_FAILED, EXIT_OK, EXIT_USAGE, TRACEBACK, Run, cli, cli_env
 from tests.conftest import read_dataset
+from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 
 # --------------------------------------------------------------------------------------
 # helpers
@@ -628,3 +629,48 @@ def test_rows_outside_counts_rows_by_root_and_leaves_allowed_ones():
     assert rows_outside("/m/x.csv", text, resolve=resolve) == {"/": 1, "/d": 2, "gs://p": 2}
     assert rows_outside("/m/x.csv", text, allowed=["/d/e", "gs://p"], resolve=resolve) == {"/": 1, "/d": 1}
     assert within("/d/e/f.jpg", ["/d/e/"]) and not within("/d/ef/f.jpg", ["/d/e"])
+
+
+@pytest.mark.emulator
+def test_tfrecorder_style_gs_rows_are_refused_then_read_when_the_bucket_is_allowed(gcs, tmp_path):
+    """gs:// rows (against the emulator): refused naming the bucket, before any lookup;
+    read with --allowed_roots gs://photos (a glob row looked up literally, dead-lettered);
+    a CSV on gs:// reads its own folder's rows and refuses another folder's."""
+    local = tmp_path / "m"
+    rows = make_csv_manifest_sample(str(local), n=6)
+    gcs.upload_tree(str(local / "images"), "gs://photos/images")
+    cells = [f"gs://photos/{row['image']},{row['label']},{row['split']}" for row in rows]
+    csv_path = tmp_path / "list.csv"
+    csv_path.write_text("\n".join(["image_uri,label,split", *cells,
+                                   "gs://photos/images/*.jpg,circles,train"]) + "\n")
+    env = cli_env(STORAGE_EMULATOR_HOST=gcs.url, NO_GCE_CHECK="true")
+    out = tmp_path / "out"
+    run = cli(tmp_path, "convert", "--input", str(csv_path), "--output", str(out), "--progress", "off",
+              env=env)
+    assert run.exit == EXIT_USAGE
+    assert one_line(run) == (
+        f"beam-tfrecords convert: error: --input {csv_path}: 7 rows of the CSV manifest name images "
+        "outside its folder, under gs://photos (7 rows); they are read only when allowed: add "
+        "--allowed_roots gs://photos (or --allow_paths_outside to read rows wherever they point)")
+    assert not out.exists()
+    run = cli(tmp_path, "convert", "--input", str(csv_path), "--output", str(out), "--progress", "off",
+              "--allowed_roots", "gs://photos", "--max_bad_fraction", "0.2", env=env)
+    assert run.exit == EXIT_OK, one_line(run)
+    assert records_in(out) == len(rows)
+    with open(out / "dead_letter" / "listing.jsonl", encoding="utf-8") as f:
+        assert [json.loads(line)["error"] for line in f] == ["missing_file"]
+    # A CSV on gs://: its own folder's rows are inside; another folder of the bucket is a root.
+    inside = [f"images/{row['image'].split('/')[-1]},{row['label']},{row['split']}" for row in rows]
+    gcs.upload_bytes("gs://photos/list.csv", ("image,label,split\n" + "\n".join(inside) + "\n").encode())
+    run = cli(tmp_path, "convert", "--input", "gs://photos/list.csv", "--output", str(tmp_path / "out2"),
+              "--progress", "off", env=env)
+    assert run.exit == EXIT_OK, one_line(run)
+    assert records_in(tmp_path / "out2") == len(rows)
+    gcs.upload_bytes("gs://photos/lists/list.csv",
+                     ("image,label,split\n" + "\n".join(cells) + "\n").encode())
+    run = cli(tmp_path, "convert", "--input", "gs://photos/lists/list.csv", "--output",
+              str(tmp_path / "out3"), "--progress", "off", env=env)
+    assert run.exit == EXIT_USAGE
+    assert "6 rows of the CSV manifest name images outside its folder, under gs://photos/images " \
+           "(6 rows);" in one_line(run)
+    assert not (tmp_path / "out3").exists()
