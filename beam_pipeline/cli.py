@@ -556,7 +556,7 @@ def _run_inspect(argv: Sequence[str], prog: str) -> int:
     except ValueError as err:  # The manifest is malformed or names a path outside its folder.
         print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"dataset: {args.location} (created {shown_value(manifest['created'])})")
+    print(f"dataset: {args.location} (created {shown_value(manifest['created']).strip(chr(34))})")
     for split, info in manifest["splits"].items():
         print(f"  {split}: {info['records']} records in {info['num_shards']} shards, "
               f"{info['bytes'] / 1e6:.1f} MB" + (" (the first run's)" if manifest.get("parts") else ""))

@@ -32,7 +32,7 @@ from beam_tfrecords.schemas.manifest import MANIFEST_NAME, manifest_shards, pars
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.fingerprint import local_sha256
 from beam_tfrecords.transforms.plan.changes import Changes, compare_inputs
-from beam_tfrecords.verify import dataset_path, manifest_text, part_manifest
+from beam_tfrecords.verify import dataset_path, manifest_decoded, part_manifest
 
 __all__ = ["Dataset", "Update", "config_fingerprint", "decide", "manifest_digest", "read_dataset"]
 
@@ -117,8 +117,7 @@ def read_dataset(output: str) -> Dataset | None:
         return None
     digest = manifest_digest(data)
     try:
-        text = manifest_text(source)
-        manifest = parse_manifest(text, source) if text is not None else {}
+        manifest = parse_manifest(manifest_decoded(data, source), source)
     except ValueError as err:
         return Dataset(output, {}, problem=str(err), manifest_sha256=digest)
     try:

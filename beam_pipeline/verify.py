@@ -48,6 +48,7 @@ __all__ = [
     "VerifyReport",
     "dataset_path",
     "dataset_shards",
+    "manifest_decoded",
     "manifest_text",
     "part_manifest",
     "verify_dataset",
@@ -156,8 +157,15 @@ def manifest_text(path: str) -> str | None:
       ValueError: when it is not UTF-8 text (one line naming the file).
     """
     data = files.read_bytes_if_exists(path)
-    if data is None:
-        return None
+    return None if data is None else manifest_decoded(data, path)
+
+
+def manifest_decoded(data: bytes, path: str) -> str:
+    """A manifest's bytes as text (a leading BOM dropped).
+
+    Raises:
+      ValueError: when they are not UTF-8 (one line naming the file).
+    """
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
