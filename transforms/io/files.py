@@ -434,8 +434,8 @@ def delete_files(paths: list[str]) -> None:
 
 def link_outside(folder: str, path: str) -> str:
     """Where a local ``path`` inside ``folder`` really leads when symbolic links
-    take it outside ``folder`` (both resolved), else ``''`` (also off the local
-    disk, where there are no links, and when ``path`` does not exist).
+    take it outside ``folder`` (both resolved; a dangling link by its target),
+    else ``''``: also off the local disk, where there are no links.
     """
     if not (is_local(folder) and is_local(path)):
         return ""
