@@ -26,7 +26,14 @@ from collections.abc import Sequence
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
 from beam_tfrecords import console
-from beam_tfrecords.inspect import contact_sheets, describe_record, sample_records
+from beam_tfrecords.inspect import (
+    MAX_RECORD_BYTES,
+    UnreadableShard,
+    contact_sheets,
+    describe_record,
+    read_manifest,
+    sample_records,
+)
 from beam_tfrecords.pipeline import ConvertError, convert
 from beam_tfrecords.preflight import infer_table_schema, resolve_config, table_inputs
 from beam_tfrecords.schemas.config import (
@@ -44,11 +51,12 @@ from beam_tfrecords.schemas.config import (
     SPLIT_BY,
     VALIDATE_MODES,
     ConvertConfig,
+    parse_roots,
     parse_size,
     parse_splits,
 )
 from beam_tfrecords.schemas.inputs import SKIPPED_EXIT_STATUS
-from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME, parse_manifest
+from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME, shown_value
 from beam_tfrecords.schemas.shards import COMPRESSIONS
 from beam_tfrecords.schemas.table_schema import dump_schema
 from beam_tfrecords.schemas.version import __version__
@@ -197,6 +205,12 @@ def _convert_parser(prog: str) -> argparse.ArgumentParser:
                    "image_path, path, filename, file, uri)")
     m.add_argument("--label_column", default=None,
                    help="the column of labels (default: the first of label, class, category)")
+    m.add_argument("--allowed_roots", type=_flag_value(parse_roots), default=(),
+                   help="folders or buckets outside the CSV's folder whose images the rows may "
+                   "name, comma-separated (gs://photos,/data/imgs); rows naming others refuse the run")
+    m.add_argument("--allow_paths_outside", action="store_true",
+                   help="read the images the rows name wherever they are (default: only inside "
+                   "the CSV's folder and --allowed_roots)")
     _add_table_flags(p)
     t = p.add_argument_group("tables (--layout table, or a CSV without an image column)")
     t.add_argument("--schema", default=None,
@@ -278,7 +292,8 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
         max_side=args.max_side, min_side=args.min_side, size=tuple(args.size), fit=args.fit,
         image_format=args.image_format, jpeg_quality=args.jpeg_quality, color_mode=args.color_mode,
         sequence_order=args.sequence_order, image_column=args.image_column,
-        label_column=args.label_column, skip_unchanged=args.skip_unchanged,
+        label_column=args.label_column, allowed_roots=tuple(args.allowed_roots),
+        allow_paths_outside=args.allow_paths_outside, skip_unchanged=args.skip_unchanged,
         incremental=args.incremental, fingerprint=args.fingerprint, date=args.date,
         list_on_workers=args.list_on_workers,
         follow_links_outside=args.follow_links_outside, max_file_bytes=args.max_file_bytes,
@@ -539,6 +554,9 @@ def _run_inspect(argv: Sequence[str], prog: str) -> int:
                    "(sheet.png -> sheet-train.png, sheet-test.png, ...)")
     p.add_argument("--per_split", type=_flag_value(_positive), default=16,
                    help="images per split on a sheet (default 16)")
+    p.add_argument("--max_record_mb", type=_flag_value(_positive), default=MAX_RECORD_BYTES >> 20,
+                   help="the largest record to read, MiB (default "
+                   f"{MAX_RECORD_BYTES >> 20}); a record claiming more fails before it is read")
     args = p.parse_args(argv)
     manifest_path = files.join(args.location, MANIFEST_NAME)
     if not files.exists(manifest_path):
@@ -549,8 +567,12 @@ def _run_inspect(argv: Sequence[str], prog: str) -> int:
         print(f"{prog}: error: {what}",
               file=sys.stderr)
         return EXIT_USAGE
-    manifest = parse_manifest(files.read_text(manifest_path), manifest_path)
-    print(f"dataset: {args.location} (created {manifest['created']})")
+    try:
+        _, manifest = read_manifest(args.location)
+    except ValueError as err:  # The manifest is malformed or names a path outside its folder.
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"dataset: {args.location} (created {shown_value(manifest['created']).strip(chr(34))})")
     for split, info in manifest["splits"].items():
         print(f"  {split}: {info['records']} records in {info['num_shards']} shards, "
               f"{info['bytes'] / 1e6:.1f} MB" + (" (the first run's)" if manifest.get("parts") else ""))
@@ -561,7 +583,15 @@ def _run_inspect(argv: Sequence[str], prog: str) -> int:
             for split, info in whole.get("splits", {}).items()) + " in all")
     print(f"  classes: {len(manifest['labels']['vocabulary'])}; "
           f"bad inputs: {manifest['bad_records']['total']}")
-    samples = sample_records(args.location, max(args.records, args.per_split))
+    try:
+        samples = sample_records(args.location, max(args.records, args.per_split),
+                                 args.max_record_mb << 20)
+    except UnreadableShard as err:  # The data is damaged, as verify would fail it.
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    except ValueError as err:  # A shard's path leads outside (a link), or the manifest changed.
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
     shown: dict[str, int] = {}
     for split, features in samples:
         if shown.get(split, 0) < args.records:
@@ -575,7 +605,12 @@ def _run_inspect(argv: Sequence[str], prog: str) -> int:
             if counts.get(split, 0) < args.per_split:
                 chosen.append((split, features))
                 counts[split] = counts.get(split, 0) + 1
-        for split, path, drawn in contact_sheets(chosen, args.contact_sheet):
+        try:
+            made = contact_sheets(chosen, args.contact_sheet)
+        except ValueError as err:
+            print(f"{prog}: error: {err}", file=sys.stderr)
+            return EXIT_USAGE
+        for split, path, drawn in made:
             print(f"contact sheet of {split}: {path} ({drawn} images)")
     return EXIT_OK
 

@@ -4,6 +4,14 @@ The contact sheets, one per split, are drawn from the records themselves
 (decoded from ``image/encoded``, captioned with ``image/class/label``,
 ``image/class/text`` and ``image/filename``), so they show what a reader of the
 shards will get.
+
+The dataset is read as every reader reads it (``beam_pipeline.verify``): a
+malformed manifest, or one naming a path outside its folder, fails with one
+line. Records are read one at a time, each at most ``max_record`` bytes
+(default 256 MiB) and, in a plain shard, no more than the file holds: a length
+field claiming more fails (``UnreadableShard``) before anything is allocated.
+A sheet's file name is made from a split name only once it is proved to name a
+file (``schemas.shards.is_valid_split_name``), so a manifest cannot steer it.
 """
 
 from __future__ import annotations
@@ -13,15 +21,30 @@ import io
 import itertools
 import math
 import posixpath
+import zlib
 
 from PIL import Image, ImageDraw, UnidentifiedImageError
 
-from beam_tfrecords.schemas.manifest import MANIFEST_NAME, manifest_shards, parse_manifest
+from beam_tfrecords.schemas.manifest import MANIFEST_NAME, manifest_shards, parse_manifest, shown_value
+from beam_tfrecords.schemas.shards import is_valid_split_name
 from beam_tfrecords.transforms.codec.example import example_to_dict
-from beam_tfrecords.transforms.codec.tfrecord import iter_records
+from beam_tfrecords.transforms.codec.tfrecord import RecordError, iter_records, stream_size
 from beam_tfrecords.transforms.io import files
+from beam_tfrecords.verify import dataset_path, manifest_text, part_manifest
 
-__all__ = ["contact_sheet", "contact_sheets", "describe_record", "sample_records"]
+__all__ = [
+    "MAX_RECORD_BYTES",
+    "UnreadableShard",
+    "contact_sheet",
+    "contact_sheets",
+    "describe_record",
+    "read_manifest",
+    "sample_records",
+]
+
+# The largest record inspect reads (a length field claiming more fails before any
+# allocation): as large as a table row or an image file may be by default.
+MAX_RECORD_BYTES = 256 << 20
 
 _THUMB = 132
 _LINE = 12
@@ -30,25 +53,65 @@ _MAX_COLUMNS = 8
 _CHARS = 21  # Caption characters that fit under a thumbnail.
 
 
-def _open_records(path: str):
-    stream = files.open_read(path)
-    if path.endswith(".gz"):
-        return stream, gzip.GzipFile(fileobj=stream, mode="rb")
-    return stream, stream
+class UnreadableShard(ValueError):
+    """A shard whose records cannot be read: the message names the shard, and for
+    a fault in its framing the record index and byte offset."""
 
 
-def sample_records(location: str, per_split: int = 8) -> list[tuple[str, dict]]:
-    """The first ``per_split`` records of each split, parsed: ``[(split, features)]``."""
-    manifest = parse_manifest(files.read_text(files.join(location, MANIFEST_NAME)))
+def read_manifest(location: str) -> tuple[str, dict]:
+    """``(path, manifest)`` of the dataset at ``location``, checked.
+
+    Raises:
+      ValueError: one line: no manifest, or one that is malformed or names a
+        path outside its folder (its parts' folders and manifests included).
+    """
+    path = files.join(location, MANIFEST_NAME)
+    text = manifest_text(path)
+    if text is None:
+        raise ValueError(f"{path} does not exist: not a finished dataset (verify --scan_only "
+                         "CRC-scans its TFRecord files)")
+    manifest = parse_manifest(text, path)
+    for index, part in enumerate(manifest.get("parts", [])):
+        part_manifest(location, path, index, part)  # Its folder and manifest stay inside.
+    return path, manifest
+
+
+def _records(path: str, count: int, max_record: int) -> list[bytes]:
+    """The first ``count`` records of a shard, each read within the bounds."""
+    try:
+        with files.open_read(path) as raw:
+            if path.endswith(".gz"):
+                with gzip.GzipFile(fileobj=raw, mode="rb") as stream:
+                    return list(itertools.islice(iter_records(stream, max_record=max_record), count))
+            return list(itertools.islice(
+                iter_records(raw, size=stream_size(raw), max_record=max_record), count))
+    except RecordError as err:
+        raise UnreadableShard(f"{path}: {err}") from None
+    except (zlib.error, EOFError) as err:
+        raise UnreadableShard(f"{path}: corrupt gzip stream: {err}") from None
+    except OSError as err:
+        raise UnreadableShard(f"{path}: cannot read: {err}") from None
+
+
+def sample_records(location: str, per_split: int = 8,
+                   max_record: int = MAX_RECORD_BYTES) -> list[tuple[str, dict]]:
+    """The first ``per_split`` records of each split, parsed: ``[(split, features)]``.
+
+    Raises:
+      ValueError: when the manifest is missing, malformed or names a path outside
+        its folder.
+      UnreadableShard: when a shard's records cannot be read (a record claiming
+        more than ``max_record`` bytes, or more than the file holds, included).
+    """
+    source, manifest = read_manifest(location)
     out = []
     for split, entries in itertools.groupby(manifest_shards(manifest), key=lambda e: e.split):
         taken = 0
         for entry in entries:
-            raw, stream = _open_records(files.join(location, entry.path))
-            with raw:
-                for record in itertools.islice(iter_records(stream), per_split - taken):
-                    out.append((split, example_to_dict(record)))
-                    taken += 1
+            path = dataset_path(location, entry.path, entry.key, source)
+            for record in _records(path, per_split - taken, max_record):
+                out.append((split, example_to_dict(record)))
+                taken += 1
             if taken >= per_split:
                 break
     return out
@@ -114,8 +177,17 @@ def contact_sheet(records: list[tuple[str, dict]], out_path: str) -> int:
 
 def contact_sheets(records: list[tuple[str, dict]], out_path: str) -> list[tuple[str, str, int]]:
     """One contact sheet per split, ``OUT-<split>.png`` beside ``out_path``
-    (``sheet.png`` -> ``sheet-train.png``, ...); returns ``(split, path, drawn)``."""
+    (``sheet.png`` -> ``sheet-train.png``, ...); returns ``(split, path, drawn)``.
+
+    Raises:
+      ValueError: for a split name that cannot name a file (``/../../x``), before
+        any sheet is written.
+    """
     stem, ext = posixpath.splitext(out_path)
+    for split in sorted({split for split, _ in records}):
+        if not is_valid_split_name(split):  # It would name another file: refuse it.
+            raise ValueError(f"split name {shown_value(split)} cannot name a contact sheet file "
+                             "(letters, digits, '_' and '.')")
     made = []
     for split, group in itertools.groupby(records, key=lambda r: r[0]):
         path = f"{stem}-{split}{ext or '.png'}"

@@ -23,6 +23,7 @@ from collections import Counter
 
 import numpy as np
 from apache_beam.io.filesystem import BeamIOError, FileSystem
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     DirectOptions,
     PipelineOptions,
@@ -93,6 +94,7 @@ from beam_tfrecords.transforms.plan.layouts import (
     manifest_columns,
     parse_labels_text,
     resolve_input,
+    rows_outside,
 )
 from beam_tfrecords.transforms.plan.names import check_names
 from beam_tfrecords.transforms.plan.ref_table import RefTable
@@ -100,6 +102,7 @@ from beam_tfrecords.transforms.plan.table_inference import infer_schema, infer_t
 from beam_tfrecords.transforms.tables import csv_header, table_files, table_header
 from beam_tfrecords.transforms.worker_listing import UnitsToList
 from beam_tfrecords.updates import Update, UpdateRefused, decide, manifest_digest, read_dataset
+from beam_tfrecords.verify import manifest_text
 
 __all__ = [
     "ConvertError",
@@ -140,7 +143,8 @@ _IMAGE_FLAGS = (("--labels", "labels"), ("--validate", "validate"), ("--max_pixe
                 ("--image_format", "image_format"), ("--jpeg_quality", "jpeg_quality"),
                 ("--color_mode", "color_mode"), ("--follow_links_outside", "follow_links_outside"),
                 ("--max_file_bytes", "max_file_bytes"))
-_MANIFEST_FLAGS = (("--image_column", "image_column"), ("--label_column", "label_column"))
+_MANIFEST_FLAGS = (("--image_column", "image_column"), ("--label_column", "label_column"),
+                   ("--allowed_roots", "allowed_roots"), ("--allow_paths_outside", "allow_paths_outside"))
 
 
 class ConvertError(ValueError):
@@ -443,11 +447,75 @@ def _check_images(config: ConvertConfig) -> None:
                              config.image_column, config.label_column)
         except ValueError as err:
             raise ConvertError(f"--input {config.input}: {err}") from None
+        _check_manifest_rows(config)
     elif layout == "cifar":
         labels_file = files.join(root, CIFAR_LABELS_FILE)
         if not config.labels and not files.exists(labels_file):
             raise ConvertError(f"--layout cifar: {labels_file} does not exist; it names the "
                                "classes, one per line (or pass --labels FILE)")
+
+
+def _row_resolver():
+    """Where a CSV manifest's image path really is, for ``layouts.rows_outside``: a
+    local path absolute with its links followed (its folder's resolved once),
+    ``None`` for a scheme no file system of this run reads (that row is
+    dead-lettered, not read), any other URI as it is."""
+    folders: dict[str, str] = {}
+
+    def resolve(path: str) -> str | None:
+        if not files.is_local(path):
+            try:
+                FileSystems.get_filesystem(path)
+            except ValueError:
+                return None
+            return path
+        try:
+            folder, name = os.path.split(os.path.abspath(path))
+            if folder not in folders:
+                folders[folder] = os.path.realpath(folder)
+            real = os.path.join(folders[folder], name)
+            return os.path.realpath(real) if name and os.path.islink(real) else real
+        except (OSError, ValueError):  # A NUL in the name: judged by name.
+            return os.path.abspath(path)
+
+    return resolve
+
+
+def _check_manifest_rows(config: ConvertConfig) -> None:
+    """Refuses a CSV manifest whose rows name images outside its folder (absolute
+    paths, ``..``, links out, other buckets or schemes) that ``--allowed_roots``
+    does not cover, before any of them is looked up; ``--allow_paths_outside``
+    reads them all.
+
+    Raises:
+      ConvertError: naming each root, its rows and the flag to add.
+    """
+    if config.allow_paths_outside:
+        return
+    resolve = _row_resolver()
+    allowed = [resolve(root) or root for root in config.allowed_roots]
+    try:
+        outside = rows_outside(config.input, files.read_text(config.input), config.image_column,
+                               config.label_column, allowed, resolve)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ConvertError(f"--input {config.input}: {err}") from None
+    if not outside:
+        return
+    roots = [_printable_root(root) for root in outside]
+    shown = ", ".join(f"{root} ({rows:,} row{'s' if rows > 1 else ''})"
+                      for root, rows in zip(roots[:5], list(outside.values())[:5]))
+    more = f" and {len(roots) - 5} more" if len(roots) > 5 else ""
+    total = sum(outside.values())
+    raise ConvertError(
+        f"--input {config.input}: {total:,} row{'s' if total > 1 else ''} of the CSV manifest "
+        f"name{'' if total > 1 else 's'} images outside its folder, under {shown}{more}; they are "
+        f"read only when allowed: add --allowed_roots {','.join(roots)} (or "
+        "--allow_paths_outside to read rows wherever they point)")
+
+
+def _printable_root(root: str) -> str:
+    """A root from a CSV cell as printed: control and non-printing characters escaped."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in root)
 
 
 def _refuse_image_paths(config: ConvertConfig, first: str, header: list[str]) -> None:
@@ -1046,7 +1114,7 @@ def take_output(plan: RunPlan) -> None:
                            f"({err.strerror or err}); choose another folder") from None
     try:
         if plan.update is not None:
-            now = manifest_digest(files.read_text_if_exists(files.join(lock_output, MANIFEST_NAME)))
+            now = manifest_digest(files.read_bytes_if_exists(files.join(lock_output, MANIFEST_NAME)))
             if now != plan.update.seen_manifest:
                 raise OutputBusy(f"--output {lock_output}: another run changed the dataset while "
                                  "this one was planning; run again to compare with what it wrote")
@@ -1092,13 +1160,13 @@ def drift_gate(config: ConvertConfig, output: str = "") -> DriftGate | None:
     output = output or config.output
     path = drift_manifest_path(config.compare_to, output)
     try:
-        found = files.exists(path)
-        if not found and config.compare_to == PREVIOUS:
+        text = manifest_text(path)
+        if text is None and config.compare_to == PREVIOUS:
             return DriftGate(config.compare_to, note=f"no dataset at {output} yet: nothing "
                              "to compare with (--compare_to previous passes)", **limits)
-        if not found:
+        if text is None:
             raise ValueError(f"{path} does not exist")
-        manifest = parse_manifest(files.read_text(path), path)
+        manifest = parse_manifest(text, path)
     except (OSError, ValueError) as err:
         raise ConvertError(f"--compare_to {config.compare_to}: {err} (give a manifest.json, a "
                            "dataset folder holding one, or 'previous')") from None

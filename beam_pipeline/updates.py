@@ -37,6 +37,7 @@ from beam_tfrecords.transforms.io.fingerprint import (
     root_identity,
 )
 from beam_tfrecords.transforms.plan.changes import Changes, compare_inputs
+from beam_tfrecords.verify import dataset_path, manifest_decoded, part_manifest
 
 __all__ = ["Dataset", "Update", "config_fingerprint", "decide", "manifest_digest", "read_dataset"]
 
@@ -103,11 +104,11 @@ def _root_of(manifest: dict) -> str:
     return root_identity(root) if root else ""
 
 
-def _read_inputs(folder: str, manifest: dict) -> list[InputFile] | str:
+def _read_inputs(folder: str, manifest: dict, source: str) -> list[InputFile] | str:
     listed = manifest.get("input", {}).get("files_list")
     if not isinstance(listed, dict):
         return "it records no input fingerprints (made by an older version)"
-    path = files.join(folder, listed.get("path", INPUTS_NAME))
+    path = dataset_path(folder, listed.get("path", INPUTS_NAME), "input.files_list.path", source)
     try:
         data = files.read_bytes(path)
     except (OSError, ValueError) as err:
@@ -123,38 +124,51 @@ def _read_inputs(folder: str, manifest: dict) -> list[InputFile] | str:
 
 
 def read_dataset(output: str) -> Dataset | None:
-    """The dataset at ``output``, ``None`` when there is none (no ``manifest.json``)."""
-    text = files.read_text_if_exists(files.join(output, MANIFEST_NAME))
-    if text is None:
+    """The dataset at ``output``, ``None`` when there is none (no ``manifest.json``).
+
+    A dataset that cannot be compared with (a manifest that is malformed or names
+    a path outside its folder, a part or input list missing or changed) comes
+    back with its ``problem``, one line.
+    """
+    source = files.join(output, MANIFEST_NAME)
+    data = files.read_bytes_if_exists(source)
+    if data is None:
         return None
-    digest = manifest_digest(text)
+    digest = manifest_digest(data)
     try:
-        manifest = parse_manifest(text, files.join(output, MANIFEST_NAME))
+        manifest = parse_manifest(manifest_decoded(data, source), source)
     except ValueError as err:
         return Dataset(output, {}, problem=str(err), manifest_sha256=digest)
-    entries = _read_inputs(output, manifest)
+    try:
+        return _read_layers(output, source, manifest, digest)
+    except ValueError as err:  # A path that leads outside the dataset, a malformed part.
+        return Dataset(output, manifest, problem=str(err), manifest_sha256=digest)
+
+
+def _read_layers(output: str, source: str, manifest: dict, digest: str) -> Dataset:
+    """``read_dataset`` once the root manifest is read: its parts, inputs and shards."""
+    entries = _read_inputs(output, manifest, source)
     if isinstance(entries, str):
         return Dataset(output, manifest, problem=entries, manifest_sha256=digest)
     parts = []
     layers = [(_root_of(manifest), entries)]
-    for part in manifest.get("parts", []):
-        folder = files.join(output, part["path"])
-        part_text = files.read_text_if_exists(files.join(folder, MANIFEST_NAME))
+    for i, part in enumerate(manifest.get("parts", [])):
+        folder, part_path, part_text = part_manifest(output, source, i, part)
         if part_text is None:
             return Dataset(output, manifest, problem=f"part {part['path']} has no {MANIFEST_NAME}",
                            manifest_sha256=digest)
-        if hashlib.sha256(part_text.encode("utf-8")).hexdigest() != part.get("manifest_sha256"):
+        if hashlib.sha256(part_text.encode("utf-8")).hexdigest() != part["manifest_sha256"]:
             return Dataset(output, manifest,
                            problem=f"part {part['path']}'s {MANIFEST_NAME} does not match the SHA-256 "
                            "the root manifest records", manifest_sha256=digest)
-        part_manifest = parse_manifest(part_text, files.join(folder, MANIFEST_NAME))
-        part_entries = _read_inputs(folder, part_manifest)
+        part_manifest_json = parse_manifest(part_text, part_path)
+        part_entries = _read_inputs(folder, part_manifest_json, part_path)
         if isinstance(part_entries, str):
             return Dataset(output, manifest, problem=f"part {part['path']}: {part_entries}",
                            manifest_sha256=digest)
-        parts.append((part["path"], part_manifest))
-        layers.append((_root_of(part_manifest), part_entries))
-    missing = _missing_shard(output, manifest, parts)
+        parts.append((part["path"], part_manifest_json))
+        layers.append((_root_of(part_manifest_json), part_entries))
+    missing = _missing_shard(output, source, manifest, parts)
     if missing:
         return Dataset(output, manifest, problem=missing, manifest_sha256=digest)
     by_root: dict[str, dict[str, InputFile]] = {}
@@ -173,13 +187,19 @@ def read_dataset(output: str) -> Dataset | None:
                    manifest_sha256=digest)
 
 
-def _missing_shard(output: str, manifest: dict, parts: list) -> str | None:
+def _missing_shard(output: str, source: str, manifest: dict, parts: list) -> str | None:
     """Why the shards the manifests list are not all there at their sizes (one
-    listing of the output; the content is ``verify``'s job), ``None`` if they are."""
+    listing of the output; the content is ``verify``'s job), ``None`` if they are.
+
+    Raises:
+      ValueError: when a shard's path leads outside the dataset (a link).
+    """
     present = dict(files.list_files(files.join(output, "**")))
     for folder, listed in [("", manifest), *parts]:
+        base = files.join(output, folder) if folder else output
+        where = files.join(base, MANIFEST_NAME) if folder else source
         for shard in manifest_shards(listed):
-            path = files.join(output, folder, shard.path) if folder else files.join(output, shard.path)
+            path = dataset_path(base, shard.path, shard.key, where)
             size = present.get(path)
             if size != shard.bytes:
                 what = "is missing" if size is None else f"holds {size:,} bytes, not {shard.bytes:,}"
@@ -187,9 +207,11 @@ def _missing_shard(output: str, manifest: dict, parts: list) -> str | None:
     return None
 
 
-def manifest_digest(text: str | None) -> str:
-    """SHA-256 of a manifest's text ('' for none)."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest() if text is not None else ""
+def manifest_digest(data: bytes | str | None) -> str:
+    """SHA-256 of a manifest's bytes (text: its UTF-8 bytes; '' for none)."""
+    if data is None:
+        return ""
+    return hashlib.sha256(data.encode("utf-8") if isinstance(data, str) else data).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)

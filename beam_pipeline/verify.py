@@ -9,6 +9,17 @@ unfinished work folder, ``.beam-tfrecords/``, is left out). A folder scan also
 fails an empty (0-byte) file and a shard set that is incomplete or mixed
 (``train-00003-of-00004`` beside ``train-00000-of-00002``): what a reader
 globbing the folder would get is not one dataset.
+
+Every reader of a dataset in this package (``verify``, ``inspect``,
+``dataset_shards``, scheduled runs, ``--compare_to``) reads its manifests through
+``manifest_text`` and ``parse_manifest`` and opens what they name through
+``dataset_path``: a manifest that is malformed, or names a path outside its
+folder (``..``, an absolute path, a scheme, or locally a symbolic link leading
+out), fails with one line (``ValueError``) naming the file, the key and the value.
+
+Memory: a shard is checked in one pass holding at most ``SCAN_MEMORY_BYTES``
+(16 MB) whatever its length fields claim (``transforms.codec.tfrecord``), two
+shards at a time.
 """
 
 from __future__ import annotations
@@ -19,14 +30,29 @@ import hashlib
 import os
 
 from beam_tfrecords.schemas.inputs import PART_PREFIX
-from beam_tfrecords.schemas.manifest import MANIFEST_NAME, manifest_shards, parse_manifest
+from beam_tfrecords.schemas.manifest import (
+    MANIFEST_NAME,
+    manifest_shards,
+    outside_folder,
+    parse_manifest,
+    shown_value,
+)
 from beam_tfrecords.schemas.shards import WORK_DIR, parse_shard_name
 from beam_tfrecords.transforms.codec.tfrecord import FileDigest
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.gcs import is_gcs
 from beam_tfrecords.transforms.shards import storage_crc32c_check, verify_shard
 
-__all__ = ["ShardCheck", "VerifyReport", "dataset_shards", "verify_dataset"]
+__all__ = [
+    "ShardCheck",
+    "VerifyReport",
+    "dataset_path",
+    "dataset_shards",
+    "manifest_decoded",
+    "manifest_text",
+    "part_manifest",
+    "verify_dataset",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,9 +150,73 @@ def _check(path: str, expected: FileDigest | None, sizes: dict[str, int], full: 
     return ShardCheck(path, True, digest.records, digest.bytes, how="re-read")
 
 
-def _folder_jobs(folder: str, manifest: dict) -> tuple[list, list]:
+def manifest_text(path: str) -> str | None:
+    """A manifest file's text, ``None`` when there is no such file.
+
+    Raises:
+      ValueError: when it is not UTF-8 text (one line naming the file).
+    """
+    data = files.read_bytes_if_exists(path)
+    return None if data is None else manifest_decoded(data, path)
+
+
+def manifest_decoded(data: bytes, path: str) -> str:
+    """A manifest's bytes as text (a leading BOM dropped).
+
+    Raises:
+      ValueError: when they are not UTF-8 (one line naming the file).
+    """
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start}): not a dataset manifest") from None
+
+
+def dataset_path(folder: str, rel: str, key: str, source: str) -> str:
+    """Where a path a manifest names (``rel``, relative to ``folder``) is, once it
+    is proved to stay inside ``folder``: the lexical rule of every manifest path
+    (``schemas.manifest.outside_folder``) and, on a local disk, no symbolic link
+    leading out of ``folder``.
+
+    Args:
+      folder: the manifest's folder.
+      rel: the path as the manifest gives it.
+      key: where the manifest gives it (``splits.train.shards[0].path``).
+      source: the manifest's path, for the message.
+
+    Raises:
+      ValueError: one line naming ``source``, ``key`` and the value (escaped).
+    """
+    why = outside_folder(rel)
+    if not why:
+        path = files.join(folder, rel)
+        target = files.link_outside(folder, path)
+        if not target:
+            return path
+        why = f"is a symbolic link to {shown_value(target)}"
+    raise ValueError(f"{source}: {key}: {shown_value(rel)} {why}: it leads outside the dataset "
+                     "folder (a manifest names files inside its own folder only)")
+
+
+def part_manifest(location: str, source: str, index: int, part: dict) -> tuple[str, str, str | None]:
+    """``(folder, manifest path, manifest text or None when missing)`` of the
+    incremental part ``parts[index]`` of the dataset at ``location`` (its folder and
+    manifest proved to stay inside; the text is not yet checked against the
+    SHA-256 the root manifest lists).
+
+    Raises:
+      ValueError: when the part leads outside the dataset folder.
+    """
+    key = f"parts[{index}].path"
+    folder = dataset_path(location, part["path"], key, source)
+    path = dataset_path(location, f"{part['path']}/{MANIFEST_NAME}", key, source)
+    return folder, path, manifest_text(path)
+
+
+def _folder_jobs(folder: str, manifest: dict, source: str) -> tuple[list, list]:
     """The shards one manifest lists, and TFRecord files beside them it does not."""
-    jobs = [(files.join(folder, e.path), FileDigest(e.records, e.bytes, e.crc32c, e.sha256))
+    jobs = [(dataset_path(folder, e.path, e.key, source),
+             FileDigest(e.records, e.bytes, e.crc32c, e.sha256))
             for e in manifest_shards(manifest)]
     listed = {path for path, _ in jobs}
     extra = [
@@ -141,23 +231,27 @@ def _folder_jobs(folder: str, manifest: dict) -> tuple[list, list]:
 def _manifest_jobs(location: str, manifest_path: str) -> tuple[list, list]:
     """Every shard of a dataset (its first run's and each incremental part's, each
     part's manifest checked against the SHA-256 the root manifest lists), and the
-    problems found on the way (unlisted TFRecords and part folders)."""
-    text = files.read_text(manifest_path)
+    problems found on the way (unlisted TFRecords and part folders).
+
+    Raises:
+      ValueError: when a manifest is malformed or names a path outside its folder.
+    """
+    text = manifest_text(manifest_path)
+    if text is None:
+        raise ValueError(f"{manifest_path} does not exist")
     manifest = parse_manifest(text, manifest_path)
-    jobs, extra = _folder_jobs(location, manifest)
+    jobs, extra = _folder_jobs(location, manifest, manifest_path)
     listed_parts = set()
-    for part in manifest.get("parts", []):
-        folder = files.join(location, part["path"])
+    for i, part in enumerate(manifest.get("parts", [])):
+        folder, part_path, part_text = part_manifest(location, manifest_path, i, part)
         listed_parts.add(part["path"])
-        part_path = files.join(folder, MANIFEST_NAME)
-        part_text = files.read_text_if_exists(part_path)
         if part_text is None:
             extra.append((part_path, "the part's manifest is missing"))
             continue
-        if hashlib.sha256(part_text.encode("utf-8")).hexdigest() != part.get("manifest_sha256"):
+        if hashlib.sha256(part_text.encode("utf-8")).hexdigest() != part["manifest_sha256"]:
             extra.append((part_path, f"does not match the SHA-256 the root {MANIFEST_NAME} lists"))
             continue
-        part_jobs, part_extra = _folder_jobs(folder, parse_manifest(part_text, part_path))
+        part_jobs, part_extra = _folder_jobs(folder, parse_manifest(part_text, part_path), part_path)
         jobs += part_jobs
         extra += part_extra
     prefix = files.join(location, PART_PREFIX)
@@ -173,22 +267,30 @@ def _manifest_jobs(location: str, manifest_path: str) -> tuple[list, list]:
 def dataset_shards(location: str, split: str | None = None) -> list[str]:
     """The shard paths of a published dataset, its parts' included, in manifest order.
 
-    Readers: ``tf.data.TFRecordDataset(dataset_shards(OUT, "train"))``.
+    Readers: ``tf.data.TFRecordDataset(dataset_shards(OUT, "train"))``. Every path
+    is proved to stay inside ``location`` (``dataset_path``), and each part's
+    manifest to be the one the root manifest lists (its SHA-256).
 
     Raises:
-      ValueError: when ``location`` holds no ``manifest.json``.
+      ValueError: when ``location`` holds no ``manifest.json``, or a manifest is
+        malformed, names a path outside its folder, or is missing or changed.
     """
     manifest_path = files.join(location, MANIFEST_NAME)
-    text = files.read_text_if_exists(manifest_path)
+    text = manifest_text(manifest_path)
     if text is None:
         raise ValueError(f"{location} holds no {MANIFEST_NAME}: not a finished dataset")
     manifest = parse_manifest(text, manifest_path)
-    folders = [(location, manifest)]
-    for part in manifest.get("parts", []):
-        folder = files.join(location, part["path"])
-        folders.append((folder, parse_manifest(files.read_text(files.join(folder, MANIFEST_NAME)))))
-    return [files.join(folder, e.path) for folder, m in folders for e in manifest_shards(m)
-            if split is None or e.split == split]
+    folders = [(location, manifest, manifest_path)]
+    for i, part in enumerate(manifest.get("parts", [])):
+        folder, part_path, part_text = part_manifest(location, manifest_path, i, part)
+        if part_text is None:
+            raise ValueError(f"{part_path} is missing (the part parts[{i}] of {manifest_path})")
+        if hashlib.sha256(part_text.encode("utf-8")).hexdigest() != part["manifest_sha256"]:
+            raise ValueError(f"{part_path} does not match the SHA-256 {manifest_path} lists "
+                             f"for parts[{i}]")
+        folders.append((folder, parse_manifest(part_text, part_path), part_path))
+    return [dataset_path(folder, e.path, e.key, source) for folder, m, source in folders
+            for e in manifest_shards(m) if split is None or e.split == split]
 
 
 def verify_dataset(location: str, threads: int = 2, full: bool = False,

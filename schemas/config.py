@@ -10,7 +10,7 @@ from beam_tfrecords.schemas.shards import COMPRESSIONS, ShardBand, clashing_spli
 __all__ = ["COLOR_MODES", "DEFAULT_MAX_FILE_BYTES", "DEFAULT_MAX_PIXELS", "FITS", "IMAGE_BYTES_MODES", "IMAGE_FORMATS",
            "ImageReshape", "FINGERPRINTS", "LAYOUTS", "RUN_CONTROL_OPTIONS", "TEMPLATE_FIELDS", "expand_templates",
            "parse_date", "SPLIT_BY", "parse_size", "VALIDATE_MODES", "ConvertConfig", "CsvDialect",
-           "TableLayout", "parse_splits"]
+           "TableLayout", "parse_splits", "parse_roots"]
 
 LAYOUTS = ("auto", "class_folders", "cifar", "csv", "table")
 
@@ -33,6 +33,8 @@ RUN_CONTROL_OPTIONS: frozenset[str] = frozenset({
     "drift_max_class_share_change",
     # Which files are read (their entries are fingerprinted file by file instead).
     "follow_links_outside", "max_file_bytes",
+    # Which CSV manifest rows may be read (a run they refuse writes nothing).
+    "allowed_roots", "allow_paths_outside",
 })
 # Drift gate defaults (--drift_max_*; README "Statistics and drift gate"): a mean
 # may move 2 standard deviations of the old values (sampling noise moves it about
@@ -218,6 +220,11 @@ class ConvertConfig:
     # (default: the first of the usual names, see transforms.plan.layouts).
     image_column: str | None = None
     label_column: str | None = None
+    # CSV image manifests: rows naming images outside the CSV's folder are read only
+    # under these folders or buckets (gs://photos, /data/imgs), or anywhere with
+    # allow_paths_outside; otherwise the run is refused (transforms.plan.layouts).
+    allowed_roots: tuple[str, ...] = ()
+    allow_paths_outside: bool = False
     # The drift gate: compare the run's statistics with a published dataset's
     # (a manifest.json, a dataset folder, or "previous": the one at --output) and
     # publish nothing when they moved more than these (see transforms.plan.drift).
@@ -315,6 +322,10 @@ class ConvertConfig:
             if abs(sum(f for _, f in self.splits) - 1) > 1e-6:
                 raise ValueError(f"--splits fractions must add up to 1; they add up to "
                                  f"{sum(f for _, f in self.splits):g}")
+        for root in self.allowed_roots:
+            if not isinstance(root, str) or not root.strip() or root.rstrip("/").endswith(("/..", "/.")):
+                raise ValueError(f"--allowed_roots: {root!r} is not a folder or bucket (e.g. "
+                                 "gs://photos,/data/imgs)")
         if self.sequence_order and not self.sequence_key:
             raise ValueError("--sequence_order needs --sequence_key")
         for flag, value in (("--image_column", self.image_column),
@@ -437,3 +448,16 @@ def expand_templates(path: str, date: str, flag: str = "--input") -> str:
         raise ValueError(f"{flag} {path!r}: {err} is not a placeholder we fill; use "
                          f"{', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)} (write {{{{ for a "
                          "literal brace)") from None
+
+
+def parse_roots(text: str) -> tuple[str, ...]:
+    """``gs://photos,/data/imgs`` → ``("gs://photos", "/data/imgs")`` (``--allowed_roots``).
+
+    Raises:
+      ValueError: for an empty entry.
+    """
+    roots = tuple(part.strip() for part in text.split(","))
+    if not all(roots):
+        raise ValueError(f"--allowed_roots: {text!r} has an empty entry; give folders or buckets "
+                         "separated by commas (gs://photos,/data/imgs)")
+    return roots

@@ -52,18 +52,29 @@ of the format::
 
 Feature keys are feature names; a ``<feature>/shape`` feature has none. Tables
 grouped into sequences, and ``WriteVerifiedShards`` datasets, get ``records`` only.
+
+Reading a manifest (``parse_manifest``) checks the structure every reader of this
+package uses, and that every path it names (``splits.*.shards[].path``,
+``parts[].path``, ``input.files_list.path``, ``input.skipped.file``,
+``bad_records.dead_letter_files[]``) stays inside the manifest's folder
+(``outside_folder``: no ``..``, no absolute path, no scheme) and every split
+name can name a file; what is wrong is named in one line by its JSON path
+(``splits.train.shards[3].path: missing``). Links out of a local dataset folder
+are the readers' to check (``transforms.io.files.link_outside``): they need the
+file system.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from beam_tfrecords.schemas.elements import ShardResult
 from beam_tfrecords.schemas.features import FeatureSpec
-from beam_tfrecords.schemas.shards import ShardBand
+from beam_tfrecords.schemas.shards import ShardBand, is_valid_split_name
 
 __all__ = [
     "FORMAT_VERSION",
@@ -74,7 +85,9 @@ __all__ = [
     "ShardEntry",
     "build_manifest",
     "manifest_shards",
+    "outside_folder",
     "parse_manifest",
+    "shown_value",
 ]
 
 FORMAT_VERSION = 1
@@ -124,6 +137,7 @@ class ShardEntry:
     bytes: int
     crc32c: str
     sha256: str
+    key: str = ""  # Where the manifest names the path: ``splits.train.shards[0].path``.
 
 
 def _split_json(results: Sequence[ShardResult], band: ShardBand) -> dict:
@@ -219,22 +233,33 @@ def build_manifest(
 
 
 def parse_manifest(text: str, source: str = MANIFEST_NAME) -> dict:
-    """Parses and checks a manifest's JSON.
+    """Parses and checks a manifest's JSON: its version, the structure readers use
+    (types, required keys of each split, shard and part, the statistics the drift
+    gate compares) and that every path it names stays inside its folder.
 
     Raises:
-      ValueError: if it is not JSON, or not a manifest of a version we read.
+      ValueError: if it is not JSON, not a manifest of a version we read, or one
+        of its values is missing, of the wrong type, a path leading outside its
+        folder, or a split name that cannot name a file; one line naming
+        ``source`` and the JSON path (``splits.train.shards[3].path: missing``).
     """
     try:
         manifest = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{source} is not valid JSON: {err}") from None
+    except RecursionError:
+        raise ValueError(f"{source} is not a dataset manifest (nested too deeply)") from None
     if not isinstance(manifest, dict) or "splits" not in manifest:
         raise ValueError(f"{source} is not a dataset manifest (no 'splits')")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ValueError(
-            f"{source} has format_version {manifest.get('format_version')!r}; "
+            f"{source} has format_version {shown_value(manifest.get('format_version'))}; "
             f"this tool reads version {FORMAT_VERSION}"
         )
+    try:
+        _check_manifest(manifest)
+    except _Malformed as err:
+        raise ValueError(f"{source}: {err}") from None
     return manifest
 
 
@@ -242,9 +267,226 @@ def manifest_shards(manifest: Mapping) -> list[ShardEntry]:
     """Every shard the manifest lists, split by split, in index order."""
     entries = []
     for split, info in manifest["splits"].items():
-        for shard in info["shards"]:
+        for i, shard in enumerate(info["shards"]):
             entries.append(
                 ShardEntry(split, shard["path"], shard["records"], shard["bytes"],
-                           shard["crc32c"], shard["sha256"])
+                           shard["crc32c"], shard["sha256"],
+                           f"{_key(_key('splits', split), 'shards')}[{i}].path")
             )
     return entries
+
+
+# --- reading: containment and structure ------------------------------------------
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SHOWN_CHARS = 300
+
+
+def outside_folder(path: str) -> str:
+    """Why ``path``, a path a manifest names relative to its folder, would reach
+    outside that folder or could not name a file in it; ``''`` when it stays inside.
+
+    The one containment rule of every reader of a dataset: a plain relative path
+    of names joined by ``/``: not absolute, no scheme (``gs:``, ``file:``, ``C:``),
+    no ``..``, ``.`` or empty part, no backslash and no control character.
+    """
+    if not path:
+        return "is empty"
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        return "holds a control character"
+    if path.startswith("/"):
+        return "is an absolute path"
+    if "://" in path or _SCHEME.match(path):
+        return "names a scheme (another store)"
+    if "\\" in path:
+        return "holds a backslash (a manifest's paths use '/')"
+    parts = path.split("/")
+    if ".." in parts:
+        return "climbs out with '..'"
+    if "" in parts or "." in parts:
+        return "is not a plain relative path (an empty or '.' part)"
+    return ""
+
+
+def shown_value(value: object) -> str:
+    """A value from a file as one escaped line for a message: JSON, control and
+    other non-printing characters escaped, cut at 300 characters."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    text = "".join(c if c.isprintable() else json.dumps(c)[1:-1] if ord(c) < 0x10000
+                   else f"\\U{ord(c):08x}" for c in text)
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS - 3] + "..."
+
+
+class _Malformed(ValueError):
+    """A manifest value readers cannot use (the message names its JSON path)."""
+
+
+def _key(path: str, name: str | int) -> str:
+    """The JSON path of ``name`` under ``path``: ``splits.train``, ``shards[3]``,
+    ``splits["a b"]``."""
+    if isinstance(name, int):
+        return f"{path}[{name}]"
+    if _NAME.fullmatch(name):
+        return f"{path}.{name}" if path else name
+    return f"{path}[{shown_value(name)}]"
+
+
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _is_number(v) -> bool:  # NaN and infinities included: json reads them.
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# kind -> (test, what it must be)
+_KINDS = {
+    "object": (lambda v: isinstance(v, dict), "a JSON object"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+    "text": (lambda v: isinstance(v, str), "a string"),
+    "count": (_is_count, "a whole number >= 0"),
+    "number?": (lambda v: v is None or _is_number(v), "a number or null"),
+    "flag": (lambda v: isinstance(v, bool), "true or false"),
+}
+
+
+def _value(obj: Mapping, name: str, path: str, kind: str, required: bool = True):
+    """``obj[name]`` checked to be of ``kind``; ``None`` when absent and not required."""
+    key = _key(path, name)
+    if name not in obj:
+        if required:
+            raise _Malformed(f"{key}: missing")
+        return None
+    value = obj[name]
+    test, what = _KINDS[kind]
+    if not test(value):
+        raise _Malformed(f"{key}: {shown_value(value)} is not {what}")
+    return value
+
+
+def _inner_path(obj: Mapping, name: str | int, path: str, required: bool = True) -> str | None:
+    """A path the manifest names inside its folder, checked (``outside_folder``)."""
+    key = _key(path, name)
+    if isinstance(name, int):
+        value = obj[name]
+        if not isinstance(value, str):
+            raise _Malformed(f"{key}: {shown_value(value)} is not a string")
+    else:
+        value = _value(obj, name, path, "text", required)
+    if value is not None:
+        why = outside_folder(value)
+        if why:
+            raise _Malformed(f"{key}: {shown_value(value)} {why}: it leads outside the dataset "
+                             "folder (a manifest names files inside its own folder only)")
+    return value
+
+
+def _items(obj: Mapping, name: str, path: str, kind: str, required: bool = True,
+           container: str = "list"):
+    """``(key, index or name, item)`` of the items of a list (``container``
+    ``list``) or the values of an object (``object``), each checked to be of ``kind``."""
+    container = _value(obj, name, path, container, required)
+    if container is None:
+        return []
+    base = _key(path, name)
+    pairs = enumerate(container) if isinstance(container, list) else container.items()
+    test, what = _KINDS[kind]
+    out = []
+    for sub, item in pairs:
+        if not test(item):
+            raise _Malformed(f"{_key(base, sub)}: {shown_value(item)} is not {what}")
+        out.append((_key(base, sub), sub, item))
+    return out
+
+
+def _check_manifest(manifest: Mapping) -> None:
+    _value(manifest, "created", "", "text")
+    seen: dict[str, str] = {}
+    for key, split, info in _items(manifest, "splits", "", "object", container="object"):
+        if not is_valid_split_name(split):
+            raise _Malformed(f"{key}: split name {shown_value(split)} cannot name a file (letters, "
+                             "digits, '_' and '.', starting with a letter or digit)")
+        for name in ("records", "bytes", "num_shards"):
+            _value(info, name, key, "count")
+        for shard_key, _, shard in _items(info, "shards", key, "object"):
+            shard_path = _inner_path(shard, "path", shard_key)
+            if shard_path in seen:
+                raise _Malformed(f"{shard_key}.path: {shown_value(shard_path)} is listed twice "
+                                 f"(also {seen[shard_path]})")
+            seen[shard_path] = f"{shard_key}.path"
+            for name in ("records", "bytes"):
+                _value(shard, name, shard_key, "count")
+            for name in ("crc32c", "sha256"):
+                _value(shard, name, shard_key, "text")
+            _value(shard, "storage_crc32c", shard_key, "text", required=False)
+        _items(info, "shards_outside_band", key, "text", required=False)
+        _check_statistics(info, key)
+    labels = _value(manifest, "labels", "", "object")
+    _items(labels, "vocabulary", "labels", "text")
+    bad = _value(manifest, "bad_records", "", "object")
+    _value(bad, "total", "bad_records", "count")
+    for _, i, _ in _items(bad, "dead_letter_files", "bad_records", "text", required=False):
+        _inner_path(bad["dead_letter_files"], i, "bad_records.dead_letter_files")
+    for name in ("options", "features", "dataset"):
+        _value(manifest, name, "", "object", required=False)
+    for key, _, spec in _items(manifest, "features", "", "object", False, "object"):
+        _value(spec, "dtype", key, "text", required=False)
+    for key, _, info in _items(manifest.get("dataset") or {}, "splits", "dataset", "object",
+                               False, "object"):
+        for name in ("records", "num_shards"):
+            _value(info, name, key, "count")
+    _check_input(manifest)
+    _check_parts(manifest)
+
+
+def _check_input(manifest: Mapping) -> None:
+    given = _value(manifest, "input", "", "object", required=False)
+    if given is None:
+        return
+    for name in ("root", "fingerprint", "options_fingerprint"):
+        _value(given, name, "input", "text", required=False)
+    listed = _value(given, "files_list", "input", "object", required=False)
+    if listed is not None:
+        _inner_path(listed, "path", "input.files_list", required=False)
+        for name in ("root", "sha256"):
+            _value(listed, name, "input.files_list", "text", required=False)
+    skipped = _value(given, "skipped", "input", "object", required=False)
+    if skipped is not None:
+        _inner_path(skipped, "file", "input.skipped", required=False)
+
+
+def _check_parts(manifest: Mapping) -> None:
+    seen: dict[str, str] = {}
+    for key, _, part in _items(manifest, "parts", "", "object", required=False):
+        path = _inner_path(part, "path", key)
+        if path in seen:
+            raise _Malformed(f"{key}.path: {shown_value(path)} is listed twice (also {seen[path]})")
+        seen[path] = f"{key}.path"
+        _value(part, "manifest_sha256", key, "text")
+        _value(part, "records", key, "count", required=False)
+        for split_key, _, info in _items(part, "splits", key, "object", False, "object"):
+            for name in ("records", "num_shards"):
+                _value(info, name, split_key, "count")
+
+
+def _check_statistics(info: Mapping, path: str) -> None:
+    """What the drift gate (``--compare_to``) reads of a split's statistics."""
+    stats = _value(info, "statistics", path, "object", required=False)
+    if stats is None:
+        return
+    path = _key(path, "statistics")
+    _value(stats, "records", path, "count", required=False)
+    for key, _, feature in _items(stats, "features", path, "object", False, "object"):
+        _value(feature, "kind", key, "text", required=False)
+        for name in ("count", "missing", "non_finite", "distinct"):
+            _value(feature, name, key, "count", required=False)
+        for name in ("min", "max", "mean", "std"):
+            _value(feature, name, key, "number?", required=False)
+        for name in ("top_values_exact", "distinct_exact"):
+            _value(feature, name, key, "flag", required=False)
+        for entry_key, _, entry in _items(feature, "top_values", key, "object", required=False):
+            _value(entry, "count", entry_key, "count")
+    images = _value(stats, "images", path, "object", required=False)
+    if images is not None:
+        _items(images, "classes", _key(path, "images"), "count", False, "object")

@@ -1376,6 +1376,208 @@ def _no_absolute_path(work, outcome):
             outcome.problems.append(f"{path.relative_to(out)} publishes an absolute input path")
 
 
+# --- issue 18: readers ---
+# verify, inspect and dataset_shards stay inside a dataset and bounded whatever its manifest
+# and shards say; a CSV image manifest's rows stay in its folder unless allowed.
+
+
+def _files_under(folder: Path) -> dict[str, str]:
+    """Every entry under ``folder`` by relative path: a file's bytes (hex of a hash of
+    them), a link's target; the runner's own stdout.txt/stderr.txt left out."""
+    import hashlib  # pylint: disable=import-outside-toplevel
+
+    found = {}
+    for here, dirs, names in os.walk(folder):
+        for name in dirs + names:
+            path = os.path.join(here, name)
+            if name in ("stdout.txt", "stderr.txt"):
+                continue
+            if os.path.islink(path):
+                found[os.path.relpath(path, folder)] = "-> " + os.readlink(path)
+            elif os.path.isfile(path):
+                with open(path, "rb") as f:
+                    found[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
+    return found
+
+
+def _reader_dataset(work: Path, outcome: Outcome) -> Path:
+    """A small dataset (class folders, splits train and test) converted by the CLI."""
+    root = work / "in"
+    make_class_folder_sample(str(root), per_class=2, splits=("train", "test"))
+    out = work / "ds"
+    run = cli(work, "convert", "--input", str(root), "--output", str(out), "--progress", "off")
+    if run.exit != EXIT_OK:
+        outcome.problems.append(f"the dataset to read could not be made: {run.message}")
+    return out
+
+
+def _edit_manifest(out: Path, edit) -> None:
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    edit(manifest)
+    (out / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+
+
+def _read_unchanged(work: Path, outcome: Outcome, out: Path, *commands: list[str],
+                    cwd: Path | None = None) -> None:
+    """Runs the reader ``commands`` in ``cwd`` (default ``work``; the last one's verdict is
+    the case's); nothing under ``work`` may change. Fills the table from the dataset's
+    own shards."""
+    before = _files_under(work)
+    for argv in commands:
+        outcome.runs.append(cli(cwd or work, *argv))
+    after = _files_under(work)
+    changed = sorted(set(before) ^ set(after) | {k for k in before if after.get(k, before[k]) != before[k]})
+    if changed:
+        outcome.problems.append(f"files changed by reading: {changed[:5]}")
+    found = tally(str(out))
+    outcome.n_in, outcome.written, outcome.dead = None, len(found.records), len(found.dead)
+    outcome.published = False  # A reader publishes nothing; the dataset was there before.
+    outcome.nothing_lost = not changed
+    for run in outcome.runs[:-1]:
+        if run.exit != outcome.run.exit:
+            outcome.problems.append(f"{run.argv[0]} exited {run.exit}, {outcome.run.argv[0]} "
+                                    f"{outcome.run.exit}: {run.message}")
+
+
+def _shard_outside(absolute: bool):
+    def body(work, outcome):
+        out = _reader_dataset(work, outcome)
+        outside = work / "outside"
+        outside.mkdir()
+        name = "train-00000-of-00001.tfrecord"
+        (outside / name).write_bytes((out / name).read_bytes())  # A valid shard, elsewhere.
+        path = str(outside / name) if absolute else f"../outside/{name}"
+        _edit_manifest(out, lambda m: m["splits"]["train"]["shards"][0].update(path=path))
+        _read_unchanged(work, outcome, out, ["inspect", str(out)], ["verify", str(out)])
+    return body
+
+
+case("manifest-shard-dotdot", "verify/inspect: manifest shard path ../outside/x (a valid shard there)",
+     EXIT_USAGE, r'^beam-tfrecords verify: error: .*/manifest\.json: splits\.train\.shards\[0\]\.path: '
+     r'"\.\./outside/train-00000-of-00001\.tfrecord" climbs out')(_shard_outside(False))
+case("manifest-shard-absolute", "verify/inspect: manifest shard path /abs/outside/x (a valid shard there)",
+     EXIT_USAGE, r'^beam-tfrecords verify: error: .*/manifest\.json: splits\.train\.shards\[0\]\.path: '
+     r'"/.*/outside/train-00000-of-00001\.tfrecord" is an absolute path')(_shard_outside(True))
+
+
+@case("inspect-split-escape", "inspect --contact_sheet sheet.png, manifest split named /../../x",
+      EXIT_USAGE, r'^beam-tfrecords inspect: error: .*splits\["/\.\./\.\./x"\]: split name '
+      r'"/\.\./\.\./x" cannot name a file')
+def _inspect_split_escape(work, outcome):
+    (work / "a" / "b" / "run").mkdir(parents=True)
+    out = _reader_dataset(work / "a" / "b", outcome)
+    _edit_manifest(out, lambda m: m["splits"].update({"/../../x": m["splits"].pop("train")}))
+    # Steered, the sheet would be run/sheet-/../../x.png: a/b/x.png, inside ``work``.
+    _read_unchanged(work, outcome, out, ["inspect", str(out), "--contact_sheet", "sheet.png"],
+                    cwd=work / "a" / "b" / "run")
+    if (work / "a" / "b" / "run" / "sheet-").exists():
+        outcome.problems.append("a folder sheet- was made for the sheet")
+
+
+@case("manifest-no-shards", "verify/inspect: a manifest whose split has no 'shards'", EXIT_USAGE,
+      r"^beam-tfrecords verify: error: .*/manifest\.json: splits\.train\.shards: missing$")
+def _manifest_no_shards(work, outcome):
+    out = _reader_dataset(work, outcome)
+    _edit_manifest(out, lambda m: m["splits"]["train"].pop("shards"))
+    _read_unchanged(work, outcome, out, ["inspect", str(out)], ["verify", str(out)])
+
+
+def _hostile_shard(gz: bool):
+    def body(work, outcome):
+        import gzip  # pylint: disable=import-outside-toplevel
+        import struct  # pylint: disable=import-outside-toplevel
+
+        from beam_tfrecords.transforms.codec.tfrecord import masked_crc32c  # pylint: disable=import-outside-toplevel
+
+        field = struct.pack("<Q", 1 << 40)
+        path = work / ("hostile-00000-of-00001.tfrecord" + (".gz" if gz else ""))
+        with open(path, "wb") as f:
+            sink = gzip.GzipFile(fileobj=f, mode="wb", mtime=0) if gz else f
+            sink.write(field + struct.pack("<I", masked_crc32c(field)))
+            for _ in range(64):
+                sink.write(bytes(1 << 20))
+            if gz:
+                sink.close()
+        _read_unchanged(work, outcome, work / "no-dataset", ["verify", str(path)])
+    return body
+
+
+case("hostile-gz-shard", "verify: a 65 KB .gz whose first record claims 2^40 bytes over 64 MB of zeros",
+     EXIT_FAILED, r"^FAIL .*hostile-00000-of-00001\.tfrecord\.gz  record 0 at byte offset 0: stream "
+     r"ends inside the record: 1099511627780 bytes of data and CRC expected, 67108864 present$"
+     )(_hostile_shard(True))
+case("hostile-2e40-shard", "verify: a 64 MB plain shard whose first record claims 2^40 bytes",
+     EXIT_FAILED, r"^FAIL .*hostile-00000-of-00001\.tfrecord  record 0 at byte offset 0: stream "
+     r"ends inside the record: 1099511627780 bytes of data and CRC expected, 67108864 present$"
+     )(_hostile_shard(False))
+
+
+def _manifest_with(work: Path, cells: list[str]) -> tuple[Path, Path]:
+    """An image manifest of MANIFEST_ROWS images, plus rows naming ``cells`` (their other
+    cells copied from the first row); ``work/elsewhere/secret.jpg`` is an image outside
+    its folder, and ``in/linked`` a link to that folder."""
+    root = work / "in"
+    make_csv_manifest_sample(str(root), n=MANIFEST_ROWS)
+    (work / "elsewhere").mkdir()
+    (work / "elsewhere" / "secret.jpg").write_bytes((root / "images" / "000.jpg").read_bytes())
+    (root / "linked").symlink_to(work / "elsewhere")
+    csv_path = root / "manifest.csv"
+    lines = csv_path.read_text(encoding="utf-8").splitlines()
+    rest = lines[1].split(",", 1)[1]
+    csv_path.write_text("\n".join(lines + [f"{cell},{rest}" for cell in cells]) + "\n", encoding="utf-8")
+    return root, csv_path
+
+
+_OUTSIDE_ROWS = ["../elsewhere/secret.jpg", "linked/secret.jpg", "gs://someone-elses-bucket/x.jpg"]
+
+
+@case("csv-rows-outside-refused", "image manifest with rows ../x.jpg, a link out, gs://other-bucket/x.jpg",
+      EXIT_USAGE, CONVERT_ERROR + r".*: 3 rows of the CSV manifest name images outside its folder, "
+      r"under .*/elsewhere \(2 rows\), gs://someone-elses-bucket \(1 row\); .*add --allowed_roots ")
+def _csv_rows_outside_refused(work, outcome):
+    root, csv_path = _manifest_with(work, _OUTSIDE_ROWS)
+    out = str(work / "out")
+    _convert(work, outcome, str(csv_path), out)
+    account_refused(outcome, out, MANIFEST_ROWS + len(_OUTSIDE_ROWS))
+    if os.path.exists(out):
+        outcome.problems.append("the output folder was created")
+
+
+@case("csv-rows-outside-allowed", "image manifest with rows ../x.jpg and a link out, --allowed_roots "
+      "naming their folder", EXIT_OK, STATUS_OK)
+def _csv_rows_outside_allowed(work, outcome):
+    root, csv_path = _manifest_with(work, _OUTSIDE_ROWS[:2])
+    out = str(work / "out")
+    _convert(work, outcome, str(csv_path), out, "--allowed_roots", str(work / "elsewhere"))
+    found = _manifest_rows_accounting(outcome, out, root, csv_path, "image")
+    names = {r["image/filename"][0].decode() for r in found.records}
+    if not set(_OUTSIDE_ROWS[:2]) <= names:
+        outcome.problems.append(f"the allowed rows were not written: {sorted(set(_OUTSIDE_ROWS[:2]) - names)}")
+
+
+@case("csv-row-glob", "image manifest rows images/*.jpg and /**/secret.jpg (--allow_paths_outside)",
+      EXIT_OK, STATUS_OK)
+def _csv_row_glob(work, outcome):
+    root, csv_path = _manifest_with(work, ["images/*.jpg", "/**/secret.jpg"])
+    out = str(work / "out")
+    _convert(work, outcome, str(csv_path), out, "--allow_paths_outside")
+    found = _manifest_rows_accounting(outcome, out, root, csv_path, "image")
+    reasons = sorted(d["error"] for d in found.dead)
+    if reasons != ["missing_file", "missing_file"]:
+        outcome.problems.append(f"the glob rows were not dead-lettered as missing files: {reasons}")
+
+
+@case("csv-row-unknown-scheme", "image manifest row x://a.jpg", EXIT_OK, STATUS_OK)
+def _csv_row_unknown_scheme(work, outcome):
+    root, csv_path = _manifest_with(work, ["x://a.jpg"])
+    out = str(work / "out")
+    _convert(work, outcome, str(csv_path), out)
+    found = _manifest_rows_accounting(outcome, out, root, csv_path, "image")
+    reasons = [d["error"] for d in found.dead]
+    if reasons != ["unreadable_path"]:
+        outcome.problems.append(f"x://a.jpg was not dead-lettered as unreadable_path: {reasons}")
+
+
 # Every case is registered above this line (a case added below would not run as a script).
 CASES_BY_NAME = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"

@@ -18,7 +18,9 @@ import concurrent.futures
 import dataclasses
 import functools
 import logging
+import os
 import pickle
+import stat
 import threading
 import time
 import uuid
@@ -28,6 +30,7 @@ from collections.abc import Iterator, Sequence
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystem import BeamIOError
+from apache_beam.io.filesystems import FileSystems
 
 from beam_tfrecords.schemas.config import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, ImageReshape
 from beam_tfrecords.schemas.elements import (
@@ -269,16 +272,14 @@ def _list_images(input_path: str, layout: str, labels_path: str | None,
     if labels is None and vocabulary:
         labels = list(vocabulary)
     if layout == "csv":
-        under_root = dict(files.list_files(files.join(root, "**")))
+        # A bucket's folder is listed once (a lookup per row would be a request per
+        # row); a local file is looked up by itself. Never a glob: a row's path is a name.
+        under_root = {} if files.is_local(root) else dict(files.list_files(files.join(root, "**")))
 
         def size_of(path: str) -> int | None:
             if path in under_root:
                 return under_root[path]
-            try:
-                found = files.list_files(path, limit=1)
-            except BeamIOError:
-                return None
-            return found[0][1] if found else None
+            return _literal_size(path)
 
         listing = list_csv_manifest(input_path, files.read_text(input_path), size_of, labels,
                                     image_column, label_column)
@@ -309,6 +310,30 @@ def _list_images(input_path: str, layout: str, labels_path: str | None,
                        for path, reason, message in skipped]
     listing.dead_letters.extend(bad_names)
     return listing
+
+
+def _literal_size(path: str) -> int | None:
+    """The size of the file a CSV manifest's row names, looked up by its exact name
+    (``*``, ``?`` and ``[`` are characters, not a pattern); ``None`` when there is
+    no such file (or it is a folder).
+
+    Raises:
+      ValueError: for a scheme no file system of this run reads (``x://a.jpg``).
+    """
+    if files.is_local(path):
+        try:
+            info = os.stat(path)
+        except (OSError, ValueError):  # ValueError: a NUL in the name.
+            return None
+        return None if stat.S_ISDIR(info.st_mode) else info.st_size
+    try:
+        filesystem = FileSystems.get_filesystem(path)
+    except ValueError:
+        raise ValueError("no file system of this run reads its scheme") from None
+    try:
+        return filesystem.metadata(path).size_in_bytes
+    except BeamIOError:
+        return None
 
 
 # Listings made before a pipeline was built (the preflight's), for the listing step

@@ -12,6 +12,15 @@ The writer computes, while it writes, the CRC-32C and SHA-256 of the bytes that
 land on storage (after compression), so a shard can be proved against what was
 written without a second pass over the source data. The reader streams records
 one at a time and names the record index and byte offset of any fault.
+
+A record's 8-byte length is never trusted for an allocation: ``scan_stream``
+(what ``verify`` runs) checks it against what is left of a plain file before
+reading on, and streams a record longer than a block through the CRC in pieces
+(``RECORD_PIECE`` bytes at most), holding about ``SCAN_MEMORY_BYTES`` per file
+whatever the file says, in one linear pass; ``iter_records``, which yields whole
+records, reads a long one in pieces too, so it holds no more than the stream
+actually has, and refuses one longer than the stream's known size or the
+caller's ``max_record`` before reading it.
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ import dataclasses
 import gzip
 import hashlib
 import io
+import os
+import stat
 import struct
 from collections.abc import Iterator, Sequence
 from typing import BinaryIO
@@ -31,6 +42,8 @@ from beam_tfrecords.schemas.shards import check_compression
 
 __all__ = [
     "RECORD_OVERHEAD",
+    "RECORD_PIECE",
+    "SCAN_MEMORY_BYTES",
     "FileDigest",
     "ObservingReader",
     "RecordError",
@@ -44,6 +57,7 @@ __all__ = [
     "digest_stream",
     "scan_records",
     "scan_stream",
+    "stream_size",
 ]
 
 RECORD_OVERHEAD = 16  # 8-byte length + 4-byte length CRC + 4-byte data CRC.
@@ -55,6 +69,13 @@ _HEADER = struct.Struct("<QI")
 _FOOTER = struct.Struct("<I")
 _READ_CHUNK = 1 << 20
 _SCAN_BLOCK = 1 << 20
+# A record longer than this is read in pieces of this size, its CRC computed piece by
+# piece: no read is sized by a length field alone.
+RECORD_PIECE = 1 << 20
+# What scan_stream holds for one file, whatever its length fields say: a block, a
+# record carried into the next block (under two blocks), the two joined, a piece
+# of a long record (twice, inside gzip's reader), and gzip's own buffers.
+SCAN_MEMORY_BYTES = 16 << 20
 # frame_parts joins a record's pieces below this size.
 _JOIN_BELOW = 64 << 10
 _crc32c = google_crc32c.value
@@ -228,7 +249,8 @@ class RecordError(ValueError):
     """A fault in a TFRecord stream.
 
     Attributes:
-      kind: ``'truncated'``, ``'length_crc'`` or ``'data_crc'``.
+      kind: ``'truncated'``, ``'length_crc'``, ``'data_crc'`` or ``'too_large'``
+        (a record longer than a reader's ``max_record``).
       index: 0-based index of the faulty record.
       offset: byte offset of the record's start in the (uncompressed) stream.
     """
@@ -278,19 +300,29 @@ class _HashingReader(ObservingReader, _Digests):
         ObservingReader.__init__(self, source, self.update)
 
 
-def iter_records(stream: BinaryIO, check_crc: bool = True) -> Iterator[bytes]:
+def iter_records(stream: BinaryIO, check_crc: bool = True, size: int | None = None,
+                 max_record: int | None = None) -> Iterator[bytes]:
     """Yields the records of an uncompressed TFRecord stream, one at a time.
+
+    A record longer than ``RECORD_PIECE`` is read in pieces, so a length field
+    that claims more than the stream holds costs no more memory than the stream
+    has before it fails as truncated.
 
     Args:
       stream: a binary stream positioned at the start of a record.
       check_crc: verify both CRCs of every record.
+      size: the stream's length in bytes, when known (a plain file's size): a
+        record that claims more than is left fails before anything is read.
+      max_record: refuse (``too_large``) a record whose length field claims more
+        data bytes than this, before reading it.
 
     Yields:
       The data of each record.
 
     Raises:
-      RecordError: on a truncated record or a CRC mismatch; it names the record
-        index and the byte offset of the record's start.
+      RecordError: on a truncated record, a CRC mismatch or a record over
+        ``max_record``; it names the record index and the byte offset of the
+        record's start.
     """
     index = 0
     offset = 0
@@ -306,25 +338,72 @@ def iter_records(stream: BinaryIO, check_crc: bool = True) -> Iterator[bytes]:
         length, length_crc = _HEADER.unpack(header)
         if check_crc and masked_crc32c(header[:8]) != length_crc:
             raise RecordError("length_crc", index, offset, "length CRC mismatch (corrupt length field)")
-        body = read(length + 4)
-        if len(body) < length + 4:
-            raise RecordError(
-                "truncated",
-                index,
-                offset,
-                f"stream ends inside the record: {length + 4} bytes of data and CRC expected, "
-                f"{len(body)} present",
-            )
-        data = body[:length]
-        if check_crc and masked_crc32c(data) != _FOOTER.unpack_from(body, length)[0]:
-            raise RecordError("data_crc", index, offset, "data CRC mismatch (corrupt record data)")
+        if size is not None and length + 4 > size - offset - 12:
+            raise _ends_inside(index, offset, length, max(0, size - offset - 12))
+        if max_record is not None and length > max_record:
+            raise RecordError("too_large", index, offset,
+                              f"the record claims {length:,} bytes, more than the {max_record:,} "
+                              "read here")
+        if length + 4 <= RECORD_PIECE:
+            body = read(length + 4)
+            if len(body) < length + 4:
+                raise _ends_inside(index, offset, length, len(body))
+            data = body[:length]
+            crc = _FOOTER.unpack_from(body, length)[0]
+            if check_crc and masked_crc32c(data) != crc:
+                raise RecordError("data_crc", index, offset, "data CRC mismatch (corrupt record data)")
+        else:
+            data, crc, computed = _read_long(read, index, offset, length)
+            if check_crc and mask_crc(computed) != crc:
+                raise RecordError("data_crc", index, offset, "data CRC mismatch (corrupt record data)")
         yield data
         index += 1
         offset += length + RECORD_OVERHEAD
 
 
+def _ends_inside(index: int, offset: int, length: int, present: int) -> RecordError:
+    return RecordError("truncated", index, offset,
+                       f"stream ends inside the record: {length + 4} bytes of data and CRC "
+                       f"expected, {present} present")
+
+
+def _read_exact(read, n: int) -> bytes:
+    """Up to ``n`` bytes: fewer only at the end of the stream."""
+    data = read(n)
+    if len(data) == n or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < n and (more := read(n - got)):
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def _read_long(read, index: int, offset: int, length: int) -> tuple[bytes, int, int]:
+    """A long record's data (read in pieces of ``RECORD_PIECE``), its stored CRC
+    and the CRC-32C computed over the pieces."""
+    pieces, got, crc = [], 0, 0
+    while got < length:
+        piece = read(min(RECORD_PIECE, length - got))
+        if not piece:
+            raise _ends_inside(index, offset, length, got)
+        crc = _crc32c_extend(crc, piece)
+        pieces.append(piece)
+        got += len(piece)
+    footer = _read_exact(read, 4)
+    if len(footer) < 4:
+        raise _ends_inside(index, offset, length, got + len(footer))
+    return b"".join(pieces), _FOOTER.unpack(footer)[0], crc
+
+
 def scan_stream(source: BinaryIO, compression: str = "none") -> FileDigest:
     """Reads a whole TFRecord file, checking every record, and digests its bytes.
+
+    One linear pass holding at most about ``SCAN_MEMORY_BYTES`` whatever the
+    file's length fields claim: records are checked in place in blocks of 1 MB,
+    and a record longer than that is streamed through the CRC in pieces. A plain
+    file's record that claims more bytes than are left fails before it is read.
 
     Args:
       source: a binary stream of the file as stored (compressed bytes for gzip).
@@ -343,10 +422,8 @@ def scan_stream(source: BinaryIO, compression: str = "none") -> FileDigest:
         return _scan_plain(source)
     hashing = _HashingReader(source)
     buffered = io.BufferedReader(hashing, buffer_size=_READ_CHUNK)
-    stream: BinaryIO = gzip.GzipFile(fileobj=buffered, mode="rb") if compression == "gzip" else buffered
-    records = 0
-    for _ in iter_records(stream):
-        records += 1
+    with gzip.GzipFile(fileobj=buffered, mode="rb") as stream:
+        records = _scan_blocks(stream.read, None, None)
     hashing.drain()
     crc, sha = hashing.digests()
     return FileDigest(records=records, bytes=hashing.bytes, crc32c=crc, sha256=sha)
@@ -408,25 +485,97 @@ def _scan_block(data: bytes, first_index: int, base_offset: int, final: bool) ->
     return index, offset
 
 
+def stream_size(source: BinaryIO) -> int | None:
+    """Bytes left in a stored file's stream (its size from its descriptor, or by
+    seeking), ``None`` when it cannot be known without reading. For the stored
+    bytes only: a ``GzipFile`` would decompress everything to seek to its end."""
+    try:
+        info = os.fstat(source.fileno())
+        if stat.S_ISREG(info.st_mode):
+            return max(0, info.st_size - source.tell())
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass
+    try:
+        if not source.seekable():
+            return None
+        here = source.tell()
+        end = source.seek(0, io.SEEK_END)
+        source.seek(here)
+        return end - here
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
+
+
 def _scan_plain(source: BinaryIO) -> FileDigest:
-    """``scan_stream`` of an uncompressed file in one pass of large reads: each
-    block is digested and its whole records checked in place; the bytes of a
-    record that spans blocks are carried into the next."""
+    """``scan_stream`` of an uncompressed file: every byte read is digested."""
     digests = _Digests()
+    records = _scan_blocks(source.read, stream_size(source), digests.update)
+    crc, sha = digests.digests()
+    return FileDigest(records=records, bytes=digests.bytes, crc32c=crc, sha256=sha)
+
+
+def _scan_blocks(read, size: int | None, observe) -> int:
+    """Checks every record of an uncompressed stream in one linear pass; returns
+    their count.
+
+    Each block is checked in place (``_scan_block``); a record that spans blocks
+    is carried into the next block when it ends there, and otherwise streamed
+    through the CRC piece by piece (``_stream_record``), so no byte is copied
+    more than a few times and no read is sized by a length field alone.
+
+    Args:
+      read: the stream's ``read``.
+      size: the stream's length when known: a record claiming more than is left
+        fails at once.
+      observe: called with every piece of bytes read, in order (or ``None``).
+    """
     records = 0
     carried = b""
-    offset = 0  # File offset of carried[0].
-    while block := source.read(_SCAN_BLOCK):
-        digests.update(block)
+    offset = 0  # Stream offset of carried[0].
+    while block := read(_SCAN_BLOCK):
+        if observe:
+            observe(block)
         data = carried + block if carried else block
         count, used = _scan_block(data, records, offset, final=False)
         records += count
         offset += used
-        carried = data[used:] if used < len(data) else b""
+        left = len(data) - used
+        if left >= 12:  # The next record's length field is whole and proved.
+            length = _LENGTH.unpack_from(data, used)[0]
+            if size is not None and length + 4 > size - offset - 12:
+                raise _ends_inside(records, offset, length, size - offset - 12)
+            if length + 16 - left > _SCAN_BLOCK:  # It does not end in the next block.
+                _stream_record(read, observe, data[used + 12:], length, records, offset)
+                records += 1
+                offset += length + RECORD_OVERHEAD
+                carried = b""
+                continue
+        carried = data[used:] if left else b""
     if carried:
         _scan_block(carried, records, offset, final=True)  # Raises: the file ends inside a record.
-    crc, sha = digests.digests()
-    return FileDigest(records=records, bytes=digests.bytes, crc32c=crc, sha256=sha)
+    return records
+
+
+def _stream_record(read, observe, head: bytes, length: int, index: int, offset: int) -> None:
+    """Checks a long record's data CRC without holding it: ``head`` is what of its
+    data was read already (less than ``length``); the rest is read in pieces."""
+    crc = _crc32c_extend(0, head)
+    got = len(head)
+    while got < length:
+        piece = read(min(RECORD_PIECE, length - got))
+        if not piece:
+            raise _ends_inside(index, offset, length, got)
+        if observe:
+            observe(piece)
+        crc = _crc32c_extend(crc, piece)
+        got += len(piece)
+    footer = _read_exact(read, 4)
+    if observe and footer:
+        observe(footer)
+    if len(footer) < 4:
+        raise _ends_inside(index, offset, length, got + len(footer))
+    if mask_crc(crc) != _FOOTER.unpack(footer)[0]:
+        raise RecordError("data_crc", index, offset, "data CRC mismatch (corrupt record data)")
 
 
 def digest_stream(source: BinaryIO) -> tuple[int, str, str]:

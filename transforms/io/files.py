@@ -33,6 +33,7 @@ __all__ = [
     "exists",
     "is_local",
     "join",
+    "link_outside",
     "list_files",
     "list_stamped",
     "list_unit",
@@ -494,3 +495,17 @@ def delete_files(paths: list[str]) -> None:
     present = [p for p in paths if FileSystems.exists(p)]
     if present:
         FileSystems.delete(present)
+
+
+def link_outside(folder: str, path: str) -> str:
+    """Where a local ``path`` inside ``folder`` really leads when symbolic links
+    take it outside ``folder`` (both resolved; a dangling link by its target),
+    else ``''``: also off the local disk, where there are no links.
+    """
+    if not (is_local(folder) and is_local(path)):
+        return ""
+    base = os.path.realpath(folder)
+    target = os.path.realpath(path)
+    if target == base or target.startswith(base.rstrip("/") + "/"):
+        return ""
+    return target

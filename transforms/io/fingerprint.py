@@ -108,7 +108,8 @@ def file_entries(root: str, paths: Sequence[tuple[str, int]], names: Sequence[st
     files, named by ``names`` (default: relative to ``root``). Content hashes of
     local files are not computed here."""
     names = names or [relative_path(root, path) for path, _ in paths]
-    listing = _gcs_listing(root) if any(is_gcs(path) for path, _ in paths) else {}
+    # A local CSV manifest's gs:// rows are looked up one by one (its folder is no bucket).
+    listing = _gcs_listing(root) if is_gcs(root) and any(is_gcs(path) for path, _ in paths) else {}
     entries = []
     for (path, size), name in zip(paths, names):
         if is_gcs(path):

@@ -13,7 +13,10 @@ Three layouts are understood (``auto`` picks one):
   folder, or absolute; ``image``, ``image_uri``, ``image_path``, ``path``,
   ``filename``, ``file`` or ``uri``, or one named by the caller), a label column
   (int or class name; ``label``, ``class`` or ``category``, or named), optional
-  ``split``; other columns become int64, float32 or string features.
+  ``split``; other columns become int64, float32 or string features. A row
+  whose image lies outside the CSV's folder is read only when its root is
+  allowed (``rows_outside`` tells the preflight which are not); a row's path is
+  looked up literally, never as a glob (the caller's ``size_of``).
 
 Pure functions: the caller lists the files and reads the text files.
 """
@@ -25,6 +28,7 @@ import dataclasses
 import math
 import posixpath
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 from beam_tfrecords.schemas.config import LAYOUTS
@@ -50,9 +54,13 @@ __all__ = [
     "list_class_folders",
     "list_csv_manifest",
     "manifest_columns",
+    "manifest_image_path",
+    "outside_root",
     "parse_labels_text",
     "resolve_input",
+    "rows_outside",
     "top_level_folders",
+    "within",
 ]
 
 # Folder names read as splits (as on disk: lower case). The split written to the
@@ -371,8 +379,10 @@ def list_csv_manifest(
     Args:
       csv_path: where the CSV is; relative image paths are taken from its folder.
       text: the CSV's content (with a header row).
-      size_of: the size in bytes of the image at a resolved path, ``None`` when it
-        does not exist (the row then goes to the dead letter).
+      size_of: the size in bytes of the image at a resolved path, looked up
+        literally (never as a glob), ``None`` when it does not exist (the row then
+        goes to the dead letter, ``missing_file``); it raises ``ValueError`` for a
+        path it cannot look up at all (an unknown scheme: ``unreadable_path``).
       labels: class names in label order; default: the sorted label values when
         they are names, no names when they are all integers.
       image_column, label_column: the columns of the image paths and the labels;
@@ -382,6 +392,74 @@ def list_csv_manifest(
       ValueError: if a required column is missing or an extra column is named
         like a reserved image feature.
     """
+    table = _manifest_table(csv_path, text, image_column, label_column)
+    image_column, label_column = table.image_column, table.label_column
+    extra_names, rows, dead = table.extra_names, table.rows, table.dead
+    dtypes = {name: _infer_dtype([row[name] for _, row in rows]) for name in extra_names}
+    label_values = [row[label_column] for _, row in rows]
+    int_labels = labels is None and all(_is_int(v) for v in label_values)
+    if labels is not None:
+        vocabulary = list(labels)
+    elif int_labels:
+        vocabulary = []
+    else:
+        vocabulary = sorted(set(label_values))
+    index = {name: i for i, name in enumerate(vocabulary)}
+    refs = []
+    for line, row in rows:
+        source = f"{csv_path}:{line}"
+        image = row[image_column]
+        if image.startswith("file://"):
+            image = image[len("file://"):]
+        path = manifest_image_path(table.base, image)
+        rel = image if not image.startswith("/") else image.lstrip("/")
+        if not is_image_filename(image):
+            dead.append(DeadLetter(source, "list", "not_an_image_path",
+                                   f"{image!r} does not name an image file"))
+            continue
+        try:
+            size = size_of(path)
+        except ValueError as err:
+            dead.append(DeadLetter(source, "list", "unreadable_path", f"image {path}: {err}"))
+            continue
+        if size is None:
+            dead.append(DeadLetter(source, "list", "missing_file", f"image {path} does not exist"))
+            continue
+        value = row[label_column]
+        if int_labels:
+            label, text = int(value), ""
+        elif value in index:
+            label, text = index[value], value
+        elif _is_int(value) and 0 <= int(value) < len(vocabulary):
+            label, text = int(value), vocabulary[int(value)]
+        else:
+            dead.append(DeadLetter(source, "list", "unknown_class",
+                                   f"label {value!r} is not a known class"))
+            continue
+        split = row.get(SPLIT_COLUMN) or DEFAULT_SPLIT
+        extra = tuple((name, dtypes[name], _cast(dtypes[name], row[name])) for name in sorted(extra_names))
+        refs.append(_ref(split, rel, path, size, label, text, extra))
+    listing = _finish("csv", refs, vocabulary, 0, dead, dict(sorted(dtypes.items())))
+    listing.split_source = f"the CSV's {SPLIT_COLUMN!r} column" if SPLIT_COLUMN in table.header else ""
+    return listing
+
+
+@dataclasses.dataclass(frozen=True)
+class _ManifestTable:
+    """A CSV manifest's rows as read, before any image is looked up."""
+
+    base: str  # the CSV's folder
+    header: list[str]
+    image_column: str
+    label_column: str
+    extra_names: list[str]
+    rows: list[tuple[int, dict[str, str]]]  # (line number, {column: cell})
+    dead: list[DeadLetter]  # lines that are no row (broken quoting, wrong cell count)
+
+
+def _manifest_table(csv_path: str, text: str, image_column: str | None,
+                    label_column: str | None) -> _ManifestTable:
+    """Reads a CSV manifest's header and rows (see ``list_csv_manifest``)."""
     # One physical line is one row: an image path holds no newline, so a quote that is
     # never closed costs its own line, not every row after it.
     lines = text.split("\n")
@@ -407,7 +485,6 @@ def list_csv_manifest(
             f"{csv_path}: extra columns {clashing} would clash with the image features; "
             "rename them (names starting with 'image/' and empty names are reserved)"
         )
-    base = posixpath.dirname(csv_path)
     dead: list[DeadLetter] = []
     rows = []  # (line, cells)
     for line, text_line in enumerate(lines[1:], start=2):
@@ -430,49 +507,102 @@ def list_csv_manifest(
             )
             continue
         rows.append((line, dict(zip(header, (c.strip() for c in cells)))))
-    dtypes = {name: _infer_dtype([row[name] for _, row in rows]) for name in extra_names}
-    label_values = [row[label_column] for _, row in rows]
-    int_labels = labels is None and all(_is_int(v) for v in label_values)
-    if labels is not None:
-        vocabulary = list(labels)
-    elif int_labels:
-        vocabulary = []
-    else:
-        vocabulary = sorted(set(label_values))
-    index = {name: i for i, name in enumerate(vocabulary)}
-    refs = []
-    for line, row in rows:
-        source = f"{csv_path}:{line}"
-        image = row[image_column]
-        if image.startswith("file://"):
-            image = image[len("file://"):]
-        path = image if image.startswith("/") or "://" in image else posixpath.join(base, image)
-        rel = image if not image.startswith("/") else image.lstrip("/")
+    return _ManifestTable(posixpath.dirname(csv_path), header, image_column, label_column,
+                          extra_names, rows, dead)
+
+
+def manifest_image_path(base: str, image: str) -> str:
+    """Where a CSV manifest's image cell points: a ``file://`` prefix dropped, an
+    absolute path or a URI as it is, anything else joined to the CSV's folder
+    ``base`` (unchanged otherwise: ``..`` is not resolved here)."""
+    if image.startswith("file://"):
+        image = image[len("file://"):]
+    return image if image.startswith("/") or "://" in image else posixpath.join(base, image)
+
+
+def _parts(path: str) -> tuple[str, list[str]]:
+    """``(scheme, names)`` of an absolute path or URI, ``..`` and ``.`` resolved by
+    name: ``/a/b`` is ``('', ['a', 'b'])``, ``gs://bucket/x`` is ``('gs', ['bucket', 'x'])``."""
+    scheme, sep, rest = path.partition("://")
+    if not sep:
+        scheme, rest = "", path
+    names: list[str] = []
+    for name in rest.split("/"):
+        if name == "..":
+            if names:
+                names.pop()
+        elif name not in ("", "."):
+            names.append(name)
+    return scheme, names
+
+
+def _joined(scheme: str, names: list[str]) -> str:
+    return f"{scheme}://" + "/".join(names) if scheme else "/" + "/".join(names)
+
+
+def outside_root(base: str, path: str) -> str:
+    """``''`` when ``path`` lies inside the folder ``base`` (by name: ``..``
+    resolved, links not followed; both absolute paths or URIs); else the root it
+    reaches: the folder just below the deepest folder the two share (``/data``
+    for ``/data/imgs/1.jpg`` beside a CSV in ``/home/me``, ``/home/other`` for
+    ``/home/me/../other/1.jpg``), or the folder holding the file when that is the
+    shared one; across schemes or buckets, the bucket (``gs://photos``) or the
+    top folder (``/data``)."""
+    base_scheme, base_names = _parts(base)
+    scheme, names = _parts(path)
+    if scheme != base_scheme or (scheme and names[:1] != base_names[:1]):
+        return _joined(scheme, names[:1] if scheme else names[:min(1, len(names) - 1)])
+    shared = 0
+    while shared < min(len(names), len(base_names)) and names[shared] == base_names[shared]:
+        shared += 1
+    if shared == len(base_names) and len(names) > shared:
+        return ""
+    return _joined(scheme, names[:min(shared + 1, len(names) - 1)])
+
+
+def within(path: str, roots: Sequence[str]) -> bool:
+    """Whether ``path`` lies in one of the folders ``roots`` (by name, as
+    ``outside_root`` compares; a root may be a bucket, ``gs://photos``)."""
+    scheme, names = _parts(path)
+    for root in roots:
+        root_scheme, root_names = _parts(root)
+        if root_scheme == scheme and names[:len(root_names)] == root_names and len(names) > len(root_names):
+            return True
+    return False
+
+
+def rows_outside(csv_path: str, text: str, image_column: str | None = None,
+                 label_column: str | None = None, allowed: Sequence[str] = (),
+                 resolve: Callable[[str], str | None] | None = None) -> dict[str, int]:
+    """``{root: rows}`` of the rows of a CSV manifest whose image lies outside the
+    CSV's folder (``outside_root``) and in none of the ``allowed`` folders, before
+    any image is looked up: the rows a run must not read unless told to.
+
+    Args:
+      csv_path, text, image_column, label_column: as for ``list_csv_manifest``
+        (rows it would refuse unread, and cells that name no image file, are
+        left out).
+      allowed: folders, buckets or URIs whose images may be read.
+      resolve: where a path really is (local links followed), ``None`` for a
+        path that will not be read at all (an unknown scheme: dead-lettered);
+        default: a local path made absolute. The CSV's folder is resolved with
+        it too.
+    """
+    table = _manifest_table(csv_path, text, image_column, label_column)
+    resolve = resolve or (lambda path: path if "://" in path else posixpath.abspath(path))
+    base = resolve(table.base or ".") or table.base
+    roots: Counter = Counter()
+    for _, row in table.rows:
+        image = row[table.image_column]
         if not is_image_filename(image):
-            dead.append(DeadLetter(source, "list", "not_an_image_path",
-                                   f"{image!r} does not name an image file"))
             continue
-        size = size_of(path)
-        if size is None:
-            dead.append(DeadLetter(source, "list", "missing_file", f"image {path} does not exist"))
+        path = resolve(manifest_image_path(table.base, image))
+        if path is None:
             continue
-        value = row[label_column]
-        if int_labels:
-            label, text = int(value), ""
-        elif value in index:
-            label, text = index[value], value
-        elif _is_int(value) and 0 <= int(value) < len(vocabulary):
-            label, text = int(value), vocabulary[int(value)]
-        else:
-            dead.append(DeadLetter(source, "list", "unknown_class",
-                                   f"label {value!r} is not a known class"))
-            continue
-        split = row.get(SPLIT_COLUMN) or DEFAULT_SPLIT
-        extra = tuple((name, dtypes[name], _cast(dtypes[name], row[name])) for name in sorted(extra_names))
-        refs.append(_ref(split, rel, path, size, label, text, extra))
-    listing = _finish("csv", refs, vocabulary, 0, dead, dict(sorted(dtypes.items())))
-    listing.split_source = f"the CSV's {SPLIT_COLUMN!r} column" if SPLIT_COLUMN in header else ""
-    return listing
+        root = outside_root(base, path)
+        if root and not within(path, allowed):
+            roots[root] += 1
+    return dict(sorted(roots.items()))
 
 
 def _cells(line: str) -> list[str]:
