@@ -142,15 +142,19 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
             | "VerifyShards" >> verify
         )
     else:
-        if plan.listing_path and not options.view_as(TestOptions).dry_run:
-            # The steps run elsewhere: they take this listing, not another (a dry
-            # run builds the job only, and writes nothing).
-            write_listing(plan.listing_path, plan.listing)
+        digest = ""
+        if plan.listing_path:
+            # The steps run elsewhere: they take this listing, not another, and only
+            # if the file still has the digest the job graph carries (a dry run
+            # builds the same job, and writes nothing).
+            dry = options.view_as(TestOptions).dry_run
+            digest = write_listing(None if dry else plan.listing_path, plan.listing)
         listing = pipeline | "ListImages" >> ListImages(
             config.input, config.layout, config.labels, config.output, config.encode_processes,
             config.image_column, config.label_column, kept=plan.listing,
             splits=config.splits, split_by=config.split_by, drop_duplicates=config.drop_duplicates,
-            vocabulary=plan.vocabulary, only=plan.only, listing_path=plan.listing_path)
+            vocabulary=plan.vocabulary, only=plan.only, listing_path=plan.listing_path,
+            listing_sha256=digest)
         summary = listing.summary
         source = ImageRecords(config.validate, config.read_threads, config.encode_processes,
                               max_pixels=config.max_pixels, image_bytes=config.image_bytes,

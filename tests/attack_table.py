@@ -817,7 +817,8 @@ def _ctrl_c(work: Path, outcome: Outcome, group: bool) -> None:
     table = make_table(work / "big.csv", 80_000, pad=" " + "y" * 40)
     out, hold = str(work / "out"), work / "hold"
     hold.mkdir()
-    env = cli_env(BEAM_TFRECORDS_HOLD_AT="mid_write", BEAM_TFRECORDS_HOLD_DIR=str(hold))
+    env = cli_env(BEAM_TFRECORDS_HOLD_AT="mid_write", BEAM_TFRECORDS_HOLD_DIR=str(hold),
+                  BEAM_TFRECORDS_TEST_HOOKS="1")
     argv = ["convert", "--input", table.path, "--output", out]
     start = time.monotonic()
     with open(work / "stdout.txt", "w+", encoding="utf-8") as so, \
