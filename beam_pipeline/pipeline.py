@@ -208,9 +208,23 @@ def _start(plan: RunPlan, options: PipelineOptions):
     return pipeline.run()
 
 
+_RAISED = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Interrupt)\b.*)$")
+
+
+def _remote_error(text: str) -> str:
+    """The exception line of an error raised in another process (a worker of a
+    multi-process runner), whose message is its whole traceback: the one Beam
+    marks with its step, else the last; ``text`` when it holds no traceback."""
+    if "Traceback (most recent call last)" not in text:
+        return text
+    raised = [m.group(1) for m in map(_RAISED.match, (line.strip() for line in text.splitlines())) if m]
+    in_step = [line for line in raised if "[while running '" in line]  # What the step raised.
+    return (in_step or raised or [text])[0 if in_step else -1]
+
+
 def _failure(err: BaseException) -> str:
     """One line that says why a pipeline failed: the error, the step, what to do."""
-    text = " ".join(str(err).split()) or type(err).__name__
+    text = " ".join(_remote_error(str(err)).split()) or type(err).__name__
     step = re.search(r"\[while running '([^']*)'\]", text)
     text = re.sub(r"\s*\[while running '[^']*'\]", "", text)
     if not re.match(r"^[A-Za-z_.]*(Error|Exception|Interrupt)\b", text):

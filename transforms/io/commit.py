@@ -311,6 +311,7 @@ def acquire_lock(output: str, run_id: str) -> dict:
             return holder  # Ours: a create retried after its answer was lost.
         if not (seen.holder and _is_gone(seen.holder)):
             raise _busy(output, path, seen.holder)
+        hold_point("lock_takeover")  # Tests: another run may take it over meanwhile.
         try:
             taken = _take_over(path, seen, data)
         except (TimeoutError, OSError) as err:

@@ -210,8 +210,9 @@ def read_generation(path: str) -> tuple[bytes, int] | None:
     blob = _client().client.bucket(bucket).get_blob(name)
     if blob is None:
         return None
+    generation = int(blob.generation)  # (A download resets it from headers some servers omit.)
     try:  # The download names the generation get_blob saw.
-        return blob.download_as_bytes(checksum=None), int(blob.generation)
+        return blob.download_as_bytes(checksum=None), generation
     except NotFound:
         return None
 
