@@ -40,6 +40,7 @@ from beam_tfrecords.transforms.images import (
 )
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.commit import release_lock, remove_folder
+from beam_tfrecords.transforms.io.faults import announce_hooks
 from beam_tfrecords.transforms.io.helpers import helper_pool
 from beam_tfrecords.transforms.manifest import Commit, CommitSettings
 from beam_tfrecords.transforms.plan.layouts import resolve_input
@@ -269,6 +270,7 @@ def submit(config: ConvertConfig, beam_args: Sequence[str] = ()):
     Raises:
       ConvertError: on options or inputs that cannot work (before anything runs).
     """
+    announce_hooks()
     options = PipelineOptions(list(beam_args))
     plan = plan_run(config, options)
     if _skipped(plan):
@@ -341,6 +343,7 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
     A pipeline that raises (storage full or gone, a runner failure) gives a result
     with status ``failed`` and its ``error``; nothing is published.
     """
+    announce_hooks()
     options = PipelineOptions(list(beam_args))
     plan = plan_run(config, options)
     if _skipped(plan):

@@ -56,6 +56,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections import Counter
@@ -886,35 +887,37 @@ def _gcs_unreachable(work, outcome):
 # --- issue 18: storage (trust nothing storage hands back) ---
 
 
-def _held(work: Path, argv: list[str], point: str, act: Callable[[], None],
-          env: dict[str, str] | None = None) -> Run:
-    """A CLI run held at hold point ``point`` (under the test switch), ``act()`` done
-    while it holds, then released (its hold file deleted) and run to its end."""
+def held_cli(work: Path, argv: list[str], point: str, act: Callable[[], None],
+             env: dict[str, str] | None = None, timeout: float = RUN_TIMEOUT) -> Run:
+    """``cli`` of a run held at hold point ``point`` (under the test switch): once it
+    holds, ``act()`` runs, then the run is released (its hold file deleted) and goes
+    on to its end. ``act`` does not run when the run ends without holding."""
     hold = work / f"hold-{point}"
     hold.mkdir()
     env = dict(env or cli_env(), BEAM_TFRECORDS_HOLD_AT=point, BEAM_TFRECORDS_HOLD_DIR=str(hold),
                BEAM_TFRECORDS_TEST_HOOKS="1")
-    start = time.monotonic()
-    with open(work / "stdout.txt", "w+", encoding="utf-8") as so, \
-            open(work / "stderr.txt", "w+", encoding="utf-8") as se:
-        proc = subprocess.Popen([sys.executable, "-m", "beam_tfrecords", *argv], cwd=work, env=env,
-                                stdout=so, stderr=se, text=True, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 120
-            while not (hold / point).exists() and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
+    ended, failed = threading.Event(), []
+
+    def release() -> None:
+        while not ended.is_set():
             if (hold / point).exists():
-                act()
+                try:
+                    act()
+                except BaseException as err:  # pylint: disable=broad-except
+                    failed.append(err)
                 (hold / point).unlink()
-            try:
-                code = proc.wait(timeout=RUN_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                code = None
-        finally:
-            _kill_session(proc)
-        so.seek(0)
-        se.seek(0)
-        return Run(argv, code, so.read(), se.read(), time.monotonic() - start)
+                return
+            time.sleep(0.05)
+
+    helper = threading.Thread(target=release, name=f"release-{point}", daemon=True)
+    helper.start()
+    try:
+        return cli(work, *argv, env=env, timeout=timeout)
+    finally:
+        ended.set()
+        helper.join()
+        if failed:
+            raise failed[0]
 
 
 @case("shard-swapped-before-commit", "a verified temporary shard replaced before the commit",
@@ -932,9 +935,9 @@ def _shard_swapped(work, outcome):
         os.replace(staged, shards[0])
         swapped.append(shards[0].name)
 
-    outcome.runs.append(_held(work, ["convert", "--input", str(root), "--output", str(out),
-                                     "--shard_min_mb", "0.01", "--shard_max_mb", "0.05"],
-                              "before_commit", swap))
+    outcome.runs.append(held_cli(work, ["convert", "--input", str(root), "--output", str(out),
+                                        "--shard_min_mb", "0.01", "--shard_max_mb", "0.05"],
+                                 "before_commit", swap))
     account_files(outcome, str(out), root, images, others=1)  # README.txt
     if not swapped:
         outcome.problems.append("the run never reached before_commit")
@@ -977,7 +980,8 @@ def _gcs_two_runs(work, outcome):
             (work / "second").mkdir()
             second.append(cli(work / "second", "convert", "--input", str(root), "--output", out, env=env))
 
-        first = _held(work, ["convert", "--input", str(root), "--output", out], "listing", run_second, env=env)
+        first = held_cli(work, ["convert", "--input", str(root), "--output", out], "listing", run_second,
+                         env=env)
         if not second:
             outcome.problems.append("the first run never reached its hold point")
             outcome.runs.append(first)

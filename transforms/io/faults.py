@@ -21,7 +21,7 @@ import os
 import threading
 import time
 
-__all__ = ["HOOKS_ENV", "POINTS", "hold_point", "test_hooks_on"]
+__all__ = ["HOOKS_ENV", "POINTS", "announce_hooks", "hold_point", "test_hooks_on"]
 
 POINTS = (
     "listing",          # inputs being listed or read
@@ -55,19 +55,25 @@ def _once(key: str, level: int, message: str, *args) -> None:
     _log.log(level, message, *args)
 
 
-def hold_point(name: str) -> None:
-    """Waits at ``name`` when a test asked for it (see the module docstring);
-    otherwise returns at once."""
+def announce_hooks() -> str | None:
+    """Logs (a WARNING, once per process) that a hold point is asked for, and
+    whether it is honoured; returns the point when it is, else ``None``."""
     point = os.environ.get(_ENV_POINT)
     if point is None:
-        return
+        return None
     if not test_hooks_on():
         _once("ignored", logging.WARNING, "%s=%r is set but ignored: it is a test hook, honoured "
               "only with %s=1", _ENV_POINT, point[:40], HOOKS_ENV)
-        return
+        return None
     _once("active", logging.WARNING, "TEST HOOKS ACTIVE (%s=1): this run stops at hold point %r",
           HOOKS_ENV, point[:40])
-    if point != name:
+    return point
+
+
+def hold_point(name: str) -> None:
+    """Waits at ``name`` when a test asked for it (see the module docstring);
+    otherwise returns at once."""
+    if os.environ.get(_ENV_POINT) is None or announce_hooks() != name:
         return
     folder = os.environ.get(_ENV_DIR, ".")
     flag = os.path.join(folder, name)
