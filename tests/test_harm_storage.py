@@ -200,6 +200,37 @@ def test_a_pickle_is_never_parsed_even_with_its_own_digest(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.beam
+def test_the_job_graph_carries_the_hand_off_digest(tmp_path, images_in):
+    """Built for a runner whose steps run in other processes, the pipeline writes
+    the hand-off, and the listing step's arguments, as Beam serializes them into
+    the job (the ParDo payload: Beam 2.77's pickler, bz2 then base64), hold its
+    SHA-256."""
+    # pylint: disable=import-outside-toplevel
+    import base64
+    import bz2
+
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    from beam_tfrecords.pipeline import build_pipeline
+    from beam_tfrecords.preflight import plan_run
+    from beam_tfrecords.schemas.config import ConvertConfig
+
+    options = PipelineOptions(["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    plan = plan_run(ConvertConfig(input=str(images_in), output=str(tmp_path / "out")), options)
+    try:
+        pipeline = build_pipeline(plan, options)
+    finally:
+        images.drop_listing(plan.listing)
+    digest = hashlib.sha256(Path(plan.listing_path).read_bytes()).hexdigest()
+    [step] = [t for t in pipeline.to_runner_api().components.transforms.values()
+              if t.unique_name.startswith("ListImages/ListAndLabel/ParDo")]
+    payload = beam_runner_api_pb2.ParDoPayload.FromString(step.spec.payload).do_fn.payload
+    serialized = bz2.decompress(base64.b64decode(payload))
+    assert digest.encode() in serialized and plan.listing_path.encode() in serialized
+
+
 def _other_listing(tmp_path: Path) -> bytes:
     """A well-formed hand-off, of another listing (what someone who can write to the
     bucket could make with this package)."""

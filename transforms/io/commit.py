@@ -8,16 +8,24 @@ killed runs left in ``OUT/.beam-tfrecords/``, and writes every shard under
 ``publish`` move them to their final names and write the manifest:
 
 1. the new manifest is staged in the run's temporary folder;
-2. the old ``manifest.json`` (if any) is removed, so no manifest ever lists a
+2. every shard is checked to be the stored object its verification read
+   (``stored_object``: a GCS generation; a local file's device, inode, size and
+   times): one that is not stops the commit here, with nothing published;
+3. the old ``manifest.json`` (if any) is removed, so no manifest ever lists a
    shard that is being replaced;
-3. each shard is renamed to its final name (a metadata operation locally; a
-   server-side copy on GCS);
-4. the manifest is published: an atomic rename locally, one object write on GCS.
+4. each shard is renamed to its final name, only as the object verified (locally
+   a rename right after its ``lstat`` is checked again; on GCS a server-side copy
+   of the verified generation, then a delete of that generation);
+5. the manifest is published: an atomic rename locally, one object write on GCS.
 
 A reader that trusts only ``manifest.json`` therefore never sees a partial or
-torn shard. A process killed inside step 3 leaves a folder without a manifest
+torn shard. A process killed inside step 4 leaves a folder without a manifest
 (``verify`` fails it) whose final names hold some verified shards; the next
 run, which needs no ``--overwrite`` there, replaces or removes them.
+
+The lock (``acquire_lock``) names its holder by run id, host, machine id, boot
+id, pid namespace and pid; a gone holder's lock is taken over only with a
+precondition on the version read (``_take_over``), so one run of several wins.
 """
 
 from __future__ import annotations
