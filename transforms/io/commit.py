@@ -416,7 +416,8 @@ class Published:
 
 def stored_object(path: str) -> StoredObject:
     """Which object ``path`` names now: a ``gs://`` object's generation, a local
-    file's device, inode and times (its ``lstat``: a link is not followed).
+    file's device, inode and times (its ``lstat``: a link is not followed); on
+    another store only its size.
 
     Raises:
       FileNotFoundError: when there is nothing at ``path``.
@@ -425,8 +426,11 @@ def stored_object(path: str) -> StoredObject:
     if is_gcs(path):
         info = object_info(path)
         return StoredObject(info.size, generation=info.generation)
-    if not files.is_local(path):
-        raise ValueError(f"cannot tell which object {path} is: only local files and gs://")
+    if not files.is_local(path):  # Another store Beam knows: its size is all we can tell.
+        [match] = FileSystems.match([path])
+        if not match.metadata_list:
+            raise FileNotFoundError(f"{path} does not exist")
+        return StoredObject(match.metadata_list[0].size_in_bytes)
     st = os.lstat(path)
     if not stat.S_ISREG(st.st_mode):
         raise OSError(f"{path} is not a regular file")
@@ -442,7 +446,7 @@ def _check_verified(path: str, verified: StoredObject | None, after: str) -> Non
                                 f"nothing is published unverified ({after})")
     try:
         now = stored_object(path)
-    except (FileNotFoundError, OSError) as err:
+    except OSError as err:
         raise ShardChangedError(f"shard {name} in the temporary folder is not the file that was "
                                 f"verified ({err}): {after}") from err
     if now != verified:
