@@ -626,7 +626,9 @@ def test_racing_takeovers_of_a_dead_gcs_lock_have_one_winner(fake_gcs):
 def test_a_lock_from_another_container_or_machine_is_not_taken_over(tmp_path):
     """Same host name, but another pid namespace (a container), another boot of a
     machine without a machine id, or no ids at all (an older lock): the holder is
-    not provably gone, so the lock stays and the run is refused naming it."""
+    not provably gone, so the lock stays and the run is refused naming it. This
+    machine and namespace with the pid gone, or this machine before its last
+    boot (even with a pid that runs now): taken over."""
     from beam_tfrecords.transforms.io import commit  # pylint: disable=import-outside-toplevel
 
     output = str(tmp_path / "out")
@@ -645,6 +647,9 @@ def test_a_lock_from_another_container_or_machine_is_not_taken_over(tmp_path):
     lock_path.write_text(json.dumps(base))  # This machine, this namespace, gone: taken over.
     assert commit.acquire_lock(output, "next")["run_id"] == "next"
     assert json.loads(lock_path.read_text())["run_id"] == "next"
+    if mine["machine"]:  # This machine (its machine id) before its last boot: taken over.
+        lock_path.write_text(json.dumps({**base, "pid": os.getpid(), "boot": "an-earlier-boot"}))
+        assert commit.acquire_lock(output, "after-reboot")["run_id"] == "after-reboot"
 
 
 # --- 5. test hooks only under the test switch ---------------------------------------------
