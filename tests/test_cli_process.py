@@ -57,7 +57,8 @@ def test_ctrl_c_exits_130_with_one_line_and_publishes_nothing(tmp_path):
 
     root, out = str(tmp_path / "in"), str(tmp_path / "out")
     make_class_folder_sample(root, per_class=20, splits=None)  # 80 files: a shard of 2 chunks.
-    env = {**os.environ, "BEAM_TFRECORDS_HOLD_AT": "mid_write", "BEAM_TFRECORDS_HOLD_DIR": str(tmp_path)}
+    env = {**os.environ, "BEAM_TFRECORDS_HOLD_AT": "mid_write", "BEAM_TFRECORDS_HOLD_DIR": str(tmp_path),
+           "BEAM_TFRECORDS_TEST_HOOKS": "1"}
     proc = subprocess.Popen([SCRIPT, "convert", "--input", root, "--output", out,
                              "--encode_processes", "0"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -29,7 +29,8 @@ def _shard_names(out: str) -> set[str]:
 
 def _hold(root: str, out: str, point: str, hold_dir: str, *flags: str) -> subprocess.Popen:
     """Starts a convert that stops at ``point``; returns once it is there."""
-    env = {**os.environ, "BEAM_TFRECORDS_HOLD_AT": point, "BEAM_TFRECORDS_HOLD_DIR": hold_dir}
+    env = {**os.environ, "BEAM_TFRECORDS_HOLD_AT": point, "BEAM_TFRECORDS_HOLD_DIR": hold_dir,
+           "BEAM_TFRECORDS_TEST_HOOKS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "beam_tfrecords", "convert", "--input", root,
                              "--output", out, *flags], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -45,7 +45,7 @@ pytestmark = pytest.mark.e2e
 HOLD_TIMEOUT = 60.0  # A run reaches any hold point in well under this.
 GONE_TIMEOUT = 5.0  # Every process of a killed tree is gone within this.
 RUN_TIMEOUT = 180.0  # A whole (small) conversion.
-HOLD_ENV = ("BEAM_TFRECORDS_HOLD_AT", "BEAM_TFRECORDS_HOLD_DIR")
+HOLD_ENV = ("BEAM_TFRECORDS_HOLD_AT", "BEAM_TFRECORDS_HOLD_DIR", "BEAM_TFRECORDS_TEST_HOOKS")
 
 # Where the verified shards are when a run is killed at each point, by design
 # (transforms/io/commit.py): nowhere final, some at final names, or all of them.
@@ -157,7 +157,8 @@ def hold(tmp_path):
             proc = subprocess.Popen(
                 _convert_argv(kind, out), stdout=sink, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
-                env=_clean_env(BEAM_TFRECORDS_HOLD_AT=point, BEAM_TFRECORDS_HOLD_DIR=str(folder)),
+                env=_clean_env(BEAM_TFRECORDS_HOLD_AT=point, BEAM_TFRECORDS_HOLD_DIR=str(folder),
+                               BEAM_TFRECORDS_TEST_HOOKS="1"),
             )
         started.append(proc)
         held = Held(proc, point, str(folder / point), log)

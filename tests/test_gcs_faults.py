@@ -386,23 +386,18 @@ def test_short_503_outage_on_one_shard_is_survived(gcs, inputs, reference, proxy
 
 
 def _copy_of_second_shard() -> Match:
-    """The batch request that copies the second shard to its final name.
+    """The request that copies the second shard to its final name.
 
-    The commit stages ``tmp-<run>/manifest.json``, then renames shard by shard; on GCS
-    each rename is a batch request with the copy, then one with the delete (the
-    proxy cannot see the names inside a batch body, so they are counted)."""
-    state = {"staged": False, "batches": 0}
+    The commit renames shard by shard; on GCS each rename is a server-side rewrite
+    of the verified generation (``.../o/<temporary name>/rewriteTo/b/...``), then a
+    delete of the temporary object."""
 
     def test(info: RequestInfo) -> bool:
         name = info.object_name or ""
-        if "/.beam-tfrecords/tmp-" in name and name.endswith("/manifest.json"):
-            state["staged"] = True
-        if not (state["staged"] and info.method == "POST" and info.path.startswith("/batch/")):
-            return False
-        state["batches"] += 1
-        return state["batches"] == 3  # copy 0, delete 0, copy 1.
+        return (info.method == "POST" and "/rewriteTo/b/" in info.path
+                and "/.beam-tfrecords/tmp-" in name and name.endswith(f"{SHARD_1}00004.tfrecord"))
 
-    return Match(test, "the batch copying the second shard")
+    return Match(test, "the rewrite copying the second shard")
 
 
 def test_failed_copy_during_commit_publishes_no_manifest_and_next_run_recovers(

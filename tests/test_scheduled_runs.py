@@ -240,7 +240,8 @@ def test_killed_between_part_and_manifest_then_next_run_redoes_the_part(tmp_path
     _add_images(root, 10, first=20)
     hold_dir = tmp_path / "hold"
     hold_dir.mkdir()
-    env = dict(os.environ, BEAM_TFRECORDS_HOLD_AT="before_register", BEAM_TFRECORDS_HOLD_DIR=str(hold_dir))
+    env = dict(os.environ, BEAM_TFRECORDS_HOLD_AT="before_register", BEAM_TFRECORDS_HOLD_DIR=str(hold_dir),
+               BEAM_TFRECORDS_TEST_HOOKS="1")
     proc = subprocess.Popen([sys.executable, "-m", "beam_tfrecords", "convert", "--input", root,
                              "--output", out, "--incremental", *QUIET], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -423,7 +424,7 @@ def test_a_file_arriving_while_a_multi_process_run_starts_is_left_for_the_next_r
     with open(os.path.join(out, "inputs.jsonl"), "rb") as f:
         listed = [entry.path for entry in decode_inputs(f.read())]
     assert sorted(listed) == sorted(names)
-    left = [name for _, _, found in os.walk(out) for name in found if name == "listing.pickle"]
+    left = [name for _, _, found in os.walk(out) for name in found if name == "listing.arrow"]
     assert not left, "the handed-over listing outlived the run"
     code, printed = _convert(capsys, "--input", root, "--output", out, "--incremental")
     assert code == 0, printed

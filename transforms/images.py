@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import hashlib
 import logging
 import os
 import pickle
@@ -60,6 +61,13 @@ from beam_tfrecords.transforms.io.helpers import (
     ready_helper_pool,
 )
 from beam_tfrecords.transforms.plan.duplicates import keep_first
+from beam_tfrecords.transforms.plan.handoff import (
+    HANDOFF_NAME,
+    HandoffError,
+    check_digest,
+    decode_listing,
+    encode_listing,
+)
 from beam_tfrecords.transforms.plan.layouts import (
     CIFAR_LABELS_FILE,
     Listing,
@@ -79,6 +87,7 @@ from beam_tfrecords.transforms.tables import plan_table_shards
 
 __all__ = [
     "HeldImages",
+    "LISTING_NAME",
     "ImageRecords",
     "ImagesToExamples",
     "ListImages",
@@ -95,6 +104,8 @@ __all__ = [
     "list_images",
     "read_labels_text",
     "plan_image_shards",
+    "read_listing",
+    "write_listing",
 ]
 
 SUMMARY_TAG = "summary"
@@ -366,35 +377,76 @@ def drop_listing(token: str | None) -> None:
 
 
 # The file, in a run's temporary folder, that hands the preflight's listing to a
-# listing step running in another process (Dataflow workers, multi-process runners).
-LISTING_NAME = "listing.pickle"
-_LISTING_MAGIC = b"beam-tfrecords listing v1\n"
+# listing step running in another process (Dataflow workers, multi-process runners):
+# data only (an Arrow IPC file, see transforms.plan.handoff), checked by its SHA-256.
+LISTING_NAME = HANDOFF_NAME
 
 
-def write_listing(path: str, token: str) -> None:
+class _HashingSink:
+    """A binary stream that passes what is written on and hashes it (SHA-256)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.sha256 = hashlib.sha256()
+        self.closed = False
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        if self._stream is not None:
+            self._stream.write(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _kept(token: str) -> tuple[tuple, Listing]:
+    with _kept_lock:
+        args, listing = _kept_listings[token]
+    return args, dataclasses.replace(listing, files=None)  # The fingerprint's columns: not needed there.
+
+
+def write_listing(path: str | None, token: str) -> str:
     """Writes the listing kept under ``token`` to ``path`` (the run's temporary
     folder), for a listing step in another process to read instead of listing
     again: the run then converts exactly the files the preflight described and
-    ``inputs.jsonl`` records, even when files arrive while it starts."""
-    with _kept_lock:
-        args, listing = _kept_listings[token]
-    listing = dataclasses.replace(listing, files=None)  # The fingerprint's columns: not needed there.
-    files.write_bytes(path, _LISTING_MAGIC + pickle.dumps((args, listing), protocol=pickle.HIGHEST_PROTOCOL))
+    ``inputs.jsonl`` records, even when files arrive while it starts.
+
+    Returns:
+      The SHA-256 (hex) of what was written, for the job graph: the step reads the
+      file only if it still has it (``read_listing``). With ``path=None`` nothing is
+      written (a dry run builds the same job).
+    """
+    args, listing = _kept(token)
+    if path is None:
+        sink = _HashingSink(None)
+        encode_listing(args, listing, sink)
+        return sink.sha256.hexdigest()
+    with files.open_write(path) as stream:
+        sink = _HashingSink(stream)
+        encode_listing(args, listing, sink)
+    return sink.sha256.hexdigest()
 
 
-def read_listing(path: str, args: tuple) -> Listing:
+def read_listing(path: str, args: tuple, sha256: str) -> Listing:
     """The listing ``write_listing`` wrote for the listing arguments ``args``.
 
+    The file's SHA-256 is checked against ``sha256`` (from the job graph) before
+    any of it is parsed.
+
     Raises:
-      ValueError: when the file is not such a listing, or was made for other arguments.
+      HandoffError: when the file is not the one written (another digest), not
+        such a listing, or made for other arguments.
     """
     data = files.read_bytes(path)
-    if not data.startswith(_LISTING_MAGIC):
-        raise ValueError(f"{path} is not a listing this version wrote")
-    written, listing = pickle.loads(data[len(_LISTING_MAGIC):])
-    if tuple(written) != tuple(args):
-        raise ValueError(f"{path} holds the listing of other options than this step's")
-    return listing
+    check_digest(data, sha256, path)
+    try:
+        return decode_listing(data, args)
+    except HandoffError as err:
+        raise HandoffError(f"{path}: {err}") from err
 
 
 def _take_listing(token: str | None, args: tuple) -> Listing | None:
@@ -444,9 +496,13 @@ class _ListImagesFn(beam.DoFn):
                  kept: str | None = None, splits: tuple = (), split_by: str = "path",
                  drop_duplicates: bool = False, vocabulary: tuple[str, ...] = (),
                  only: tuple[str, ...] = (), listing_path: str | None = None,
-                 follow_links_outside: bool = False, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES):
+                 follow_links_outside: bool = False, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+                 listing_sha256: str = ""):
+        if listing_path and not listing_sha256:
+            raise ValueError("a listing handed over through storage needs its SHA-256")
         self._kept = kept
         self._listing_path = listing_path
+        self._listing_sha256 = listing_sha256
         self._splits = (tuple(splits), split_by, drop_duplicates, tuple(vocabulary), tuple(only),
                         follow_links_outside, max_file_bytes)
         self._input = input_path
@@ -462,7 +518,8 @@ class _ListImagesFn(beam.DoFn):
         listing = _take_listing(self._kept, args)
         reused = listing is not None
         if listing is None and self._listing_path:
-            listing, reused = read_listing(self._listing_path, args), True
+            listing = read_listing(self._listing_path, args, self._listing_sha256)
+            reused = True
         listing = listing or list_images(*args)
         total_bytes = input_bytes(listing.refs)
         if self._processes > 0 and listing.refs and (
@@ -531,6 +588,9 @@ class ListImages(beam.PTransform):
         step runs in the process that made it.
       listing_path: else, a file ``write_listing`` wrote: that listing is used (the
         step lists again only when neither is given).
+      listing_sha256: the SHA-256 ``write_listing`` returned for ``listing_path``;
+        the step refuses a file without it (``HandoffError``, one line) before
+        parsing anything.
       splits, split_by, drop_duplicates, vocabulary, only, follow_links_outside,
         max_file_bytes: see ``list_images``.
 
@@ -544,12 +604,12 @@ class ListImages(beam.PTransform):
                  splits: tuple = (), split_by: str = "path", drop_duplicates: bool = False,
                  vocabulary: tuple[str, ...] = (), only: tuple[str, ...] = (),
                  listing_path: str | None = None, follow_links_outside: bool = False,
-                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES):
+                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, listing_sha256: str = ""):
         super().__init__()
         self._fn = _ListImagesFn(input_path, layout, labels_path, output, helper_processes,
                                  (image_column, label_column), kept, splits, split_by,
                                  drop_duplicates, vocabulary, only, listing_path,
-                                 follow_links_outside, max_file_bytes)
+                                 follow_links_outside, max_file_bytes, listing_sha256)
 
     def expand(self, pbegin):
         return (

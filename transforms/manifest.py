@@ -334,7 +334,8 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
             ).to_json()
         manifest_bytes = _json_bytes(manifest)
         try:
-            published = publish(target.output, target.temp_dir, renames, manifest_bytes)
+            verified = {r.temp_path or r.path: r.verified_as for r in results}
+            published = publish(target.output, target.temp_dir, renames, manifest_bytes, verified)
             if settings.part:
                 hold_point("before_register")
                 register_part(settings.dataset_output, _part_entry(settings, manifest, manifest_bytes))

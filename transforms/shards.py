@@ -40,6 +40,7 @@ from beam_tfrecords.schemas.elements import (
     ShardResult,
     ShardSpec,
     SpoolSegments,
+    StoredObject,
 )
 from beam_tfrecords.schemas.shards import (
     COMPRESSIONS,
@@ -59,6 +60,7 @@ from beam_tfrecords.transforms.codec.tfrecord import (
 )
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io import progress as run_progress
+from beam_tfrecords.transforms.io.commit import stored_object
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.gcs import object_crc32c
@@ -505,18 +507,36 @@ class _VerifyShardFn(beam.DoFn):
     def start_bundle(self):
         self._pending = []
 
-    def _verify_once(self, result: ShardResult, path: str) -> tuple[str | None, str]:
+    def _verify_once(self, result: ShardResult, path: str
+                     ) -> tuple[str | None, str, StoredObject | None]:
+        """``(crc32c GCS reports, error, the object read)``: the object is the same
+        (``stored_object``) before the first byte is read and after the last, or
+        the check fails."""
         expected = FileDigest(result.records, result.bytes, result.crc32c, result.sha256)
+        try:
+            before = stored_object(path)
+        except FileNotFoundError:
+            return None, f"{path} is not in the store", None
+        except OSError as err:  # Not a regular file (a link put in its place, ...).
+            return None, str(err), None
         stored, error = storage_crc32c_check(path, result.crc32c)
         if error:
-            return stored, error
+            return stored, error, None
         many_small = result.records and result.bytes < SMALL_FILE_BYTES * result.records
         helpers = None
         if result.checkpoints and many_small and self._processes > 0:
             helpers = ready_helper_pool(self._processes)  # Per-record checks dominate: split them.
         hold_point("mid_verify")
         _, error = verify_shard(path, self._compression, expected, result.checkpoints, helpers)
-        return stored, error
+        if error:
+            return stored, error, None
+        try:
+            after = stored_object(path)
+        except OSError as err:
+            after = err
+        if after != before:
+            return stored, "the file was replaced or changed while it was verified", None
+        return stored, "", before
 
     def _verify(self, result: ShardResult) -> ShardResult:
         if result.verify_error:
@@ -525,9 +545,9 @@ class _VerifyShardFn(beam.DoFn):
         start = time.monotonic()
         for attempt in range(1, _ATTEMPTS + 1):
             try:
-                stored, error = self._verify_once(result, path)
+                stored, error, read = self._verify_once(result, path)
             except STORAGE_ERRORS as err:  # The store refused or failed the read (a GCS 403, ...).
-                stored, error = None, f"cannot read: {type(err).__name__}: {err}"
+                stored, error, read = None, f"cannot read: {type(err).__name__}: {err}", None
             # A read that failed, or anything odd on a remote store, is read again:
             # a flaky connection must not fail a good shard. A local mismatch is final.
             retry = error.startswith("cannot read") or (error and not files.is_local(path))
@@ -543,7 +563,7 @@ class _VerifyShardFn(beam.DoFn):
             _log.info("Verified %s in %.1f s: every record and checksum matches",
                       path.rsplit("/", 1)[-1], time.monotonic() - start)
         return dataclasses.replace(result, verified=not error, verify_error=error,
-                                   storage_crc32c=stored or "")
+                                   storage_crc32c=stored or "", verified_as=read)
 
     def _done(self, wait: bool) -> list[ShardResult]:
         finished = [f for f in self._pending if wait or f.done()]

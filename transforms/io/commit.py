@@ -8,41 +8,63 @@ killed runs left in ``OUT/.beam-tfrecords/``, and writes every shard under
 ``publish`` move them to their final names and write the manifest:
 
 1. the new manifest is staged in the run's temporary folder;
-2. the old ``manifest.json`` (if any) is removed, so no manifest ever lists a
+2. every shard is checked to be the stored object its verification read
+   (``stored_object``: a GCS generation; a local file's device, inode, size and
+   times): one that is not stops the commit here, with nothing published;
+3. the old ``manifest.json`` (if any) is removed, so no manifest ever lists a
    shard that is being replaced;
-3. each shard is renamed to its final name (a metadata operation locally; a
-   server-side copy on GCS);
-4. the manifest is published: an atomic rename locally, one object write on GCS.
+4. each shard is renamed to its final name, only as the object verified (locally
+   a rename right after its ``lstat`` is checked again; on GCS a server-side copy
+   of the verified generation, then a delete of that generation);
+5. the manifest is published: an atomic rename locally, one object write on GCS.
 
 A reader that trusts only ``manifest.json`` therefore never sees a partial or
-torn shard. A process killed inside step 3 leaves a folder without a manifest
+torn shard. A process killed inside step 4 leaves a folder without a manifest
 (``verify`` fails it) whose final names hold some verified shards; the next
 run, which needs no ``--overwrite`` there, replaces or removes them.
+
+The lock (``acquire_lock``) names its holder by run id, host, machine id, boot
+id, pid namespace and pid; a gone holder's lock is taken over only with a
+precondition on the version read (``_take_over``), so one run of several wins.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
+import logging
 import os
 import re
 import socket
+import stat
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
+from beam_tfrecords.schemas.elements import StoredObject
 from beam_tfrecords.schemas.inputs import PART_PREFIX
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME
 from beam_tfrecords.schemas.shards import WORK_DIR, parse_shard_name
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.faults import hold_point
-from beam_tfrecords.transforms.io.gcs import create_if_absent, is_gcs
+from beam_tfrecords.transforms.io.gcs import (
+    copy_generation,
+    create_if_absent,
+    delete_generation,
+    is_gcs,
+    object_info,
+    read_generation,
+    replace_generation,
+)
 
 __all__ = [
     "LOCK_NAME",
     "OutputBusyError",
+    "ShardChangedError",
     "acquire_lock",
     "new_run_id",
     "publish",
@@ -52,6 +74,7 @@ __all__ = [
     "remove_parts",
     "remove_stale_shards",
     "remove_stale_temporaries",
+    "stored_object",
 ]
 
 LOCK_NAME = "lock.json"
@@ -61,10 +84,21 @@ class OutputBusyError(RuntimeError):
     """Another run holds the output folder's lock."""
 
 
+class ShardChangedError(OSError):
+    """A shard in the run's temporary folder is not the object its verification read."""
+
+
 def new_run_id() -> str:
     """A run id that sorts by start time: ``20261123T051200Z-1a2b3c4d``."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return f"{now}-{uuid.uuid4().hex[:8]}"
+
+
+_log = logging.getLogger(__name__)
+_LOCK_ATTEMPTS = 5
+# The longest a takeover of a local lock waits for another one (each lasts milliseconds).
+_TAKEOVER_WAIT_SECONDS = 10.0
+_TAKEOVER_SUFFIX = ".takeover"
 
 
 def _lock_path(output: str) -> str:
@@ -82,11 +116,34 @@ def _process_start(pid: int) -> str:
         return ""
 
 
+def _first_line(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.readline().strip()[:64]
+    except OSError:
+        return ""
+
+
+def _machine() -> dict[str, str]:
+    """This machine and process namespace, as a lock records them: a host name is
+    not enough (containers share names, and a pid means something only in its
+    pid namespace). ``machine``: ``/etc/machine-id`` ('' when there is none, as in
+    many containers); ``boot``: the kernel's boot id (new at every boot, shared by
+    the containers of one kernel); ``pid_ns``: this process's pid namespace."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return {"machine": _first_line("/etc/machine-id") or _first_line("/var/lib/dbus/machine-id"),
+            "boot": _first_line("/proc/sys/kernel/random/boot_id"), "pid_ns": namespace}
+
+
 def _holder(run_id: str) -> dict:
     pid = os.getpid()
     return {
         "run_id": run_id,
         "host": socket.gethostname(),
+        **_machine(),
         "pid": pid,
         "pid_start": _process_start(pid),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -94,8 +151,17 @@ def _holder(run_id: str) -> dict:
 
 
 def _is_gone(holder: dict) -> bool:
-    """Whether the holder was a process on this machine that no longer runs."""
+    """Whether the holder provably no longer runs: a process of this machine (same
+    host name and machine or boot id) and pid namespace that is not running, or
+    any process of this machine before its last boot. Anything else (another
+    machine, another container, a lock without those ids) is not taken over."""
     if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return False
+    here = _machine()
+    if here["machine"] and holder.get("machine") == here["machine"] and holder.get("boot") \
+            and here["boot"] and holder["boot"] != here["boot"]:
+        return True  # This machine, booted again since: every process of before is gone.
+    if not here["boot"] or holder.get("boot") != here["boot"] or holder.get("pid_ns") != here["pid_ns"]:
         return False
     start = _process_start(holder["pid"])
     return not start or start != holder.get("pid_start", start)
@@ -116,11 +182,122 @@ def _create(path: str, data: bytes) -> bool:
     return True
 
 
+@dataclasses.dataclass(frozen=True)
+class _Lock:
+    """A lock as read: what it says, and which version of the lock it is (a
+    ``gs://`` object's generation; a local file's device, inode, size and times)."""
+
+    holder: dict
+    version: tuple
+
+
+def _parse_holder(data: bytes) -> dict:
+    try:
+        holder = json.loads(data.decode("utf-8"))
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def _local_version(st: os.stat_result) -> tuple:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _read_lock(path: str) -> _Lock | None:
+    """The lock at ``path`` and its version; ``None`` when there is none."""
+    if is_gcs(path):
+        read = read_generation(path)
+        return None if read is None else _Lock(_parse_holder(read[0]), (read[1],))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError:  # A link or worse where the lock should be: nobody can take that over.
+        return _Lock({}, ())
+    with os.fdopen(fd, "rb") as f:
+        version = _local_version(os.fstat(f.fileno()))
+        return _Lock(_parse_holder(f.read(1 << 20)), version)
+
+
+@contextlib.contextmanager
+def _takeover_guard(path: str) -> Iterator[None]:
+    """Lets one process at a time take over the local lock ``path``: an exclusive
+    ``flock`` on ``path.takeover``, which the kernel drops when its process dies
+    (a takeover killed halfway never blocks the next). The file is removed after
+    use; a process that locked a file removed meanwhile tries again.
+
+    Raises:
+      TimeoutError: when another takeover held it for ``_TAKEOVER_WAIT_SECONDS``.
+      OSError: when the file system has no locks (``ENOLCK``, ``EOPNOTSUPP``).
+    """
+    import fcntl  # pylint: disable=import-outside-toplevel
+
+    guard = path + _TAKEOVER_SUFFIX
+    deadline = time.monotonic() + _TAKEOVER_WAIT_SECONDS
+    while True:
+        fd = os.open(guard, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o644)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"another run is taking over {path}") from None
+                    time.sleep(0.01)
+            try:
+                current = os.stat(guard, follow_symlinks=False)
+                mine = os.fstat(fd)
+                same = (current.st_dev, current.st_ino) == (mine.st_dev, mine.st_ino)
+            except FileNotFoundError:
+                same = False
+            if same:
+                try:
+                    yield
+                finally:
+                    os.unlink(guard)  # Still holding it: whoever waits on it tries again.
+                return
+        finally:
+            os.close(fd)
+
+
+def _take_over(path: str, seen: _Lock, data: bytes) -> bool:
+    """Replaces the lock ``seen`` (a gone holder's) with ``data``, only if it is still
+    that version: of two runs that read the same lock, at most one succeeds.
+
+    On GCS one write with ``ifGenerationMatch`` of the generation read. Locally,
+    under ``_takeover_guard``: the lock is removed only if it still is the file
+    read (device, inode, size and times), then created with ``O_EXCL``.
+    """
+    if is_gcs(path):
+        return replace_generation(path, data, seen.version[0])
+    with _takeover_guard(path):
+        try:
+            now = _local_version(os.stat(path, follow_symlinks=False))
+        except FileNotFoundError:
+            now = None
+        if now != seen.version:
+            return False  # Taken over, or released, since it was read.
+        os.unlink(path)
+        return _create(path, data)
+
+
+def _busy(output: str, path: str, other: dict, why: str = "") -> OutputBusyError:
+    return OutputBusyError(
+        f"--output {output} is being written by another run "
+        f"(run {other.get('run_id', '?')}, pid {other.get('pid', '?')} on "
+        f"{other.get('host', '?')}, since {other.get('started', '?')}){why}; wait for it to "
+        f"finish, or delete {path} if that run is gone"
+    )
+
+
 def acquire_lock(output: str, run_id: str) -> dict:
     """Takes the output folder's lock for ``run_id``.
 
     A lock left by a process of this machine that no longer runs (killed, or
-    crashed) is taken over.
+    crashed; see ``_is_gone``) is taken over, with a precondition on the lock
+    that was read (``_take_over``): when several runs find the same dead
+    holder, one takes the lock and the others are refused, naming it.
 
     Returns:
       What the lock file now says.
@@ -131,44 +308,51 @@ def acquire_lock(output: str, run_id: str) -> dict:
     path = _lock_path(output)
     holder = _holder(run_id)
     data = (json.dumps(holder, indent=2) + "\n").encode("utf-8")
-    for _ in range(2):
+    seen = None
+    for _ in range(_LOCK_ATTEMPTS):
         if _create(path, data):
             return holder
-        text = files.read_text_if_exists(path)
-        if text is None:
+        seen = _read_lock(path)
+        if seen is None:
             continue  # Released between our attempt and our read.
+        if seen.holder.get("run_id") == run_id:
+            return holder  # Ours: a create retried after its answer was lost.
+        if not (seen.holder and _is_gone(seen.holder)):
+            raise _busy(output, path, seen.holder)
+        hold_point("lock_takeover")  # Tests: another run may take it over meanwhile.
         try:
-            other = json.loads(text)
-        except ValueError:
-            other = {}
-        if isinstance(other, dict) and other and _is_gone(other):
-            files.delete_files([path])
-            continue
-        other = other if isinstance(other, dict) else {}
-        raise OutputBusyError(
-            f"--output {output} is being written by another run "
-            f"(run {other.get('run_id', '?')}, pid {other.get('pid', '?')} on "
-            f"{other.get('host', '?')}, since {other.get('started', '?')}); wait for it to "
-            f"finish, or delete {path} if that run is gone"
-        )
+            taken = _take_over(path, seen, data)
+        except (TimeoutError, OSError) as err:
+            why = (f"; its holder is gone, but the lock could not be taken over "
+                   f"({type(err).__name__}: {err})")
+            raise _busy(output, path, seen.holder, why) from err
+        if taken:
+            _log.warning("Took over the lock of run %s (pid %s on %s), which is gone",
+                         seen.holder.get("run_id"), seen.holder.get("pid"), seen.holder.get("host"))
+            return holder
+        # Another run took it over first (or it changed): read it again.
+    if seen is not None:
+        raise _busy(output, path, seen.holder)
     raise OutputBusyError(f"--output {output}: could not take the lock {path}")
 
 
 def release_lock(output: str, run_id: str) -> None:
-    """Removes the lock if ``run_id`` holds it (so releasing twice is harmless)."""
+    """Removes the lock if ``run_id`` holds it (so releasing twice is harmless); on
+    GCS only the generation read (a lock taken over meanwhile stays)."""
     path = _lock_path(output)
-    text = files.read_text_if_exists(path)
-    try:
-        holder = json.loads(text) if text else {}
-    except ValueError:
+    if not (is_gcs(path) or files.is_local(path)):
         return
-    if isinstance(holder, dict) and holder.get("run_id") == run_id:
-        files.delete_files([path])
-        if files.is_local(path):
-            try:  # The work folder goes too when nothing else is in it.
-                os.rmdir(os.path.dirname(path))
-            except OSError:
-                pass
+    seen = _read_lock(path)
+    if seen is None or seen.holder.get("run_id") != run_id:
+        return
+    if is_gcs(path):
+        delete_generation(path, seen.version[0])
+        return
+    files.delete_files([path])
+    try:  # The work folder goes too when nothing else is in it.
+        os.rmdir(os.path.dirname(path))
+    except OSError:
+        pass
 
 
 def _temp_folders(output: str) -> list[str]:
@@ -230,8 +414,82 @@ class Published:
     removed_stale_shards: tuple[str, ...]
 
 
+def stored_object(path: str) -> StoredObject:
+    """Which object ``path`` names now: a ``gs://`` object's generation, a local
+    file's device, inode and times (its ``lstat``: a link is not followed); on
+    another store only its size.
+
+    Raises:
+      FileNotFoundError: when there is nothing at ``path``.
+      OSError: when a local ``path`` is not a regular file (a link, a FIFO, ...).
+    """
+    if is_gcs(path):
+        info = object_info(path)
+        return StoredObject(info.size, generation=info.generation)
+    if not files.is_local(path):  # Another store Beam knows: its size is all we can tell.
+        [match] = FileSystems.match([path])
+        if not match.metadata_list:
+            raise FileNotFoundError(f"{path} does not exist")
+        return StoredObject(match.metadata_list[0].size_in_bytes)
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(f"{path} is not a regular file")
+    return StoredObject(st.st_size, device=st.st_dev, inode=st.st_ino, mtime_ns=st.st_mtime_ns,
+                        ctime_ns=st.st_ctime_ns)
+
+
+def _check_verified(path: str, verified: StoredObject | None, after: str) -> None:
+    """Raises ``ShardChangedError`` unless ``path`` still is the object ``verified``."""
+    name = path.rsplit("/", 1)[-1]
+    if verified is None:
+        raise ShardChangedError(f"shard {name} has no record of the object its verification read; "
+                                f"nothing is published unverified ({after})")
+    try:
+        now = stored_object(path)
+    except OSError as err:
+        raise ShardChangedError(f"shard {name} in the temporary folder is not the file that was "
+                                f"verified ({err}): {after}") from err
+    if now != verified:
+        changed = [field.name for field in dataclasses.fields(StoredObject)
+                   if getattr(now, field.name) != getattr(verified, field.name)]
+        raise ShardChangedError(f"shard {name} in the temporary folder was replaced or changed "
+                                f"after it was verified ({', '.join(changed)} differ): {after}")
+
+
+def _move(src: str, dst: str, verified: StoredObject | None, checked: bool) -> None:
+    """Moves one file of the commit to its final name; a ``checked`` shard only if it
+    is the object ``verified``."""
+    after = "no manifest written; a rerun replaces what is at final names"
+    if files.is_local(src):
+        if checked:
+            # Checked right before the rename. What remains is the window between
+            # this lstat and os.replace (microseconds), open only to someone who can
+            # write to the run's temporary folder, who could as well change a
+            # published shard afterwards (which `verify` finds).
+            _check_verified(src, verified, after)
+        os.replace(src, dst)
+        return
+    try:
+        if is_gcs(src):
+            if checked and verified is None:
+                _check_verified(src, verified, after)
+            generation = verified.generation if checked else object_info(src).generation
+            try:
+                copy_generation(src, dst, generation)
+            except FileNotFoundError as err:
+                raise ShardChangedError(f"shard {src.rsplit('/', 1)[-1]} in the temporary folder was "
+                                        f"replaced after it was verified ({err}): {after}") from err
+            delete_generation(src, generation)  # If that fails, the folder's removal takes it.
+        else:
+            FileSystems.rename([src], [dst])
+    except ShardChangedError:
+        raise
+    except Exception as err:  # The store's error names no object (a GCS batch request).
+        raise OSError(f"cannot move {src} to {dst} ({after}): {type(err).__name__}: {err}") from err
+
+
 def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
-            manifest: bytes) -> Published:
+            manifest: bytes, verified: Mapping[str, StoredObject | None] | None = None) -> Published:
     """Moves verified shards to their final names and publishes the manifest.
 
     Args:
@@ -240,24 +498,32 @@ def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
         staged there).
       renames: ``(temp_path, final_path)`` of every shard.
       manifest: the manifest's bytes.
+      verified: ``{temp_path: StoredObject}`` of the shards, as their verification
+        read them. Each is moved only if its temporary file still is that object:
+        all are checked before anything is touched (so a shard replaced after its
+        verification publishes nothing, and the old manifest stays), and each again
+        as it moves (locally its ``lstat`` right before the rename; on GCS the copy
+        names the verified generation). A temporary path not in it (the run's own
+        ``inputs.jsonl``) is moved as it is; one mapped to ``None`` is refused.
+
+    Raises:
+      ShardChangedError: a shard is not the object verified (see ``verified``).
+      OSError: a move failed (no manifest written).
     """
+    verified = verified or {}
     manifest_path = files.join(output, MANIFEST_NAME)
     staged = files.join(temp_dir, MANIFEST_NAME)
     files.write_bytes(staged, manifest)
     hold_point("before_commit")
-    files.delete_files([manifest_path])
     moves = [(src, dst) for src, dst in renames if src != dst]
+    for src, _ in moves:
+        if src in verified:
+            _check_verified(src, verified[src], "nothing was published")
+    files.delete_files([manifest_path])
     for number, (src, dst) in enumerate(moves):
         if number == len(moves) // 2 and number:
             hold_point("mid_commit")
-        if files.is_local(src):
-            os.replace(src, dst)
-        else:
-            try:
-                FileSystems.rename([src], [dst])
-            except Exception as err:  # The store's error names no object (a GCS batch request).
-                raise OSError(f"cannot move {src} to {dst} (no manifest written; a rerun "
-                              f"replaces what is at final names): {type(err).__name__}: {err}") from err
+        _move(src, dst, verified.get(src), src in verified)
     hold_point("manifest_staged")
     if files.is_local(staged):
         os.replace(staged, manifest_path)

@@ -2,16 +2,26 @@
 
 ``BEAM_TFRECORDS_HOLD_AT=<point>`` and ``BEAM_TFRECORDS_HOLD_DIR=<folder>`` make the
 first process that reaches ``<point>`` create ``<folder>/<point>`` and then wait
-there; the test sees the file and kills the process tree (``kill -9``) at that
-exact place. Unset (always, outside tests), ``hold_point`` is one dict lookup.
+there; the test sees the file and either kills the process tree (``kill -9``) at
+that exact place, or deletes the file, and the process goes on (no process holds
+at that point again: ``<folder>/<point>.claimed`` stays).
+
+They are test hooks, honoured only with the test switch
+``BEAM_TFRECORDS_TEST_HOOKS=1`` (and then logged as a WARNING by every process
+that meets them): a production run that inherits ``BEAM_TFRECORDS_HOLD_AT`` from
+somewhere would otherwise wait forever, holding its output's lock. Without the
+switch they are ignored, and said so once per process. Unset (always, outside
+tests), ``hold_point`` is one dict lookup.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
 
-__all__ = ["POINTS", "hold_point"]
+__all__ = ["HOOKS_ENV", "POINTS", "announce_hooks", "hold_point", "test_hooks_on"]
 
 POINTS = (
     "listing",          # inputs being listed or read
@@ -21,20 +31,60 @@ POINTS = (
     "mid_commit",       # some shards moved to their final names, no manifest yet
     "manifest_staged",  # every shard at its final name, manifest not yet published
 )
+# Also, not crash points: ``lock_takeover`` (a gone holder's lock read, not yet taken
+# over) and ``before_register`` (a part published, not yet listed in the dataset).
+HOOKS_ENV = "BEAM_TFRECORDS_TEST_HOOKS"
 _ENV_POINT = "BEAM_TFRECORDS_HOLD_AT"
 _ENV_DIR = "BEAM_TFRECORDS_HOLD_DIR"
+_POLL_SECONDS = 0.05
+_log = logging.getLogger(__name__)
+_said = threading.Lock()
+_told: set[str] = set()
+
+
+def test_hooks_on() -> bool:
+    """Whether this process runs under the test switch (``BEAM_TFRECORDS_TEST_HOOKS=1``)."""
+    return os.environ.get(HOOKS_ENV) == "1"
+
+
+def _once(key: str, level: int, message: str, *args) -> None:
+    with _said:
+        if key in _told:
+            return
+        _told.add(key)
+    _log.log(level, message, *args)
+
+
+def announce_hooks() -> str | None:
+    """Logs (a WARNING, once per process) that a hold point is asked for, and
+    whether it is honoured; returns the point when it is, else ``None``."""
+    point = os.environ.get(_ENV_POINT)
+    if point is None:
+        return None
+    if not test_hooks_on():
+        _once("ignored", logging.WARNING, "%s=%r is set but ignored: it is a test hook, honoured "
+              "only with %s=1", _ENV_POINT, point[:40], HOOKS_ENV)
+        return None
+    _once("active", logging.WARNING, "TEST HOOKS ACTIVE (%s=1): this run stops at hold point %r",
+          HOOKS_ENV, point[:40])
+    return point
 
 
 def hold_point(name: str) -> None:
-    """Waits forever at ``name`` when a test asked for it; otherwise returns at once."""
-    if os.environ.get(_ENV_POINT) != name:
+    """Waits at ``name`` when a test asked for it (see the module docstring);
+    otherwise returns at once."""
+    if os.environ.get(_ENV_POINT) is None or announce_hooks() != name:
         return
     folder = os.environ.get(_ENV_DIR, ".")
-    try:
-        fd = os.open(os.path.join(folder, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    flag = os.path.join(folder, name)
+    try:  # Claimed once for good: after a release, no process holds here again.
+        os.close(os.open(flag + ".claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
-        return  # Another process holds here already; let this one go on.
+        return  # Another process holds (or held) here already; let this one go on.
+    fd = os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     os.write(fd, str(os.getpid()).encode())
     os.close(fd)
-    while True:
-        time.sleep(1)
+    _log.warning("TEST HOOK: holding at %r until %s is removed", name, flag)
+    while os.path.exists(flag):
+        time.sleep(_POLL_SECONDS)
+    _log.warning("TEST HOOK: released at %r", name)

@@ -492,6 +492,10 @@ def list_unit(pattern: str, unit: tuple[str, tuple | None]) -> Iterator[tuple[st
 
 def delete_files(paths: list[str]) -> None:
     """Deletes the files; missing ones are not an error."""
+    objects = [p for p in paths if _gcs.is_gcs(p)]
+    if objects:  # One request per object (see gcs.delete_objects), not Beam's batches.
+        _gcs.delete_objects(objects)
+        paths = [p for p in paths if not _gcs.is_gcs(p)]
     present = [p for p in paths if FileSystems.exists(p)]
     if present:
         FileSystems.delete(present)

@@ -28,19 +28,28 @@ from __future__ import annotations
 
 import base64
 import binascii
+import concurrent.futures
+import dataclasses
 import os
 import threading
 
 __all__ = [
     "EMULATOR_ENV",
     "PROBE_ENV",
+    "ObjectInfo",
     "check_reachable",
+    "copy_generation",
     "crc32c_gcs_to_hex",
     "crc32c_hex_to_gcs",
     "create_if_absent",
+    "delete_generation",
+    "delete_objects",
     "emulator_host",
     "is_gcs",
     "object_crc32c",
+    "object_info",
+    "read_generation",
+    "replace_generation",
     "use_anonymous_credentials",
 ]
 
@@ -140,6 +149,35 @@ def object_crc32c(path: str) -> str | None:
     return crc32c_gcs_to_hex(value) if value else None
 
 
+def _blob(path: str, generation: int | None = None):
+    bucket, _, name = path[len("gs://"):].partition("/")
+    blob = _client().client.bucket(bucket).blob(name, generation=generation)
+    # No chunk size: an upload of this blob is one multipart request (see _upload).
+    blob.chunk_size = None
+    return blob
+
+
+def _upload(path: str, data: bytes, generation: int) -> bool:
+    """Writes a small object only if the live object has ``generation`` (0: none).
+
+    Real GCS honours ``ifGenerationMatch`` on every kind of upload. The
+    fake-gcs-server the tests use honours it only on a multipart upload (a
+    ``uploadType=media`` or resumable upload ignores it, and gcp-storage-emulator
+    ignores it everywhere), so this is always one multipart request:
+    ``upload_from_string`` without a chunk size sends data of up to 8 MB that way.
+    """
+    # pylint: disable=import-outside-toplevel
+    from google.api_core.exceptions import PreconditionFailed
+
+    if len(data) > 8 << 20:
+        raise ValueError(f"{path}: {len(data)} bytes is too large for one multipart upload")
+    try:
+        _blob(path).upload_from_string(data, if_generation_match=generation)
+    except PreconditionFailed:
+        return False
+    return True
+
+
 def create_if_absent(path: str, data: bytes) -> bool:
     """Writes a small ``gs://`` object only if no object has that name (a GCS
     precondition, so two writers cannot both succeed).
@@ -147,16 +185,144 @@ def create_if_absent(path: str, data: bytes) -> bool:
     Returns:
       ``True`` when this call created it; ``False`` when it already existed.
     """
+    return _upload(path, data, 0)
+
+
+def replace_generation(path: str, data: bytes, generation: int) -> bool:
+    """Replaces a small ``gs://`` object only if it still is ``generation`` (so of
+    two writers that read the same generation, one succeeds).
+
+    Returns:
+      ``True`` when this call replaced it; ``False`` when it had changed or gone.
+    """
+    if generation <= 0:
+        raise ValueError(f"{path}: a generation to replace must be positive, got {generation}")
+    return _upload(path, data, generation)
+
+
+def read_generation(path: str) -> tuple[bytes, int] | None:
+    """A ``gs://`` object's bytes and the generation they are of; ``None`` when there
+    is no such object (or it was replaced while being read: read again)."""
     # pylint: disable=import-outside-toplevel
-    from google.api_core.exceptions import PreconditionFailed
+    from google.api_core.exceptions import NotFound
 
     bucket, _, name = path[len("gs://"):].partition("/")
-    blob = _client().client.bucket(bucket).blob(name)
+    blob = _client().client.bucket(bucket).get_blob(name)
+    if blob is None:
+        return None
+    generation = int(blob.generation)  # (A download resets it from headers some servers omit.)
+    try:  # The download names the generation get_blob saw.
+        return blob.download_as_bytes(checksum=None), generation
+    except NotFound:
+        return None
+
+
+def delete_generation(path: str, generation: int) -> bool:
+    """Deletes a ``gs://`` object only if it still is ``generation``.
+
+    Real GCS honours the precondition; both emulators the tests use ignore it on
+    deletes (and delete whatever is there), so nothing may depend on it there.
+
+    Returns:
+      ``True`` when this call deleted it; ``False`` when it had changed or gone.
+    """
+    # pylint: disable=import-outside-toplevel
+    from google.api_core.exceptions import NotFound, PreconditionFailed
+
     try:
-        blob.upload_from_string(data, if_generation_match=0)
-    except PreconditionFailed:
+        _blob(path).delete(if_generation_match=generation)
+    except (NotFound, PreconditionFailed):
         return False
     return True
+
+
+def copy_generation(source: str, target: str, generation: int) -> None:
+    """Copies generation ``generation`` of ``source`` to ``target`` (a server-side
+    rewrite, in as many calls as GCS asks for), and only that one.
+
+    The rewrite names the source generation (``sourceGeneration``: another
+    generation is never copied; after a replacement the verified one is gone, 404,
+    unless the bucket keeps old versions, and then it is what is copied) and makes
+    the live source generation a precondition (``ifSourceGenerationMatch``: 412
+    when it changed). Real GCS honours both; the fake-gcs-server of the tests
+    honours the first and ignores the second; gcp-storage-emulator ignores both.
+
+    Raises:
+      FileNotFoundError: when ``source`` no longer is ``generation``.
+    """
+    # pylint: disable=import-outside-toplevel
+    from google.api_core.exceptions import NotFound, PreconditionFailed
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    if generation <= 0:
+        raise ValueError(f"{source}: a generation to copy must be positive, got {generation}")
+    origin, copy = _blob(source, generation), _blob(target)
+    token = None
+    try:
+        while True:
+            # Retried as a whole: the same source generation to the same name again.
+            token, _, _ = copy.rewrite(origin, token=token, if_source_generation_match=generation,
+                                       retry=DEFAULT_RETRY)
+            if token is None:
+                return
+    except (NotFound, PreconditionFailed) as err:
+        raise FileNotFoundError(f"{source} is no longer generation {generation} "
+                                f"({type(err).__name__})") from err
+
+
+def delete_objects(paths: list[str], threads: int = 8) -> None:
+    """Deletes ``gs://`` objects, one request each (several at a time); missing ones
+    are not an error.
+
+    One request per object, not Beam's batch requests (100 deletes in one
+    ``/batch/storage/v1`` call): fake-gcs-server cannot answer a batch request,
+    real GCS runs the parts of a batch one by one all the same.
+    """
+    # pylint: disable=import-outside-toplevel
+    from google.api_core.exceptions import NotFound
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    def delete(path: str) -> None:
+        try:
+            _blob(path).delete(retry=DEFAULT_RETRY)
+        except NotFound:
+            pass
+
+    if len(paths) <= 1:
+        for path in paths:
+            delete(path)
+        return
+    with concurrent.futures.ThreadPoolExecutor(min(threads, len(paths)),
+                                               thread_name_prefix="gcs-delete") as pool:
+        for done in [pool.submit(delete, path) for path in paths]:
+            done.result()
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectInfo:
+    """What GCS says of an object: size, generation and CRC-32C (8 hex digits, or
+    ``None`` when it reports none)."""
+
+    size: int
+    generation: int
+    crc32c: str | None
+
+
+def object_info(path: str) -> ObjectInfo:
+    """The size, generation and CRC-32C of a ``gs://`` object (one metadata request).
+
+    Raises:
+      FileNotFoundError: when the object does not exist.
+    """
+    # pylint: disable=import-outside-toplevel
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    bucket, _, name = path[len("gs://"):].partition("/")
+    blob = _client().client.bucket(bucket).get_blob(name, retry=DEFAULT_RETRY)
+    if blob is None:
+        raise FileNotFoundError(f"{path} does not exist")
+    return ObjectInfo(int(blob.size), int(blob.generation),
+                      crc32c_gcs_to_hex(blob.crc32c) if blob.crc32c else None)
 
 
 def _probe(bucket: str, prefix: str, seconds: float) -> None:
