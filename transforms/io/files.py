@@ -16,6 +16,7 @@ import itertools
 import os
 import posixpath
 import re
+import shutil
 import stat
 from collections.abc import Iterator
 
@@ -35,6 +36,7 @@ __all__ = [
     "join",
     "list_files",
     "list_stamped",
+    "list_under",
     "list_unit",
     "listing_units",
     "open_read",
@@ -425,7 +427,52 @@ def list_unit(pattern: str, unit: tuple[str, tuple | None]) -> Iterator[tuple[st
 
 
 def delete_files(paths: list[str]) -> None:
-    """Deletes the files; missing ones are not an error."""
-    present = [p for p in paths if FileSystems.exists(p)]
-    if present:
+    """Deletes the files, each by its literal path (never as a glob: a ``[`` in a
+    name is a ``[``); missing ones are not an error. A local symbolic link is
+    removed itself, never what it points to."""
+    other = []
+    for path in paths:
+        if not is_local(path):
+            other.append(path)
+            continue
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            shutil.rmtree(path)  # A real folder (a link is unlinked above); links inside stay links.
+    present = [p for p in other if FileSystems.exists(p)]
+    if present and _gcs.is_gcs(present[0]):
+        failed = [(path, status) for path, status in
+                  _gcs._client().delete_batch(present) if status]  # pylint: disable=protected-access
+        if failed:
+            raise BeamIOError("Delete operation failed", dict(failed))
+    elif present:
         FileSystems.delete(present)
+
+
+def list_under(folder: str) -> list[tuple[str, int]]:
+    """``(path, size)`` of every file under ``folder``, sorted, the folder's name taken
+    literally (never a glob). Locally, links are not followed: a symbolic link is
+    listed as itself with size ``-1``, never what it points to."""
+    if is_local(folder):
+        found = []
+        for root, dirs, names in os.walk(folder):  # followlinks=False: links are not entered.
+            for name in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+                path = os.path.join(root, name)
+                try:
+                    info = os.lstat(path)
+                except FileNotFoundError:
+                    continue
+                found.append((path, -1 if stat.S_ISLNK(info.st_mode) else info.st_size))
+        return sorted(found)
+    if _gcs.is_gcs(folder):
+        bucket, _, prefix = folder[len("gs://"):].partition("/")
+        prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+        try:
+            client = _gcs._client().client  # pylint: disable=protected-access
+            return sorted((f"gs://{bucket}/{blob.name}", int(blob.size or 0))
+                          for blob in client.list_blobs(bucket, prefix=prefix))
+        except Exception as err:  # pylint: disable=broad-except
+            raise BeamIOError("List operation failed", {folder: err}) from err
+    return list_files(join(folder, "**"))
