@@ -1070,6 +1070,11 @@ def take_output(plan: RunPlan) -> None:
         stale = [REPORT_NAME] + [name for name in claims.owned if name.startswith(DEAD_LETTER_DIR + "/")
                                  and not is_part]
         files.delete_files([files.join(lock_output, name) for name in stale if claims.owns(name)])
+        if files.is_local(lock_output) and not is_part:
+            try:  # Emptied: it goes too (a user's file in it keeps it).
+                os.rmdir(files.join(lock_output, DEAD_LETTER_DIR))
+            except OSError:
+                pass
         prune_journal(lock_output)  # What it recorded of the files just removed.
         if part:  # Recorded before anything creates it, so that the next run may remove it.
             record_folder(lock_output, part)

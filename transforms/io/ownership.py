@@ -363,16 +363,20 @@ class OutputClaims:
     def refusal(self) -> str:
         """One line saying why the output is refused; '' when it is not."""
         if self.links:
-            names = _some(self.links)
-            return (f"--output {self.output}: {names} {'is a symbolic link' if len(self.links) == 1 else 'are symbolic links'} "
-                    "where this product keeps a folder of its own, and a cleanup would delete "
-                    "through it; remove the link (what it points to is not touched), or choose "
-                    "another --output")
+            one = len(self.links) == 1
+            return (f"--output {self.output}: {_some(self.links)} "
+                    f"{'is a symbolic link' if one else 'are symbolic links'} where this product "
+                    f"keeps {'a folder' if one else 'folders'} of its own, and a cleanup would "
+                    f"delete through {'it' if one else 'them'}; remove the "
+                    f"{'link (what it points' if one else 'links (what they point'} to is not "
+                    "touched), or choose another --output")
         if self.foreign:
-            count = len(self.foreign)
-            return (f"--output {self.output} holds {count} file{'s' if count > 1 else ''} this "
-                    f"product cannot prove it wrote, which a run would replace or read as part "
-                    f"of the dataset: {_some(self.foreign)}; with or without --overwrite, move "
+            count, folders = len(self.foreign), sum(n.endswith("/") for n in self.foreign)
+            what = ("folder" if folders else "file") if count == 1 else (
+                "files and folders" if 0 < folders < count else "folders" if folders else "files")
+            return (f"--output {self.output} holds {count} {what} this product cannot prove it "
+                    f"wrote, which a run would replace or read as part of the dataset: "
+                    f"{_some(self.foreign)}; with or without --overwrite, move "
                     f"{'them' if count > 1 else 'it'} out of the folder, or choose another --output")
         return ""
 
