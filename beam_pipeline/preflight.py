@@ -819,8 +819,8 @@ def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
       ConvertError: naming the flag or file to change.
     """
     plan = _plan_run(config, options, run_id)
-    if _skipped_plan(plan):
-        return plan
+    if _skipped_plan(plan) or (options is not None and options.view_as(TestOptions).dry_run):
+        return plan  # Nothing to write (a dry run's check_output looks, if it is called).
     return dataclasses.replace(plan, output_claims=claim_output(plan.dataset_output or plan.config.output))
 
 

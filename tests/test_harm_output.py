@@ -37,6 +37,7 @@ from beam_tfrecords.transforms.io.dead_letters import safe_name
 from beam_tfrecords.transforms.io.ownership import claim_output, write_owned
 from tests.attack_table import cli, cli_env
 from tests.conftest import read_dataset
+from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 
 PER_CLASS = 5  # Four classes: 20 images.
 IMAGES = 4 * PER_CLASS
@@ -505,3 +506,46 @@ def test_claims_sort_an_output(tmp_path):
     # Proof is by content: the same name with other bytes is not ours.
     (out / "dead_letter" / "listing.jsonl").write_text('{"a": 2}\n')
     assert "dead_letter/listing.jsonl" in claim_output(str(out)).foreign
+
+
+# --- gs:// (the emulator on loopback; the CLI in this process) ----------------------
+
+
+@pytest.mark.emulator
+def test_on_gcs_foreign_objects_are_refused_and_our_leftovers_replaced(gcs, tmp_path, capsys, images):
+    from beam_tfrecords.cli import main  # pylint: disable=import-outside-toplevel
+
+    gcs.create_bucket("harm")
+    out = "gs://harm/out"
+    foreign = b"".join(frame_record(b"another tool's") for _ in range(2))
+    for name in ("train-00000-of-00003.tfrecord", "part-00001/eval.tfrecord", "notes.txt"):
+        gcs.upload_bytes(f"{out}/{name}", foreign)
+    flags = ["convert", "--input", images, "--output", out, *BAND, *QUIET]
+    assert main([*flags, "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "holds 2 files and folders this product cannot prove it wrote" in err
+    assert "part-00001/, train-00000-of-00003.tfrecord" in err
+    assert sorted(gcs.list(out + "/")) == sorted(f"{out}/{n}" for n in (
+        "train-00000-of-00003.tfrecord", "part-00001/eval.tfrecord", "notes.txt"))
+    assert all(gcs.download(p) == foreign for p in gcs.list(out + "/"))
+    gcs.delete(f"{out}/train-00000-of-00003.tfrecord")
+    gcs.delete(f"{out}/part-00001/eval.tfrecord")
+    # A failed run: its report and dead letters are recorded in the journal ...
+    _break(images, 3)
+    assert main([*flags, "--max_bad_fraction", "0"]) == 1
+    printed = capsys.readouterr().out
+    assert "left alone (not part of the dataset): notes.txt" in printed
+    journal = [p for p in gcs.list(out + "/") if "/.beam-tfrecords/" in p]
+    assert journal and all("/.beam-tfrecords/journal/" in p for p in journal)
+    # ... so the next run replaces them, and leaves notes.txt as it is.
+    for name in os.listdir(os.path.join(images, "circles")):
+        if name.startswith("broken_"):
+            os.remove(os.path.join(images, "circles", name))
+    assert main(flags) == 0
+    left = sorted(p[len(out) + 1:] for p in gcs.list(out + "/"))
+    assert not [p for p in left if p.startswith(("dead_letter/", WORK_DIR))], left
+    assert gcs.download(f"{out}/notes.txt") == foreign
+    report = json.loads(gcs.download(f"{out}/run_report.json"))
+    assert report["status"] == "ok"
+    assert report["manifest_sha256"] == hashlib.sha256(gcs.download(f"{out}/manifest.json")).hexdigest()
+    assert main([*flags, "--overwrite"]) == 0  # Our own dataset: replaced.

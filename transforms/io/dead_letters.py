@@ -29,7 +29,7 @@ def safe_name(name: str) -> str:
     are kept; anything else ('[', '*', '/', spaces, control characters, ...)
     becomes '_' (a leading '.' is dropped), and then the first 8 hex digits of the
     name's SHA-256 are added, so that two names that differ only there stay two
-    files (``a[1]-00000`` -> ``a_1_-00000-5c0e4f7a``). A name that is safe
+    files (``a[1]-00000`` -> ``a_1_-00000-460ac966``). A name that is safe
     already (and at most 120 characters) stays as it is."""
     safe = _UNSAFE.sub("_", name).lstrip(".")
     if safe == name and len(name) <= _MAX_CHARS:
