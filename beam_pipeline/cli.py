@@ -477,6 +477,7 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
     previous = signal.signal(signal.SIGINT, _interrupted(prog)) if in_main_thread else None
     previous_term = signal.signal(signal.SIGTERM, _terminated) if in_main_thread else None
     try:
+        beam_args = scratch.keep_requirements_cache(beam_args)
         with scratch.RunScratch():  # Beam's temporary folders, and ours, go with the run.
             result = convert(config_from_args(args), beam_args, on_plan=reporter.on_plan(_print_plan))
     except (ConvertError, ValueError) as err:

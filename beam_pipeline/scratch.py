@@ -6,8 +6,10 @@ two ``tmp*`` (``python_sdk_dependencies`` in ``transforms/environments.py``, onc
 for the Prism runner it tries first and once for the loopback environment;
 never removed), one ``beam-temp*`` (the Prism job server's, removed only when
 that server stops, which it never does when Prism cannot start), and
-``beam-requirements-cache`` (the stager's cache of downloaded requirements,
-kept on purpose; empty here, as the CLI stages none). ``RunScratch`` points
+``beam-requirements-cache`` (the stager's cache of the packages a
+``--requirements_file`` names, kept on purpose across runs; empty otherwise).
+``keep_requirements_cache`` leaves that cache where Beam keeps it when a run has
+a requirements file; otherwise it is empty and goes too. ``RunScratch`` points
 Python's ``tempfile`` at a fresh ``$TMPDIR/beam-tfrecords-run-<pid>-<random>/``
 for the run and removes it, with all of these in it, on the way out: normal
 end, failure, a refusal, Ctrl-C and SIGTERM (``cleanup`` is called from the
@@ -21,8 +23,9 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Sequence
 
-__all__ = ["RunScratch", "cleanup"]
+__all__ = ["RunScratch", "cleanup", "keep_requirements_cache"]
 
 _PREFIX = "beam-tfrecords-run-"
 _MARKER = ".beam-tfrecords-scratch"
@@ -62,6 +65,21 @@ class RunScratch:
                 _active = None
         if self.path:
             shutil.rmtree(self.path, ignore_errors=True)  # Links inside are unlinked, not followed.
+
+
+def _given(args: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def keep_requirements_cache(beam_args: Sequence[str]) -> list[str]:
+    """Beam's flags, with ``--requirements_cache`` at Beam's own default place
+    (``$TMPDIR/beam-requirements-cache``) when a ``--requirements_file`` is given
+    without one: Beam keeps the packages it downloads there on purpose, for the next
+    runs, so that cache must not go with the run's folder. Call before ``RunScratch``."""
+    args = list(beam_args)
+    if _given(args, "--requirements_file") and not _given(args, "--requirements_cache"):
+        args.append(f"--requirements_cache={os.path.join(tempfile.gettempdir(), 'beam-requirements-cache')}")
+    return args
 
 
 def cleanup() -> None:
