@@ -235,6 +235,25 @@ class Published:
     removed_stale_shards: tuple[str, ...]
 
 
+def _journal_renames(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
+                     claims: OutputClaims | None, digests: Mapping[str, Claim] | None) -> OutputClaims:
+    """Refuses an output holding files this product cannot prove it wrote; then records,
+    before anything moves, what is about to reach a final name (size and checksums,
+    where from) and the manifest it replaces. Returns the claims."""
+    claims = claims if claims is not None else claim_output(output)
+    if claims.refusal():
+        raise OutputNotOurs(claims.refusal())
+    prefix = files.join(output, "")
+    recorded = []
+    for src, dst in renames:
+        if dst.startswith(prefix):
+            claim = (digests or {}).get(dst) or file_claim("", files.read_bytes(src))
+            recorded.append(dataclasses.replace(claim, path=dst[len(prefix):], source=src[len(prefix):]))
+    run_id = temp_dir.rstrip("/").rsplit("/", 1)[-1].removeprefix("tmp-")
+    journal_commit(output, run_id, recorded, claims.manifest)
+    return claims
+
+
 def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
             manifest: bytes, claims: OutputClaims | None = None,
             digests: Mapping[str, Claim] | None = None) -> Published:
@@ -258,15 +277,7 @@ def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
     manifest_path = files.join(output, MANIFEST_NAME)
     staged = files.join(temp_dir, MANIFEST_NAME)
     files.write_bytes(staged, manifest)
-    claims = claims if claims is not None else claim_output(output)
-    if claims.refusal():
-        raise OutputNotOurs(claims.refusal())
-    # Write-ahead: what is about to reach a final name, and the manifest it replaces.
-    prefix = files.join(output, "")
-    journal_commit(output, temp_dir.rstrip("/").rsplit("/", 1)[-1][len("tmp-"):], [
-        dataclasses.replace((digests or {}).get(dst) or file_claim("", files.read_bytes(src)),
-                            path=dst[len(prefix):], source=src[len(prefix):])
-        for src, dst in renames if dst.startswith(prefix)], claims.manifest)
+    claims = _journal_renames(output, temp_dir, renames, claims, digests)
     hold_point("before_commit")
     files.delete_files([manifest_path])
     moves = [(src, dst) for src, dst in renames if src != dst]

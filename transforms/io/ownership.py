@@ -557,7 +557,7 @@ def _remove_local_folder(folder: str) -> None:
         pass
 
 
-def prune_journal(output: str, keep_replaced: bool = True) -> None:
+def prune_journal(output: str) -> None:
     """Drops what the journal no longer has to prove: claims of files that are gone
     or that ``manifest.json`` now lists (and the manifests a commit replaced, once
     nothing they list is left outside the current one). An empty journal is removed,
@@ -580,7 +580,7 @@ def prune_journal(output: str, keep_replaced: bool = True) -> None:
         listed = set()
     for path, claims, replaces in journal:
         kept = [c for c in claims if c.path in present and c.path not in listed]
-        outside = listed_paths(replaces) & present - listed if replaces and keep_replaced else set()
+        outside = (listed_paths(replaces) & present) - listed if replaces else set()
         name = path.rsplit("/", 1)[-1][:-len(".json")]
         if not kept and not outside:
             files.delete_files([path])
