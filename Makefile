@@ -4,7 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
-DEMO_DIR ?= /tmp/beam-tfrecords-demo
+# The demo works in a fresh temporary folder (it prints where); DEMO_DIR=... chooses one.
+DEMO_DIR ?=
 
 .PHONY: setup demo test test-fast lint bench bench-quick bench-csv proto clean
 
@@ -16,7 +17,7 @@ $(STAMP): setup.py
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m beam_tfrecords.demo --workdir $(DEMO_DIR)
+	$(PY) -m beam_tfrecords.demo $(if $(DEMO_DIR),--workdir '$(DEMO_DIR)')
 
 # One worker per core, at most 4 (the tests are independent: each has its own
 # folders, ports and emulator); about 6.5 min on 2 cores, 12 min on one.

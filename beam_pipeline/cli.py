@@ -21,11 +21,12 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
-from beam_tfrecords import console
+from beam_tfrecords import console, scratch
 from beam_tfrecords.inspect import (
     MAX_RECORD_BYTES,
     UnreadableShard,
@@ -458,8 +459,18 @@ def _interrupted(prog: str):
         console.clear_line()
         sys.stdout.flush()
         print(f"{prog}: {_INTERRUPTED}", file=sys.stderr, flush=True)
+        scratch.cleanup()
         os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
     return handler
+
+
+def _terminated(signum, frame):  # pylint: disable=unused-argument
+    """SIGTERM: the run's temporary folder goes, then the process ends by the signal,
+    as it would without this handler (nothing published; the next run cleans up)."""
+    console.clear_line()
+    scratch.cleanup()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 _INTERRUPTED = ("interrupted; nothing was published (a rerun cleans up what this run "
@@ -495,8 +506,11 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
     # and the next run removes this run's temporaries and takes over its lock.
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, _interrupted(prog)) if in_main_thread else None
+    previous_term = signal.signal(signal.SIGTERM, _terminated) if in_main_thread else None
     try:
-        result = convert(config_from_args(args), beam_args, on_plan=reporter.on_plan(_print_plan))
+        beam_args = scratch.keep_requirements_cache(beam_args)
+        with scratch.RunScratch():  # Beam's temporary folders, and ours, go with the run.
+            result = convert(config_from_args(args), beam_args, on_plan=reporter.on_plan(_print_plan))
     except (ConvertError, ValueError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -504,6 +518,7 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
         reporter.stop()
         if in_main_thread:
             signal.signal(signal.SIGINT, previous)
+            signal.signal(signal.SIGTERM, previous_term)
     if result.report["status"] == "skipped":
         print(f"SKIPPED: {result.report['reason']}; nothing was written "
               f"(exit {SKIPPED_EXIT_STATUS})")
@@ -665,7 +680,7 @@ class _OneLineFormatter(logging.Formatter):
         first = message.strip().splitlines()[0] if message.strip() else ""
         record.msg, record.args = first + (" [...]" if first != message.strip() else ""), None
         record.exc_info, record.exc_text, record.stack_info = None, None, None
-        return super().format(record)
+        return console.printable(super().format(record))
 
 
 def _usage() -> str:
@@ -694,13 +709,15 @@ def main(argv: Sequence[str] | None = None) -> int:
               + f"; commands: {', '.join(_COMMANDS)} ({_PROG} --help)", file=sys.stderr)
         return EXIT_USAGE
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not debug:
-        for handler in logging.getLogger().handlers:
-            handler.setFormatter(_OneLineFormatter(handler.formatter._fmt if handler.formatter else None))  # pylint: disable=protected-access
+    for handler in logging.getLogger().handlers:
+        fmt = handler.formatter._fmt if handler.formatter else None  # pylint: disable=protected-access
+        handler.setFormatter(console.EscapingFormatter(fmt) if debug else _OneLineFormatter(fmt))
     console.quiet_logs()
     for noisy in ("apache_beam", "google", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     prog = f"{_PROG} {argv[0]}"
+    streams = sys.stdout, sys.stderr  # Names and values are printed escaped (console.printable).
+    sys.stdout, sys.stderr = console.EscapingStream(sys.stdout), console.EscapingStream(sys.stderr)
     try:
         return _COMMANDS[argv[0]][0](argv[1:], prog)
     except SystemExit as exit_:  # argparse: --help, or a bad flag.
@@ -709,8 +726,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: {_INTERRUPTED}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as err:  # pylint: disable=broad-except
-        if debug:
-            raise
+        if debug:  # The traceback, escaped like everything else printed (exit 1, as uncaught).
+            traceback.print_exc(file=sys.stderr)
+            return EXIT_FAILED
         print(f"{prog}: error: {type(err).__name__}: {err} (run with --debug for the traceback)",
               file=sys.stderr)
         return EXIT_FAILED
+    finally:
+        sys.stdout, sys.stderr = streams

@@ -14,7 +14,10 @@ When it ends: a table per split of records, shards, MB and time, from the run
 report (``summary_table``).
 
 Also: ``quiet_logs`` drops log lines a user cannot act on (Beam saying it
-chose the DirectRunner because no ``--runner`` was given).
+chose the DirectRunner because no ``--runner`` was given); ``printable`` and
+``EscapingStream`` keep control characters (and every other character a terminal
+would act on or hide) in file names and values from reaching the terminal raw:
+they are printed as escapes (``\x1b``, ``\u202e``).
 """
 
 from __future__ import annotations
@@ -31,13 +34,69 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from beam_tfrecords.transforms.io import progress
 
-__all__ = ["PROGRESS_MODES", "Reporter", "clear_line", "quiet_logs", "summary_table"]
+__all__ = [
+    "PROGRESS_MODES",
+    "EscapingFormatter",
+    "EscapingStream",
+    "Reporter",
+    "clear_line",
+    "printable",
+    "quiet_logs",
+    "summary_table",
+]
 
 PROGRESS_MODES = ("auto", "bar", "log", "off")
 _BAR_SECONDS = 0.25  # Redraws of the terminal line: at most 4 a second.
 _RATE_WINDOW = 5.0  # Seconds over which the rate is measured.
 _log = logging.getLogger("beam_tfrecords.progress")
 _active: Reporter | None = None
+
+
+def printable(text: str, keep: str = "\n") -> str:
+    """``text`` safe to show on a terminal: every character that is not printable
+    (control characters such as ESC or CR, format characters such as U+202E, line
+    separators, the lone surrogates an undecodable file name is read as, unassigned
+    code points) is written as an escape: ``\\x1b``, ``\\u202e``; the characters
+    of ``keep`` (newlines) pass as they are."""
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if char.isprintable() or char in keep:
+            out.append(char)
+        else:
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else
+                       f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)
+
+
+class EscapingStream:
+    """A text stream whose writes pass through ``printable`` (newlines kept): the
+    CLI's stdout and stderr, so that no name or value printed reaches the terminal
+    raw. ``raw`` is the stream underneath (the progress line draws there)."""
+
+    def __init__(self, stream):
+        self.raw = stream
+
+    def write(self, text: str) -> int:
+        self.raw.write(printable(text))
+        return len(text)
+
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
+
+
+def raw_stream(stream):
+    """The stream underneath an ``EscapingStream``, else ``stream`` itself."""
+    return stream.raw if isinstance(stream, EscapingStream) else stream
+
+
+class EscapingFormatter(logging.Formatter):
+    """Log records with ``printable`` text (tracebacks keep their newlines)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
 
 
 class _NotForUsers(logging.Filter):
@@ -99,7 +158,8 @@ class Reporter:
             raise ValueError(f"--progress must be one of {', '.join(PROGRESS_MODES)}; got {mode!r}")
         if seconds < 0:
             raise ValueError(f"--progress_seconds must be 0 (no progress) or more; got {seconds:g}")
-        self._stream = stream if stream is not None else sys.stderr
+        # The line's own control codes (CR, erase to the end) must reach the terminal.
+        self._stream = stream if stream is not None else raw_stream(sys.stderr)
         if mode == "auto":
             terminal = getattr(self._stream, "isatty", lambda: False)()
             mode = "bar" if terminal else "log"
@@ -268,7 +328,7 @@ class Reporter:
         with self._lock:
             if text == self._shown:
                 return
-            self._stream.write("\r" + text + "\x1b[K")
+            self._stream.write("\r" + printable(text, keep="") + "\x1b[K")
             self._stream.flush()
             self._shown = text
 

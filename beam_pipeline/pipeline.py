@@ -42,6 +42,7 @@ from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.commit import release_lock, remove_folder
 from beam_tfrecords.transforms.io.faults import announce_hooks
 from beam_tfrecords.transforms.io.helpers import helper_pool
+from beam_tfrecords.transforms.io.ownership import write_owned
 from beam_tfrecords.transforms.manifest import Commit, CommitSettings
 from beam_tfrecords.transforms.plan.layouts import resolve_input
 from beam_tfrecords.transforms.sequences import BuildSequences, PlanSequenceShards
@@ -249,7 +250,8 @@ def _record_failure(plan: RunPlan, err: BaseException) -> dict:
     except Exception as cleanup:  # pylint: disable=broad-except
         _log.warning("Could not remove %s: %s", target.temp_dir, cleanup)
     try:
-        files.write_bytes(files.join(output, REPORT_NAME), json.dumps(report, indent=2).encode())
+        # Recorded in the output's journal first: the next run may then replace it.
+        write_owned(output, REPORT_NAME, json.dumps(report, indent=2).encode())
     except Exception as unwritten:  # pylint: disable=broad-except
         report["report_not_written"] = str(unwritten).splitlines()[0] if str(unwritten) else ""
     return report

@@ -70,6 +70,12 @@ from beam_tfrecords.transforms.io.fingerprint import (
     table_entries,
     write_inputs,
 )
+from beam_tfrecords.transforms.io.ownership import (
+    OutputClaims,
+    claim_output,
+    prune_journal,
+    record_folder,
+)
 from beam_tfrecords.transforms.io.table_readers import (
     JSONL_SUFFIXES,
     PARQUET_SUFFIXES,
@@ -107,6 +113,7 @@ from beam_tfrecords.verify import manifest_text
 __all__ = [
     "ConvertError",
     "OutputExistsError",
+    "OutputNotOursError",
     "RunPlan",
     "plan_run",
     "resolve_config",
@@ -159,6 +166,12 @@ class OutputBusy(ConvertError):
     """Another run is writing the output folder."""
 
 
+class OutputNotOursError(ConvertError):
+    """The output folder holds files this product cannot prove it wrote, where a
+    run would replace them or read them as the dataset's (or a folder of its own
+    is a link)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
     """A conversion resolved before its pipeline is built.
@@ -191,6 +204,9 @@ class RunPlan:
         converts the files this plan lists, not a second listing's.
       units: with ``--list_on_workers``, the units the workers list and what the
         launcher decided for them (no listing is made here).
+      output_claims: the output folder sorted into what this product wrote, what
+        it did not (refused), and what it leaves alone (see
+        ``transforms.io.ownership``); ``None`` until ``plan_run`` looked.
     """
 
     config: ConvertConfig
@@ -211,6 +227,7 @@ class RunPlan:
     input_rows: object = None
     hand_over: bool = False
     units: UnitsToList | None = None
+    output_claims: OutputClaims | None = None
 
     @property
     def is_table(self) -> bool:
@@ -225,7 +242,8 @@ class RunPlan:
     def describe(self) -> list[str]:
         """What the run will do, decided before it runs: input kind and layout,
         splits, classes or columns, features, and what is left out and why."""
-        return [f"plan: {self.config.input} -> {self.config.output}", *self.inputs]
+        claims = self.output_claims.plan_lines() if self.output_claims is not None else []
+        return [f"plan: {self.config.input} -> {self.config.output}", *self.inputs, *claims]
 
 
 def _absolute(path: str | None) -> str | None:
@@ -883,6 +901,29 @@ def _gcs_path(pattern: str, name: str) -> str:
 
 def plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
              run_id: str | None = None) -> RunPlan:
+    """Resolves and checks a conversion, reading what it must of the input once, and
+    sorts the output folder into what this product wrote and what it did not
+    (``plan.output_claims``; ``check_output`` refuses the run on what it did not).
+
+    With ``skip_unchanged`` or ``incremental``, compares the input with the
+    dataset at the output (see ``beam_pipeline.updates``): ``plan.update`` says
+    what to do (a ``skip`` plan is not run).
+
+    Raises:
+      ConvertError: naming the flag or file to change.
+    """
+    plan = _plan_run(config, options, run_id)
+    if _skipped_plan(plan) or (options is not None and options.view_as(TestOptions).dry_run):
+        return plan  # Nothing to write (a dry run's check_output looks, if it is called).
+    return dataclasses.replace(plan, output_claims=claim_output(plan.dataset_output or plan.config.output))
+
+
+def _skipped_plan(plan: RunPlan) -> bool:
+    return plan.update is not None and plan.update.action == "skip"
+
+
+def _plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
+              run_id: str | None = None) -> RunPlan:
     """Resolves and checks a conversion, reading what it must of the input once.
 
     With ``skip_unchanged`` or ``incremental``, compares the input with the
@@ -1073,14 +1114,24 @@ def _listing_dead_letters(dataset) -> set[tuple[str, str]]:
     return known
 
 
-def check_output(plan: RunPlan) -> None:
-    """Refuses an output folder that holds a finished dataset, unless overwriting
-    (or adding a part to it); reads only.
+def check_output(plan: RunPlan, claims: OutputClaims | None = None) -> None:
+    """Refuses an output folder that holds files this product cannot prove it wrote
+    where a run would replace them or read them as the dataset's, or a folder of its
+    own that is a link (with or without ``overwrite``), and one that holds a
+    finished dataset, unless overwriting (or adding a part to it); reads only.
+
+    Args:
+      plan: the run.
+      claims: the output as found now (default: as the plan found it).
 
     Raises:
+      OutputNotOursError: naming the files (the first few, and a count).
       OutputExistsError: when ``manifest.json`` exists and ``overwrite`` is off.
     """
     config = plan.config
+    claims = claims or plan.output_claims or claim_output(plan.dataset_output or config.output)
+    if claims.refusal():
+        raise OutputNotOursError(claims.refusal())
     is_part = plan.update is not None and plan.update.action == "part"
     if not is_part and files.exists(files.join(config.output, MANIFEST_NAME)) and not config.overwrite:
         why = f" ({plan.update.reason})" if plan.update is not None else ""
@@ -1118,13 +1169,27 @@ def take_output(plan: RunPlan) -> None:
             if now != plan.update.seen_manifest:
                 raise OutputBusy(f"--output {lock_output}: another run changed the dataset while "
                                  "this one was planning; run again to compare with what it wrote")
+        # Looked at again under the lock: only what this product can prove it wrote
+        # is removed (the report and dead letters of the last run, what killed runs
+        # left); anything else a run would touch refuses the run.
+        claims = claim_output(lock_output)
+        check_output(plan, claims)
         remove_stale_temporaries(lock_output, target.run_id)
-        if is_part:
+        part = config.output[len(files.join(lock_output, "")):] + "/" if is_part else ""
+        if part and claims.owns(part):
             # A part folder the root manifest does not list is what a killed run left.
             remove_folder(config.output)
-        stale = [files.join(lock_output, REPORT_NAME)]
-        stale += [p for p, _ in files.list_files(files.join(config.output, DEAD_LETTER_DIR, "*.jsonl"))]
-        files.delete_files(stale)
+        stale = [REPORT_NAME] + [name for name in claims.owned if name.startswith(DEAD_LETTER_DIR + "/")
+                                 and not is_part]
+        files.delete_files([files.join(lock_output, name) for name in stale if claims.owns(name)])
+        if files.is_local(lock_output) and not is_part:
+            try:  # Emptied: it goes too (a user's file in it keeps it).
+                os.rmdir(files.join(lock_output, DEAD_LETTER_DIR))
+            except OSError:
+                pass
+        prune_journal(lock_output)  # What it recorded of the files just removed.
+        if part:  # Recorded before anything creates it, so that the next run may remove it.
+            record_folder(lock_output, part)
         # Role files (labels, schema, CSV manifest) are published relative to the input root.
         _, root, _ = resolve_input(config.input, config.layout)
         roles = [published_entry(entry, root) for entry in plan.role_files]

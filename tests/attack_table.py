@@ -1183,6 +1183,178 @@ def _gcs_two_runs(work, outcome):
         server.stop()
 
 
+# --- issue 18: output ownership, links, temporary folders, odd names ---
+
+_OWN_IMAGES = 5  # per class (four classes); a README.txt beside them is ignored.
+_NOT_OURS = CONVERT_ERROR + r".*this product cannot prove it wrote"
+
+
+def _files_of(folder: str) -> dict[str, bytes]:
+    """Every file under ``folder`` (links not followed): its bytes, or a link's target."""
+    found = {}
+    for root, dirs, names in os.walk(folder):
+        for name in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                found[os.path.relpath(path, folder)] = ("-> " + os.readlink(path)).encode()
+            else:
+                with open(path, "rb") as f:
+                    found[os.path.relpath(path, folder)] = f.read()
+    return found
+
+
+def _kept(outcome: Outcome, what: str, before: dict[str, bytes], folder: str) -> None:
+    after = _files_of(folder)
+    changed = sorted(k for k in before if after.get(k) != before[k])
+    if changed:
+        outcome.problems.append(f"{what} changed or removed: {changed[:5]}")
+
+
+def _refused_untouched(outcome: Outcome, out: str, before: dict[str, bytes], images: int) -> None:
+    """A refused run: the output is as it was, byte for byte, and holds no dataset of ours."""
+    _kept(outcome, "files in --output", before, out)
+    if set(_files_of(out)) != set(before):
+        outcome.problems.append(f"files appeared: {sorted(set(_files_of(out)) - set(before))[:5]}")
+    outcome.n_in, outcome.written, outcome.dead, outcome.skipped = images, 0, 0, None
+    outcome.nothing_lost = not os.path.exists(os.path.join(out, "manifest.json"))
+
+
+def _foreign_shard(path: Path) -> None:
+    from beam_tfrecords.transforms.codec.tfrecord import frame_record  # pylint: disable=import-outside-toplevel
+    path.write_bytes(b"".join(frame_record(b"another tool's record") for _ in range(3)))
+
+
+def _own_case(name: str, title: str, overwrite: bool, make) -> None:
+    @case(name, title, EXIT_USAGE, _NOT_OURS)
+    def body(work, outcome):
+        root, out = work / "in", work / "out"
+        images = make_class_folder_sample(str(root), per_class=_OWN_IMAGES, splits=None)
+        out.mkdir()
+        make(out)
+        before = _files_of(str(out))
+        _convert(work, outcome, str(root), str(out), *(["--overwrite"] if overwrite else []))
+        _refused_untouched(outcome, str(out), before, len(images))
+
+
+_own_case("output-foreign-shard", "a manifest-less --output holding train-00000-of-00003.tfrecord "
+          "another tool wrote", False, lambda out: _foreign_shard(out / "train-00000-of-00003.tfrecord"))
+_own_case("output-foreign-shard-overwrite", "the same, with --overwrite", True,
+          lambda out: _foreign_shard(out / "train-00000-of-00003.tfrecord"))
+
+
+def _user_part(out: Path) -> None:
+    (out / "part-00001").mkdir()
+    (out / "part-00001" / "results.csv").write_text("epoch,loss\n1,0.5\n")
+
+
+_own_case("output-user-part-folder", "a user's part-00001/ folder in --output", False, _user_part)
+_own_case("output-user-part-folder-overwrite", "the same, with --overwrite", True, _user_part)
+
+
+@case("output-unrelated-file", "an unrelated notes.txt in --output: left alone, listed in the plan",
+      EXIT_OK, STATUS_OK)
+def _output_unrelated(work, outcome):
+    root, out = work / "in", work / "out"
+    images = make_class_folder_sample(str(root), per_class=_OWN_IMAGES, splits=None)
+    out.mkdir()
+    (out / "notes.txt").write_text("what this dataset is for\n")
+    before = _files_of(str(out))
+    run = _convert(work, outcome, str(root), str(out))
+    _kept(outcome, "notes.txt", before, str(out))
+    if "  output: left alone (not part of the dataset): notes.txt" not in run.stdout.splitlines():
+        outcome.problems.append("the plan does not list notes.txt as left alone")
+    _manifest_total(outcome, account_files(outcome, str(out), root, images, others=1))
+
+
+@case("output-rerun-after-failed-run", "a run over our own failed run's report, dead letters "
+      "and journal (no --overwrite)", EXIT_OK, STATUS_OK)
+def _output_rerun_failed(work, outcome):
+    root, out = work / "in", work / "out"
+    images = make_class_folder_sample(str(root), per_class=_OWN_IMAGES, splits=None)
+    broken = root / "circles" / "broken.jpg"
+    broken.write_bytes(b"not a picture\n")
+    failed = _convert(work, outcome, str(root), str(out), "--max_bad_fraction", "0")
+    if failed.exit != EXIT_FAILED or not os.path.isdir(out / ".beam-tfrecords" / "journal"):
+        outcome.problems.append(f"the failed run: exit {failed.exit}, no journal left")
+    broken.unlink()
+    _convert(work, outcome, str(root), str(out))
+    if os.path.exists(out / "dead_letter") and os.listdir(out / "dead_letter"):
+        outcome.problems.append("the failed run's dead letters are still there")
+    if os.path.exists(out / ".beam-tfrecords"):
+        outcome.problems.append("the work folder (journal) is still there")
+    _manifest_total(outcome, account_files(outcome, str(out), root, images, others=1))
+
+
+def _link_case(name: str, title: str, where: str, published: bool) -> None:
+    @case(name, title, EXIT_USAGE, CONVERT_ERROR + r".*is a symbolic link where this product keeps")
+    def body(work, outcome):
+        root, out, target = work / "in", work / "out", work / "precious"
+        images = make_class_folder_sample(str(root), per_class=_OWN_IMAGES, splits=None)
+        (target / "sub").mkdir(parents=True)
+        (target / "sub" / "keep.txt").write_text("keep me\n")
+        _foreign_shard(target / "train-00000-of-00001.tfrecord")
+        if published:
+            _convert(work, outcome, str(root), str(out))
+        (out / where).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, out / where)
+        kept = _files_of(str(target))
+        before = _files_of(str(out))
+        _convert(work, outcome, str(root), str(out), "--overwrite")
+        _kept(outcome, "the link's target", kept, str(target))
+        _kept(outcome, "files in --output", before, str(out))
+        if published:
+            _manifest_total(outcome, account_files(outcome, str(out), root, images, others=1))
+        else:
+            _refused_untouched(outcome, str(out), before, len(images))
+
+
+_link_case("output-symlinked-part", "a dataset whose part-00007 is a link to another folder, "
+           "then a full run (--overwrite)", "part-00007", True)
+_link_case("output-symlinked-tmp", "a manifest-less --output whose .beam-tfrecords/tmp-x is a link",
+           ".beam-tfrecords/tmp-x", False)
+
+
+@case("tmpdir-left-empty", "TMPDIR an empty folder: empty again after an ok and a failed run",
+      EXIT_FAILED, r"^ERROR BUDGET EXCEEDED:")
+def _tmpdir_left_empty(work, outcome):
+    root, out, tmp = work / "in", work / "out", work / "tmpdir"
+    make_class_folder_sample(str(root), per_class=_OWN_IMAGES, splits=None)
+    tmp.mkdir()
+    _convert(work, outcome, str(root), str(out), env=cli_env(TMPDIR=str(tmp)))
+    if os.listdir(tmp):
+        outcome.problems.append(f"left in TMPDIR by an ok run: {sorted(os.listdir(tmp))}")
+    (root / "circles" / "broken.jpg").write_bytes(b"not a picture\n")
+    _convert(work, outcome, str(root), str(out), "--overwrite", "--max_bad_fraction", "0",
+             env=cli_env(TMPDIR=str(tmp)))
+    if os.listdir(tmp):
+        outcome.problems.append(f"left in TMPDIR by a failed run: {sorted(os.listdir(tmp))}")
+    found = account_refused(outcome, str(out), 4 * _OWN_IMAGES + 1)  # The first dataset stays.
+    outcome.nothing_lost = found.published and len(found.records) == 4 * _OWN_IMAGES
+
+
+_NASTY = "a[1]\x1b[31mb"
+
+
+@case("input-name-bracket-control", "a table named a[1]<ESC>[31mb.csv with one bad row, then "
+      "converted again without it", EXIT_OK, STATUS_OK)
+def _input_name_bracket_control(work, outcome):
+    (work / "tables").mkdir()
+    path = work / "tables" / f"{_NASTY}.csv"
+    make_table(path, 200, {5: b"5,1"})
+    out = str(work / "out")
+    first = _convert(work, outcome, str(work / "tables" / "*.csv"), out)
+    if "\x1b" in first.stdout + first.stderr:
+        outcome.problems.append("a raw ESC reached the terminal")
+    names = os.listdir(os.path.join(out, "dead_letter")) if os.path.isdir(os.path.join(out, "dead_letter")) else []
+    if len(names) != 1 or not names[0].startswith("a_1___31mb-00000-") or not names[0].isprintable():
+        outcome.problems.append(f"dead-letter files {names!r}")
+    table = make_table(path, 200)
+    _convert(work, outcome, str(work / "tables" / "*.csv"), out, "--overwrite")
+    if os.path.isdir(os.path.join(out, "dead_letter")) and os.listdir(os.path.join(out, "dead_letter")):
+        outcome.problems.append("the first run's dead letters were not removed")
+    _manifest_total(outcome, account_table(outcome, out, table))
+
+
 
 
 # --------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ old dataset stays whole (its manifest verifies); shards of the old run that the 
 one does not rewrite are removed only after the new manifest is published.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -76,6 +77,13 @@ def test_stale_shards_are_removed_only_after_the_new_manifest(old_dataset, tmp_p
         assert new and len(new) > len(old)  # The new run cuts more, smaller shards.
         assert old <= names  # Not one old shard removed yet.
         assert not os.path.exists(os.path.join(out, "manifest.json"))
+        # The manifest the commit removed is in its journal: the old shards stay provably
+        # this product's, so the next run may remove them (issue 18).
+        journal = os.path.join(out, ".beam-tfrecords", "journal")
+        [commit] = [n for n in os.listdir(journal) if n.startswith("commit-")]
+        with open(os.path.join(journal, commit), encoding="utf-8") as f:
+            replaced = json.load(f)["replaces"]
+        assert {s["path"] for s in replaced["splits"]["train"]["shards"]} == old
     finally:
         _kill(proc)
     # The next run finishes the job; no --overwrite is needed without a manifest.

@@ -146,12 +146,20 @@ def test_bad_inputs_beyond_budget_fail_the_run_and_publish_nothing(tmp_path, cap
     # name; the dead letters and the report say what went wrong.
     assert not os.path.exists(os.path.join(out, "manifest.json"))
     assert not [name for name in os.listdir(out) if ".tfrecord" in name]
-    assert not os.path.exists(os.path.join(out, ".beam-tfrecords"))
     assert len(dead_letters(out)) == 4
     with open(os.path.join(out, "run_report.json"), encoding="utf-8") as f:
         report = json.load(f)
     assert report["status"] == "error_budget_exceeded"
     assert report["records"] == 40 and report["error_budget"]["exceeded"] is True
+    # No temporaries and no lock are left; only the journal, which records the report
+    # and the dead letters (so that the next run can prove them its own and remove them).
+    work = os.path.join(out, ".beam-tfrecords")
+    assert os.listdir(work) == ["journal"]
+    recorded = set()
+    for name in os.listdir(os.path.join(work, "journal")):
+        with open(os.path.join(work, "journal", name), encoding="utf-8") as f:
+            recorded |= {claim["path"] for claim in json.load(f)["claims"]}
+    assert recorded == {"run_report.json", *report["dead_letter_files"]}
 
 
 def _record_offsets(path):

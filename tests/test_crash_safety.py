@@ -212,6 +212,16 @@ def _temp_folders(out: str) -> list[str]:
     return sorted(os.path.join(work, n) for n in os.listdir(work) if n.startswith("tmp-"))
 
 
+def _journal_claims(out: str) -> dict[str, dict]:
+    """What the output's journal records, by path (``transforms.io.ownership``)."""
+    folder = os.path.join(out, WORK_DIR, "journal")
+    claims = {}
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            claims.update({c["path"]: c for c in json.load(f)["claims"]})
+    return claims
+
+
 def _lock(out: str) -> dict | None:
     path = os.path.join(out, WORK_DIR, "lock.json")
     if not os.path.exists(path):
@@ -322,6 +332,11 @@ def test_kill_tree_at_hold_point_then_next_run_recovers(kinds, hold, tmp_path, k
         assert set(final) == set(kind.reference)
     for name, digest in final.items():
         assert digest == kind.reference[name], f"{name} at its final name differs"
+    # Whatever sits at a final name was recorded, by checksum, in the journal before it
+    # was moved there: the next run can prove it its own (issue 18).
+    recorded = _journal_claims(out)
+    for name, digest in final.items():
+        assert recorded[name]["sha256"] == digest, name
     temps = _temp_folders(out)
     if point != "listing":
         assert len(temps) == 1, temps  # The killed run's temporaries, still there.

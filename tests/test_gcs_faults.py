@@ -186,7 +186,10 @@ def _assert_failed_cleanly(gcs, run: Run, out: str, shard_prefix: str) -> dict:
     assert not gcs.exists(f"{out}/manifest.json")
     assert _final_shards(gcs, out) == {}
     left = [p for p in gcs.list(out + "/") if "/.beam-tfrecords/" in p]
-    assert left == []  # The run's temporaries removed, its lock released.
+    # The run's temporaries removed, its lock released; only the journal is left, which
+    # records the report (so that the next run can prove it this product's).
+    assert [p for p in left if "/.beam-tfrecords/journal/" not in p] == []
+    assert {c["path"] for p in left for c in json.loads(gcs.download(p))["claims"]} == {"run_report.json"}
     return failure
 
 

@@ -316,7 +316,9 @@ def test_disk_full_fails_the_run_in_one_line_with_a_report_and_frees_the_space(t
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("RUN FAILED: OSError: [Errno 28] No space left on device (the disk "
                            "holding --output, or its temporaries, is full"), last
-    assert sorted(os.listdir(out)) == ["run_report.json"]  # No manifest, no shard, temporaries gone.
+    # No manifest, no shard, temporaries gone; the journal records the report (issue 18).
+    assert sorted(os.listdir(out)) == [".beam-tfrecords", "run_report.json"]
+    assert os.listdir(out / ".beam-tfrecords") == ["journal"]
     report = json.loads((out / "run_report.json").read_text())
     assert report["status"] == "failed" and "No space left on device" in report["error"]
 

@@ -256,9 +256,16 @@ def test_killed_between_part_and_manifest_then_next_run_redoes_the_part(tmp_path
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-    # The part is published in its folder, but the dataset does not list it.
+    # The part is published in its folder, but the dataset does not list it; the
+    # dataset's journal recorded the folder before the run created it (issue 18).
     assert os.path.exists(os.path.join(out, "part-00001", "manifest.json"))
     assert "parts" not in _manifest(out)
+    journal = os.path.join(out, ".beam-tfrecords", "journal")
+    recorded = []
+    for name in os.listdir(journal):
+        with open(os.path.join(journal, name), encoding="utf-8") as f:
+            recorded += [claim["path"] for claim in json.load(f)["claims"]]
+    assert recorded == ["part-00001/"]
     assert len(_filenames(out)) == 20
     report = verify_dataset(out)
     assert not report.ok and any("does not list" in c.error for c in report.checks)

@@ -42,6 +42,14 @@ from beam_tfrecords.transforms.io.fingerprint import (
     published_root,
     root_identity,
 )
+from beam_tfrecords.transforms.io.ownership import (
+    Claim,
+    claim_output,
+    file_claim,
+    prune_journal,
+    write_atomic,
+    write_owned,
+)
 from beam_tfrecords.transforms.io.progress import split_totals
 from beam_tfrecords.transforms.plan.drift import DriftGate, statistics_and_drift
 from beam_tfrecords.transforms.plan.duplicates import duplicate_report
@@ -297,11 +305,14 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
         relative = [dataclasses.replace(r, path=r.path.rsplit("/", 1)[-1]) for r in results]
         completed = _completed_inputs(settings, results)
         renames = [(r.temp_path or r.path, r.path) for r in results]
+        # What the commit's journal records of each file it puts at a final name.
+        digests = {r.path: Claim(r.path, r.bytes, r.sha256, r.crc32c) for r in results}
         if completed is not None:
             inputs_bytes, input_count, fingerprint = completed
             staged_inputs = files.join(target.temp_dir, INPUTS_NAME)
             files.write_bytes(staged_inputs, inputs_bytes)
             renames.append((staged_inputs, files.join(target.output, INPUTS_NAME)))
+            digests[renames[-1][1]] = file_claim(INPUTS_NAME, inputs_bytes)
             input_json["files_list"] = {
                 "path": INPUTS_NAME, "root": input_json["root"], "root_id": input_json["root_id"],
                 "files": input_count,
@@ -335,20 +346,36 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
         manifest_bytes = _json_bytes(manifest)
         try:
             verified = {r.temp_path or r.path: r.verified_as for r in results}
-            published = publish(target.output, target.temp_dir, renames, manifest_bytes, verified)
+            # What of the output this product can prove it wrote: only that is replaced
+            # or removed (the commit refuses, publishing nothing, when a file it cannot
+            # prove sits where it would put or remove its own).
+            claims = claim_output(target.output)
+            published = publish(target.output, target.temp_dir, renames, manifest_bytes,
+                                verified, claims, digests)
+            report["manifest_sha256"] = hashlib.sha256(manifest_bytes).hexdigest()
             if settings.part:
                 hold_point("before_register")
-                register_part(settings.dataset_output, _part_entry(settings, manifest, manifest_bytes))
+                report["manifest_sha256"] = register_part(
+                    settings.dataset_output, _part_entry(settings, manifest, manifest_bytes))
             else:
-                report["removed_parts"] = remove_parts(target.output)
-                if completed is None:
+                report["removed_parts"] = remove_parts(target.output, claims)
+                if completed is None and claims.owns(INPUTS_NAME):
                     files.delete_files([files.join(target.output, INPUTS_NAME)])
         except STORAGE_ERRORS as err:
             # No manifest was published; some shards may sit at final names (the
-            # documented window), and the next run replaces or removes them.
+            # documented window, recorded in the journal), and the next run replaces
+            # or removes them.
+            report.pop("manifest_sha256", None)
             report["status"] = "commit_failed"
             report["verification_failures"] = [{"path": target.output, "error": str(err)}]
         else:
+            # The new manifest lists what the journal recorded, or it was removed.
+            for folder in (target.output, settings.dataset_output):
+                try:
+                    if folder:
+                        prune_journal(folder)
+                except STORAGE_ERRORS as err:
+                    _log.warning("Could not tidy the journal of %s (the next run will): %s", folder, err)
             report["manifest"] = published.manifest_path
             report["manifest_json"] = manifest
             report["shards_outside_band"] = [
@@ -363,8 +390,11 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
     for spool in summary.spools:  # Spools outside the temporary folder (none on our paths).
         files.delete_files([spool])
     home = settings.dataset_output or target.output
-    files.write_bytes(files.join(home, REPORT_NAME),
-                      _json_bytes({k: v for k, v in report.items() if k != "manifest_json"}))
+    report_bytes = _json_bytes({k: v for k, v in report.items() if k != "manifest_json"})
+    if report["manifest"] is not None:  # It names the manifest's SHA-256: proof enough.
+        write_atomic(files.join(home, REPORT_NAME), report_bytes)
+    else:  # Recorded in the journal first, so that the next run can prove it ours.
+        write_owned(home, REPORT_NAME, report_bytes)
     if settings.release_lock:
         release_lock(home, settings.release_lock)
     return report

@@ -21,7 +21,13 @@ killed runs left in ``OUT/.beam-tfrecords/``, and writes every shard under
 A reader that trusts only ``manifest.json`` therefore never sees a partial or
 torn shard. A process killed inside step 4 leaves a folder without a manifest
 (``verify`` fails it) whose final names hold some verified shards; the next
-run, which needs no ``--overwrite`` there, replaces or removes them.
+run, which needs no ``--overwrite`` there, replaces or removes them: before
+step 2, the commit records in the output's journal (``transforms.io.ownership``)
+every file it is about to put at a final name, with its size and checksums, and
+the manifest it replaces, so that the next run can prove those files are this
+product's. Cleanup removes only what is proved so (never a user's file of a
+shard-like name, never a user's ``part-*`` folder), by literal path, and never
+through a symbolic link.
 
 The lock (``acquire_lock``) names its holder by run id, host, machine id, boot
 id, pid namespace and pid; a gone holder's lock is taken over only with a
@@ -33,10 +39,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import hashlib
 import json
 import logging
 import os
-import re
 import socket
 import stat
 import time
@@ -48,7 +54,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_tfrecords.schemas.elements import StoredObject
 from beam_tfrecords.schemas.inputs import PART_PREFIX
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME
-from beam_tfrecords.schemas.shards import WORK_DIR, parse_shard_name
+from beam_tfrecords.schemas.shards import WORK_DIR
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.gcs import (
@@ -60,10 +66,22 @@ from beam_tfrecords.transforms.io.gcs import (
     read_generation,
     replace_generation,
 )
+from beam_tfrecords.transforms.io.ownership import (
+    Claim,
+    OutputClaims,
+    OutputNotOurs,
+    claim_output,
+    file_claim,
+    is_shard_like,
+    journal_commit,
+    remove_tree,
+    temporary_folders,
+)
 
 __all__ = [
     "LOCK_NAME",
     "OutputBusyError",
+    "OutputNotOurs",
     "ShardChangedError",
     "acquire_lock",
     "new_run_id",
@@ -355,31 +373,24 @@ def release_lock(output: str, run_id: str) -> None:
         pass
 
 
-def _temp_folders(output: str) -> list[str]:
-    prefix = files.join(output, WORK_DIR, "tmp-")
-    return sorted({path[:path.index("/", len(prefix))] for path, _ in
-                   files.list_files(files.join(output, WORK_DIR, "**")) if path.startswith(prefix)
-                   and "/" in path[len(prefix):]})
-
-
 def remove_stale_temporaries(output: str, run_id: str) -> list[str]:
     """Deletes what other (killed) runs left in the work folder; returns those folders.
 
     Call only while holding the lock: then no other run is writing there.
     """
     own = files.join(output, WORK_DIR, f"tmp-{run_id}")
-    stale = [folder for folder in _temp_folders(output) if folder != own]
+    stale = [folder for folder in temporary_folders(output) if folder != own]
     for folder in stale:
         remove_folder(folder)
     return stale
 
 
 def remove_folder(folder: str) -> None:
-    """Deletes every file under ``folder`` (and, locally, the emptied folders, and the
-    work folder above a run's temporary folder when nothing else is left in it)."""
-    files.delete_files([path for path, _ in files.list_files(files.join(folder, "**"))])
+    """Deletes ``folder`` and everything under it, by literal path and never through a
+    link (a link is unlinked, what it points to is not touched); locally, also the
+    work folder above a run's temporary folder when nothing else is left in it."""
+    remove_tree(folder)
     if files.is_local(folder):
-        _remove_empty_dirs(folder)
         parent = os.path.dirname(folder.rstrip("/"))
         if os.path.basename(parent) == WORK_DIR:
             try:
@@ -388,20 +399,14 @@ def remove_folder(folder: str) -> None:
                 pass  # The lock, or another run's files, are still there.
 
 
-def _remove_empty_dirs(folder: str) -> None:
-    for root, _, _ in sorted(os.walk(folder), key=lambda t: -len(t[0])):
-        try:
-            os.rmdir(root)
-        except OSError:
-            pass
-
-
-def remove_stale_shards(output: str, keep: set[str]) -> list[str]:
-    """Deletes shard files in ``output`` that are not in ``keep``; returns their names."""
-    stale = [
-        path for path, _ in files.list_files(files.join(output, "*"))
-        if parse_shard_name(path.rsplit("/", 1)[-1]) and path not in keep
-    ]
+def remove_stale_shards(output: str, keep: set[str], claims: OutputClaims | None = None) -> list[str]:
+    """Deletes the shard files in ``output`` that are not in ``keep`` and that this
+    product can prove it wrote (``claims``: what ``claim_output`` found before the
+    commit; found now when ``None``); returns their names. A shard-like file it
+    cannot prove stays where it is."""
+    claims = claims if claims is not None else claim_output(output)
+    stale = [files.join(output, name) for name in claims.owned
+             if is_shard_like(name) and files.join(output, name) not in keep]
     files.delete_files(stale)
     return [path.rsplit("/", 1)[-1] for path in stale]
 
@@ -488,8 +493,29 @@ def _move(src: str, dst: str, verified: StoredObject | None, checked: bool) -> N
         raise OSError(f"cannot move {src} to {dst} ({after}): {type(err).__name__}: {err}") from err
 
 
+def _journal_renames(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
+                     claims: OutputClaims | None, digests: Mapping[str, Claim] | None) -> OutputClaims:
+    """Refuses an output holding files this product cannot prove it wrote; then records,
+    before anything moves, what is about to reach a final name (size and checksums,
+    where from) and the manifest it replaces. Returns the claims."""
+    claims = claims if claims is not None else claim_output(output)
+    if claims.refusal():
+        raise OutputNotOurs(claims.refusal())
+    prefix = files.join(output, "")
+    recorded = []
+    for src, dst in renames:
+        if dst.startswith(prefix):
+            claim = (digests or {}).get(dst) or file_claim("", files.read_bytes(src))
+            recorded.append(dataclasses.replace(claim, path=dst[len(prefix):], source=src[len(prefix):]))
+    run_id = temp_dir.rstrip("/").rsplit("/", 1)[-1].removeprefix("tmp-")
+    journal_commit(output, run_id, recorded, claims.manifest)
+    return claims
+
+
 def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
-            manifest: bytes, verified: Mapping[str, StoredObject | None] | None = None) -> Published:
+            manifest: bytes, verified: Mapping[str, StoredObject | None] | None = None,
+            claims: OutputClaims | None = None,
+            digests: Mapping[str, Claim] | None = None) -> Published:
     """Moves verified shards to their final names and publishes the manifest.
 
     Args:
@@ -505,8 +531,14 @@ def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
         as it moves (locally its ``lstat`` right before the rename; on GCS the copy
         names the verified generation). A temporary path not in it (the run's own
         ``inputs.jsonl``) is moved as it is; one mapped to ``None`` is refused.
+      claims: what of ``output`` this product wrote, found before the commit
+        (``claim_output``; found here when ``None``).
+      digests: by final path, the size and checksums of what goes there (the
+        journal records them; a file without one is read and hashed).
 
     Raises:
+      OutputNotOurs: the output holds files this product cannot prove it wrote
+        where the commit would put or remove its own (nothing was moved).
       ShardChangedError: a shard is not the object verified (see ``verified``).
       OSError: a move failed (no manifest written).
     """
@@ -514,6 +546,7 @@ def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
     manifest_path = files.join(output, MANIFEST_NAME)
     staged = files.join(temp_dir, MANIFEST_NAME)
     files.write_bytes(staged, manifest)
+    claims = _journal_renames(output, temp_dir, renames, claims, digests)
     hold_point("before_commit")
     moves = [(src, dst) for src, dst in renames if src != dst]
     for src, _ in moves:
@@ -529,14 +562,15 @@ def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
         os.replace(staged, manifest_path)
     else:
         files.write_bytes(manifest_path, manifest)
-    removed = remove_stale_shards(output, {dst for _, dst in renames})
+    removed = remove_stale_shards(output, {dst for _, dst in renames}, claims)
     remove_folder(temp_dir)
     return Published(manifest_path, tuple(removed))
 
 
-def register_part(output: str, entry: dict) -> None:
+def register_part(output: str, entry: dict) -> str:
     """Lists a published part in the dataset's ``manifest.json`` (replaced whole:
-    an atomic rename locally, one object write on GCS), with the dataset's totals.
+    an atomic rename locally, one object write on GCS), with the dataset's totals;
+    returns the new manifest's SHA-256.
 
     Call only while holding the dataset's lock, after the part's own manifest was
     published: a part the root manifest does not list is not part of the dataset
@@ -562,20 +596,16 @@ def register_part(output: str, entry: dict) -> None:
         os.replace(staged, path)
     else:
         files.write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()
 
 
-def remove_parts(output: str) -> list[str]:
-    """Deletes every incremental part folder (``part-NNNNN/``) of ``output``; returns
-    their names (a full run replaces the whole dataset)."""
-    prefix = files.join(output, PART_PREFIX)
-    found = [path for path, _ in files.list_files(files.join(output, "**")) if path.startswith(prefix)]
-    names = sorted({path[len(files.join(output, "")):].split("/", 1)[0] for path in found})
-    names = [name for name in names if re.fullmatch(re.escape(PART_PREFIX) + r"\d{5,}", name)]
+def remove_parts(output: str, claims: OutputClaims | None = None) -> list[str]:
+    """Deletes the incremental part folders (``part-NNNNN/``) of ``output`` that this
+    product can prove it wrote (``claims``, found before the commit; found now when
+    ``None``); returns their names (a full run replaces the whole dataset)."""
+    claims = claims if claims is not None else claim_output(output)
+    names = sorted(name.rstrip("/") for name in claims.owned
+                   if name.startswith(PART_PREFIX) and name.endswith("/") and name.count("/") == 1)
     for name in names:
         remove_folder(files.join(output, name))
-        if files.is_local(output):
-            try:
-                os.rmdir(files.join(output, name))
-            except OSError:
-                pass
     return names

@@ -16,6 +16,7 @@ import itertools
 import os
 import posixpath
 import re
+import shutil
 import stat
 from collections.abc import Iterator
 
@@ -36,6 +37,7 @@ __all__ = [
     "link_outside",
     "list_files",
     "list_stamped",
+    "list_under",
     "list_unit",
     "listing_units",
     "open_read",
@@ -491,12 +493,24 @@ def list_unit(pattern: str, unit: tuple[str, tuple | None]) -> Iterator[tuple[st
 
 
 def delete_files(paths: list[str]) -> None:
-    """Deletes the files; missing ones are not an error."""
-    objects = [p for p in paths if _gcs.is_gcs(p)]
-    if objects:  # One request per object (see gcs.delete_objects), not Beam's batches.
+    """Deletes the files, each by its literal path (never as a glob: a ``[`` in a
+    name is a ``[``); missing ones are not an error. A local symbolic link is
+    removed itself, never what it points to."""
+    other = []
+    for path in paths:
+        if not is_local(path):
+            other.append(path)
+            continue
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            shutil.rmtree(path)  # A real folder (a link is unlinked above); links inside stay links.
+    objects = [p for p in other if _gcs.is_gcs(p)]
+    if objects:  # One request per object, by name (see gcs.delete_objects), not Beam's batches.
         _gcs.delete_objects(objects)
-        paths = [p for p in paths if not _gcs.is_gcs(p)]
-    present = [p for p in paths if FileSystems.exists(p)]
+    present = [p for p in other if not _gcs.is_gcs(p) and FileSystems.exists(p)]
     if present:
         FileSystems.delete(present)
 
@@ -513,3 +527,30 @@ def link_outside(folder: str, path: str) -> str:
     if target == base or target.startswith(base.rstrip("/") + "/"):
         return ""
     return target
+
+
+def list_under(folder: str) -> list[tuple[str, int]]:
+    """``(path, size)`` of every file under ``folder``, sorted, the folder's name taken
+    literally (never a glob). Locally, links are not followed: a symbolic link is
+    listed as itself with size ``-1``, never what it points to."""
+    if is_local(folder):
+        found = []
+        for root, dirs, names in os.walk(folder):  # followlinks=False: links are not entered.
+            for name in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+                path = os.path.join(root, name)
+                try:
+                    info = os.lstat(path)
+                except FileNotFoundError:
+                    continue
+                found.append((path, -1 if stat.S_ISLNK(info.st_mode) else info.st_size))
+        return sorted(found)
+    if _gcs.is_gcs(folder):
+        bucket, _, prefix = folder[len("gs://"):].partition("/")
+        prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+        try:
+            client = _gcs._client().client  # pylint: disable=protected-access
+            return sorted((f"gs://{bucket}/{blob.name}", int(blob.size or 0))
+                          for blob in client.list_blobs(bucket, prefix=prefix))
+        except Exception as err:  # pylint: disable=broad-except
+            raise BeamIOError("List operation failed", {folder: err}) from err
+    return list_files(join(folder, "**"))
