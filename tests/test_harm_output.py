@@ -221,7 +221,8 @@ def test_a_rerun_cleans_our_failed_runs_leftovers(tmp_path, images):
 def _hold(tmp_path: Path, point: str, argv: list[str]) -> subprocess.Popen:
     hold_dir = tmp_path / f"hold-{point}"
     hold_dir.mkdir()
-    env = cli_env(BEAM_TFRECORDS_HOLD_AT=point, BEAM_TFRECORDS_HOLD_DIR=str(hold_dir))
+    env = cli_env(BEAM_TFRECORDS_HOLD_AT=point, BEAM_TFRECORDS_HOLD_DIR=str(hold_dir),
+                  BEAM_TFRECORDS_TEST_HOOKS="1")
     proc = subprocess.Popen([sys.executable, "-m", "beam_tfrecords", *argv], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -393,7 +394,7 @@ def test_tmpdir_is_empty_after_an_interrupted_run(tmp_path, images, signum, stat
     tmp.mkdir()
     hold_dir = tmp_path / "hold"
     hold_dir.mkdir()
-    env = cli_env(TMPDIR=str(tmp), BEAM_TFRECORDS_HOLD_AT="mid_verify",
+    env = cli_env(TMPDIR=str(tmp), BEAM_TFRECORDS_TEST_HOOKS="1", BEAM_TFRECORDS_HOLD_AT="mid_verify",
                   BEAM_TFRECORDS_HOLD_DIR=str(hold_dir))
     proc = subprocess.Popen([sys.executable, "-m", "beam_tfrecords", "convert", "--input", images,
                              "--output", str(tmp_path / "out"), *BAND, *QUIET], env=env,
