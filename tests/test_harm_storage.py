@@ -322,7 +322,9 @@ def test_a_shard_swapped_after_verification_is_not_published(tmp_path, images_in
     assert {k: v for k, v in after.items() if k != "run_report.json"} == \
            {k: v for k, v in before.items() if k != "run_report.json"}
     assert json.loads((out / "run_report.json").read_text())["status"] == "commit_failed"
-    assert not (out / WORK_DIR).exists()
+    # No temporaries and no lock are left: only the journal (issue 18, ownership), which
+    # records the failed run's report and the commit it did not make.
+    assert sorted(os.listdir(out / WORK_DIR)) == ["journal"]
 
 
 @pytest.mark.e2e
