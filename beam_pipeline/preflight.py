@@ -64,6 +64,7 @@ from beam_tfrecords.transforms.io.fingerprint import (
 from beam_tfrecords.transforms.io.table_readers import (
     JSONL_SUFFIXES,
     PARQUET_SUFFIXES,
+    csv_sample_lines,
     table_format,
     typed_sample,
 )
@@ -320,13 +321,15 @@ def resolve_config(config: ConvertConfig, options: PipelineOptions) -> ConvertCo
 
 def sample_rows(config: ConvertConfig, path: str, header: list[str],
                 limit: int) -> list[list[str]]:
-    """Up to ``limit`` rows of a CSV file that have as many cells as ``header``."""
+    """Up to ``limit`` rows of a CSV file that have as many cells as ``header`` (rows
+    longer than ``SAMPLE_ROW_BYTES`` left out, unread: see ``csv_sample_lines``)."""
     csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # The converter has no cap either.
     with files.open_read(path) as stream:
         # Bytes that do not decode cost their row when converting; here they must not
         # stop the sample.
         text = io.TextIOWrapper(stream, encoding=config.encoding, errors="replace", newline="")
-        reader = csv.reader(text, delimiter=config.csv_delimiter, quotechar=config.csv_quote)
+        lines = csv_sample_lines(text, config.csv_quote, config.csv_delimiter, len(header))
+        reader = csv.reader(lines, delimiter=config.csv_delimiter, quotechar=config.csv_quote)
         if not config.no_header:
             next(reader, None)
         return [row for row in itertools.islice(reader, limit) if len(row) == len(header)]

@@ -253,9 +253,11 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
         chunk_codes = codes[start:start + chunk.num_rows]
         for code in np.unique(chunk_codes[good & (chunk_codes >= 0)]).tolist():
             rows_k = good & (chunk_codes == code)
-            keep = None if rows_k.all() else pa.array(rows_k)
-            records = frame_examples([e if keep is None else e.filter(keep) for e in entries],
-                                     int(rows_k.sum()))
+            if rows_k.all():  # The chunk's one split: its entries are framed, then let go.
+                parts, entries = entries, []
+            else:
+                parts = [e.filter(pa.array(rows_k)) for e in entries]
+            records = frame_examples(parts, int(rows_k.sum()))
             blob, record_sizes = table_columns.blob(records)
             blobs, sizes = pieces.setdefault(code, ([], []))
             blobs.append(blob)
@@ -278,7 +280,7 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
     encoded = EncodedBatch(
         status=status,
         splits=splits,
-        blobs=[b"".join(pieces[code][0]) for code in order],
+        blobs=[_joined(pieces[code][0]) for code in order],
         sizes=[np.concatenate(pieces[code][1]) for code in order],
         errors=[errors[row] for row in sorted(errors)],
         newlines=_newlines(batch),
@@ -286,6 +288,11 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
     )
     _release_memory()
     return encoded
+
+
+def _joined(blobs: list) -> bytes | pa.Buffer:
+    """The blobs end to end (one is left as it is: a long row's is not copied)."""
+    return blobs[0] if len(blobs) == 1 else b"".join(blobs)
 
 
 def _release_memory() -> None:

@@ -10,10 +10,13 @@ rows or line it covers, so a run can account for every row the file holds.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gzip
 import io
 import json
+import logging
+import os
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -25,11 +28,15 @@ from beam_tfrecords.transforms.io import files
 
 __all__ = [
     "JSONL_SUFFIXES",
+    "MAX_ROW_BYTES",
+    "SAMPLE_ROW_BYTES",
     "PARQUET_SUFFIXES",
     "JsonLinesReader",
     "ParquetReader",
     "TablePiece",
     "Unreadable",
+    "csv_sample_lines",
+    "max_row_bytes",
     "table_columns",
     "table_format",
     "typed_sample",
@@ -41,6 +48,36 @@ _BLOCK_BYTES = 4 << 20
 _BATCH_ROWS = 32_768
 # Lines of a JSON Lines file whose keys name its columns.
 _COLUMN_LINES = 1000
+# The longest row (a CSV row's lines, a JSON line) a run reads; a longer one is
+# dead-lettered as ``unreadable`` without being held (README: Limits).
+MAX_ROW_BYTES = 256_000_000
+# Rows longer than this (a block) are left out of the samples that schema inference
+# and header checks read.
+SAMPLE_ROW_BYTES = 4 << 20
+# Test hooks: a lower row limit, honoured only under the test switch.
+_TEST_SWITCH_ENV = "BEAM_TFRECORDS_TEST_HOOKS"
+_TEST_MAX_ROW_ENV = "BEAM_TFRECORDS_TEST_MAX_ROW_BYTES"
+_log = logging.getLogger(__name__)
+_said: set[int] = set()
+
+
+def max_row_bytes() -> int:
+    """``MAX_ROW_BYTES``, or the lower limit a test sets with
+    ``BEAM_TFRECORDS_TEST_MAX_ROW_BYTES=N`` under the test switch
+    ``BEAM_TFRECORDS_TEST_HOOKS=1`` (logged as a warning); never higher, nor lower than
+    a block (``SAMPLE_ROW_BYTES``: rows within one are read with it, unmeasured)."""
+    asked = os.environ.get(_TEST_MAX_ROW_ENV)
+    if not asked or os.environ.get(_TEST_SWITCH_ENV) != "1":
+        return MAX_ROW_BYTES
+    try:
+        limit = min(MAX_ROW_BYTES, max(SAMPLE_ROW_BYTES, int(asked)))
+    except ValueError:
+        return MAX_ROW_BYTES
+    if limit not in _said:
+        _said.add(limit)
+        _log.warning("Test hook: rows longer than %d bytes are dead-lettered (%s, %s=1)",
+                     limit, _TEST_MAX_ROW_ENV, _TEST_SWITCH_ENV)
+    return limit
 
 
 def table_format(path: str) -> str:
@@ -150,37 +187,60 @@ class JsonLinesReader:
     A line that is not one JSON object, or whose value does not fit the type
     asked for in ``types``, is ``Unreadable`` (one line), and costs no other line.
 
+    A line longer than a block is gathered alone and read alone; one longer than
+    ``max_line`` (``max_row_bytes()`` unless given) is ``Unreadable`` (``unreadable``),
+    streamed past without being held.
+
     Args:
       path: the file (``.gz``: gzip).
       types: column name → Arrow type to read it as (int64 and float columns:
         read as such, so a big integer is never rounded through a float).
+      max_line: the longest line read, in bytes.
 
     Attributes:
       lines: physical lines read so far (after the end: the file's lines).
     """
 
     def __init__(self, path: str, types: dict[str, pa.DataType] | None = None,
-                 block_bytes: int = _BLOCK_BYTES):
+                 block_bytes: int = _BLOCK_BYTES, max_line: int | None = None):
         self._path = path
         self._stream = _open_lines(path)
         self._types = dict(types or {})
         self._block_bytes = block_bytes
+        self._max_line = max_row_bytes() if max_line is None else max_line
         self.lines = 0
 
     def __iter__(self) -> Iterator[TablePiece]:
         carry = b""
         number = 1
+        long = _LongLine(self._max_line)  # A line longer than a block, as it is gathered.
         while True:
             data = self._stream.read(self._block_bytes)
             if not data:
-                if carry:
+                if long.started:
+                    self.lines += 1
+                    yield from self._long_pieces(long, number)
+                elif carry:
                     self.lines += 1
                     yield from self._pieces(carry.split(b"\n"), number)
                 return
-            buffer = carry + data
+            if long.started:
+                end = data.find(b"\n")
+                if end < 0:
+                    long.add(data)
+                    continue
+                long.add(data[:end])
+                data = data[end + 1:]
+                self.lines += 1
+                yield from self._long_pieces(long, number)
+                number += 1
+                long = _LongLine(self._max_line)
+            buffer = carry + data if carry else data
             cut = buffer.rfind(b"\n")
             if cut < 0:
-                carry = buffer
+                carry = b""
+                if buffer:
+                    long.add(buffer)
                 continue
             block, carry = buffer[:cut], buffer[cut + 1:]
             lines = block.split(b"\n")
@@ -188,8 +248,20 @@ class JsonLinesReader:
             yield from self._pieces(lines, number)
             number += len(lines)
 
+    def _long_pieces(self, long: _LongLine, number: int) -> Iterator[TablePiece]:
+        """The pieces of one line longer than a block (its parts then let go)."""
+        if long.size > self._max_line:
+            yield TablePiece(pa.table({}), np.empty(0, dtype=np.int64), [], [Unreadable(
+                number, 1, "unreadable", f"the line is {long.size:,} bytes long, more than the "
+                f"{self._max_line:,} a row may be; it is set aside unread")])
+            return
+        pieces = collections.deque(self._pieces([long.take()], number))
+        _without_lines(pieces)  # Not a second copy of the line beside its table.
+        while pieces:
+            yield pieces.popleft()  # Held here no longer than by the reader.
+
     def _pieces(self, lines: list[bytes], first: int) -> Iterator[TablePiece]:
-        kept = [(first + i, line) for i, line in enumerate(lines) if line.strip()]
+        kept = [(first + i, line) for i, line in enumerate(lines) if not _blank(line)]
         blank = len(lines) - len(kept)
         pieces: list[TablePiece] = []
         self._parse(kept, pieces)
@@ -276,6 +348,41 @@ class JsonLinesReader:
         self._stream.close()
 
 
+def _without_lines(pieces) -> None:
+    for piece in pieces:
+        if piece.table.num_rows:
+            piece.lines = None
+
+
+class _LongLine:
+    """A line longer than a block, gathered a block at a time; past ``limit`` bytes
+    only counted (its parts dropped)."""
+
+    def __init__(self, limit: int):
+        self._limit = limit
+        self._parts: list[bytes] = []
+        self.size = 0
+        self.started = False
+
+    def add(self, data: bytes) -> None:
+        self.started = True
+        self.size += len(data)
+        if self.size > self._limit:
+            self._parts = []
+        else:
+            self._parts.append(data)
+
+    def take(self) -> bytes:
+        """The line, its parts let go."""
+        parts, self._parts = self._parts, []
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _blank(line: bytes) -> bool:
+    """Whether a line holds only white space (without copying a long one)."""
+    return not line[:256].strip() and not line.strip()
+
+
 def _is_utf8(data: bytes) -> bool:
     try:
         data.decode("utf-8")
@@ -314,9 +421,15 @@ def table_columns(path: str, limit: int = _COLUMN_LINES) -> list[str]:
 
 
 def _first_lines(stream, limit: int) -> Iterator[bytes]:
+    """The first ``limit`` lines that are not blank, leaving out (unread, one chunk at a
+    time) those longer than ``SAMPLE_ROW_BYTES``."""
     count = 0
-    for line in stream:
-        if line.strip():
+    while line := stream.readline(SAMPLE_ROW_BYTES + 1):
+        if len(line) > SAMPLE_ROW_BYTES and not line.endswith(b"\n"):
+            while (rest := stream.readline(1 << 20)) and not rest.endswith(b"\n"):
+                pass
+            continue
+        if not _blank(line):
             yield line
             count += 1
             if count >= limit:
@@ -325,8 +438,10 @@ def _first_lines(stream, limit: int) -> Iterator[bytes]:
 
 def typed_sample(path: str, limit: int) -> list[pa.Table]:
     """Up to ``limit`` rows of a Parquet or JSON Lines file, typed as the file holds
-    them (JSON Lines: typed per block, so the pieces' types may differ)."""
-    reader = ParquetReader(path) if table_format(path) == "parquet" else JsonLinesReader(path)
+    them (JSON Lines: typed per block, so the pieces' types may differ; lines longer
+    than ``SAMPLE_ROW_BYTES`` are left out, unread)."""
+    reader = (ParquetReader(path) if table_format(path) == "parquet"
+              else JsonLinesReader(path, max_line=SAMPLE_ROW_BYTES))
     out, rows = [], 0
     try:
         for piece in reader:
@@ -340,3 +455,68 @@ def typed_sample(path: str, limit: int) -> list[pa.Table]:
     finally:
         reader.close()
     return out
+
+
+class _Quotes:
+    """Whether a CSV's text has a quoted cell open, followed as Python's ``csv`` (and
+    pyarrow) read it: a quote opens a quoted cell only at a cell's start; inside one,
+    a doubled quote is a quote and a single one closes it."""
+
+    def __init__(self, quote: str, delimiter: str):
+        self._quote, self._delimiter = quote, delimiter
+        self.inside = False
+        self._start = True  # At a cell's start.
+        self._pending = False  # The last text ended with a quote, inside a quoted cell.
+
+    def feed(self, text: str) -> None:
+        q, pos, n = self._quote, 0, len(text)
+        if self._pending and n:
+            self._pending = False
+            if text[0] == q:
+                pos = 1
+            else:
+                self.inside, self._start = False, False
+        while pos < n:
+            if self.inside:
+                close = text.find(q, pos)
+                if close < 0:
+                    return
+                if close + 1 == n:
+                    self._pending = True
+                    return
+                if text[close + 1] == q:
+                    pos = close + 2
+                    continue
+                self.inside, self._start, pos = False, False, close + 1
+                continue
+            if self._start and text[pos] == q:
+                self.inside, pos = True, pos + 1
+                continue
+            after = text.find(self._delimiter, pos)
+            if after < 0:
+                self._start = text[-1] in "\n\r"
+                return
+            pos, self._start = after + 1, True
+
+
+def csv_sample_lines(text, quote: str, delimiter: str, cells: int) -> Iterator[str]:
+    """The lines of a CSV's ``text`` (a text stream, ``newline=""``) for ``csv.reader``,
+    without the text of rows longer than ``SAMPLE_ROW_BYTES`` characters: their lines
+    are read past (a megabyte at a time) and each replaced by a few characters that
+    leave the quotes as the line did and give the row more than ``cells`` cells, so a
+    sample that keeps rows of ``cells`` cells leaves it out. One line out per line in."""
+    quotes = _Quotes(quote, delimiter)
+    row = 0  # Characters of the row so far.
+    while line := text.readline(SAMPLE_ROW_BYTES + 1):
+        row += len(line)
+        if row <= SAMPLE_ROW_BYTES:
+            quotes.feed(line)
+        else:
+            inside = quotes.inside
+            quotes.feed(line)
+            while not line.endswith(("\n", "\r")) and (line := text.readline(1 << 20)):
+                quotes.feed(line)
+            line = (quote if inside else "") + delimiter * (cells + 1) + (quote if quotes.inside else "") + "\n"
+        if not quotes.inside:
+            row = 0
+        yield line

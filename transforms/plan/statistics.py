@@ -278,10 +278,11 @@ def _top_keys(values: pa.Array, hashes: np.ndarray) -> pa.Array:
     long = pc.greater(pc.utf8_length(values), _TOP_KEY_CHARS)
     if not pc.any(long).as_py():
         return values
-    rows = pa.array(np.flatnonzero(long.to_numpy(zero_copy_only=False)))
+    rows = np.flatnonzero(long.to_numpy(zero_copy_only=False)).tolist()
+    shown = pa.concat_arrays([pc.utf8_slice_codeunits(values.slice(row, 1), 0, _SHOWN_CHARS)
+                              for row in rows])  # Not a copy of each value first (take).
     keys = pc.binary_join_element_wise(
-        pc.utf8_slice_codeunits(values.take(rows), 0, _SHOWN_CHARS),
-        pa.array([f"\x00{h:016x}" for h in hashes[rows.to_numpy()].tolist()], type=pa.string()), "")
+        shown, pa.array([f"\x00{int(hashes[row]):016x}" for row in rows], type=pa.string()), "")
     return pc.replace_with_mask(values, long, keys)
 
 
@@ -325,6 +326,11 @@ class StringSummary:
     def of(cls, values: pa.Array, missing: int, with_top: bool = True,
            extra: Mapping[str, int] | None = None) -> StringSummary:
         """The summary of an array of strings, plus ``extra`` ``{value: count}`` (defaults)."""
+        long = None
+        if with_top and len(values) and pc.max(pc.binary_length(values)).as_py() > _TOP_KEY_CHARS:
+            # Counted by their keys (_top_keys), hashed whole: no copy of a long value.
+            long = string_hashes(values)
+            values = _top_keys(values.cast(pa.string()), long)
         counted = pc.value_counts(values) if len(values) else None
         distinct = counted.field("values") if counted is not None else _empty_strings()
         counts = (counted.field("counts").to_numpy(zero_copy_only=False).astype(np.int64)
@@ -336,11 +342,14 @@ class StringSummary:
             table = pa.table({"v": distinct, "c": counts}).group_by("v").aggregate([("c", "sum")])
             distinct = table.column("v").combine_chunks()
             counts = table.column("c_sum").to_numpy()
-        hashes = string_hashes(distinct)
+        if long is None:
+            hashes = string_hashes(distinct)
+        else:
+            hashes = np.concatenate([long, string_hashes(pa.array(list(extra or ()), type=pa.string()))])
         summary = cls(missing=missing, count=int(counts.sum()), sketch=_sketch(hashes), with_top=with_top)
         if with_top:
             summary.top_values, summary.top_counts, summary.undercount = _reduce_top(
-                _top_keys(distinct.cast(pa.string()), hashes), counts)
+                distinct.cast(pa.string()), counts)
         return summary
 
     def merge(self, other: StringSummary) -> StringSummary:
