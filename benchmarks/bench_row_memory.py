@@ -1,6 +1,7 @@
-"""Row memory benchmark: the peak memory of one very long row, CSV and JSON Lines.
+"""Row memory benchmark: the peak memory of one very long row (CSV, JSON Lines, Parquet).
 
-    .venv/bin/python benchmarks/bench_row_memory.py [--sizes 100,250,300] [--formats csv,jsonl]
+    .venv/bin/python benchmarks/bench_row_memory.py [--sizes 0,100,250,300]
+                                                    [--formats csv,jsonl,parquet]
                                                     [--workdir DIR] [--kill_above_gb 14]
 
 For each format and size ``S`` (MB = 10^6 bytes) a table is written under a
@@ -18,7 +19,9 @@ A row up to the README's row limit (256 MB) must be converted: the record is
 present and its ``text`` is the row's cell, byte for byte (compared by SHA-256).
 A longer one must be dead-lettered (``unreadable``, ``source`` = its line),
 with the 2,000 other rows written and the manifest's accounting closed
-(``in = written + dead_lettered``, lines in = lines accounted for). The row
+(``in = written + dead_lettered``, lines in = lines accounted for). A Parquet
+file (the same rows, one row group, pyarrow's defaults) is read as it holds its
+rows: its long row is converted whatever its size. The row
 ``0`` is the same table without the long row: the floor that the other rows'
 ``extra`` (peak minus floor) and ``x row`` (extra over the row's size) are
 measured from.
@@ -72,7 +75,10 @@ def _ordinary(i: int, fmt: str) -> bytes:
 
 
 def make_table(folder: str, fmt: str, size_mb: int) -> tuple[str, str, int]:
-    """Writes the table; returns ``(path, sha256 of the long cell, line of the long row)``."""
+    """Writes the table; returns ``(path, sha256 of the long cell, line of the long row)``
+    (Parquet: its row number, from 1)."""
+    if fmt == "parquet":
+        return _make_parquet(folder, size_mb)
     path = os.path.join(folder, f"long-{size_mb}mb.{'csv' if fmt == 'csv' else 'jsonl'}")
     digest = hashlib.sha256()
     with open(path, "wb") as f:
@@ -92,6 +98,24 @@ def make_table(folder: str, fmt: str, size_mb: int) -> tuple[str, str, int]:
         for i in range(CONTEXT_ROWS, 2 * CONTEXT_ROWS):
             f.write(_ordinary(i, fmt))
     return path, digest.hexdigest(), long_line
+
+
+def _make_parquet(folder: str, size_mb: int) -> tuple[str, str, int]:
+    """The same rows as one Parquet row group (pyarrow's defaults: snappy, dictionary
+    pages tried first)."""
+    import pyarrow as pa  # pylint: disable=import-outside-toplevel
+    import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+
+    path = os.path.join(folder, f"long-{size_mb}mb.parquet")
+    long = b"".join(_long_text(size_mb * MB, size_mb)) if size_mb else b""
+    digest = hashlib.sha256(long).hexdigest()
+    ids = [*range(CONTEXT_ROWS), *([1000000] if size_mb else []), *range(CONTEXT_ROWS, 2 * CONTEXT_ROWS)]
+    texts = pa.array([*(f"row {i}, ordinary" for i in range(CONTEXT_ROWS)), *([long.decode()] if size_mb else []),
+                      *(f"row {i}, ordinary" for i in range(CONTEXT_ROWS, 2 * CONTEXT_ROWS))])
+    del long
+    scores = [0.5 if i == 1000000 else i / 8 for i in ids]
+    pq.write_table(pa.table({"id": ids, "text": texts, "score": scores}), path)
+    return path, digest, CONTEXT_ROWS + 1
 
 
 def _session_rss(session: int) -> tuple[int, int]:
@@ -153,7 +177,7 @@ def run_measured(cmd: list[str], cwd: str, kill_above: int) -> dict:
             "stdout": stdout, "stderr": stderr}
 
 
-def check_output(out: str, long_sha: str, long_line: int, size_mb: int, input_path: str) -> tuple[str, int, int, list[str]]:
+def check_output(out: str, long_sha: str, long_line: int, size_mb: int, input_path: str, fmt: str) -> tuple[str, int, int, list[str]]:
     """Reads the output back: ``(outcome, records, dead letters, problems)``."""
     problems: list[str] = []
     records, long_found = 0, None
@@ -191,7 +215,7 @@ def check_output(out: str, long_sha: str, long_line: int, size_mb: int, input_pa
         outcome = "floor"
         if dead:
             problems.append(f"{len(dead)} dead letters")
-    elif size_mb <= ROW_LIMIT_MB:
+    elif size_mb <= ROW_LIMIT_MB or fmt == "parquet":  # A Parquet file's rows are read as it holds them.
         outcome = "converted"
         if long_found != long_sha:
             problems.append("the long row's record is missing" if long_found is None
@@ -215,7 +239,7 @@ def check_output(out: str, long_sha: str, long_line: int, size_mb: int, input_pa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sizes", default="0,100,250,300", help="long-row sizes in MB (0: none)")
-    parser.add_argument("--formats", default="csv,jsonl")
+    parser.add_argument("--formats", default="csv,jsonl,parquet")
     parser.add_argument("--workdir", help="where to write the tables (default: a temporary folder)")
     parser.add_argument("--kill_above_gb", type=float, default=14.0,
                         help="kill a run whose process tree passes this resident size")
@@ -241,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                        "--output", out]
                 print(f"{fmt} {size_mb} MB: {' '.join(cmd)}", file=sys.stderr, flush=True)
                 run = run_measured(cmd, case, int(args.kill_above_gb * 1e9))
-                outcome, records, dead, problems = check_output(out, sha, long_line, size_mb, path)
+                outcome, records, dead, problems = check_output(out, sha, long_line, size_mb, path, fmt)
                 if run["killed"]:
                     problems.insert(0, f"killed above {args.kill_above_gb:g} GB")
                 elif run["exit"] != 0:

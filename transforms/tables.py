@@ -405,12 +405,13 @@ class _CountingReader(ObservingReader):
         self._counts = counts
         self.quotes = 0
         self.ahead = ahead
+        self._stopped = False
 
     def readinto(self, buffer) -> int:
         if self.ahead is None:
-            return super().readinto(buffer)
+            return 0 if self._stopped else super().readinto(buffer)
         self.ahead.before_read()
-        size = super().readinto(buffer)
+        size = 0 if self._stopped else super().readinto(buffer)
         self.ahead.after_read(len(buffer), size)
         return size
 
@@ -419,7 +420,7 @@ class _CountingReader(ObservingReader):
         buffer and out again, which cost a long row's block twice)."""
         if self.ahead is not None:
             self.ahead.before_read()
-        data = self._source.read(size)
+        data = b"" if self._stopped else self._source.read(size)
         if self.ahead is not None:
             self.ahead.after_read(size, len(data))
         if data:
@@ -436,8 +437,11 @@ class _CountingReader(ObservingReader):
         if self.ahead is not None:
             self.ahead.took()
 
-    def release(self) -> None:
-        """The segment is done with the reader: stop pacing its reads."""
+    def release(self, stop: bool = False) -> None:
+        """The segment is done with the reader: stop pacing its reads; ``stop``: the
+        stream ends here for it (its thread reads no further ahead: past a long row's
+        start, the rest is read from there)."""
+        self._stopped = self._stopped or stop
         if self.ahead is not None:
             self.ahead.release()
 
@@ -1038,10 +1042,11 @@ class _EncodeCsvFn(beam.DoFn):
             self._set_aside(state, first_line, "unreadable", f"the line cannot be read: {err}")
             state.lines_done = first_line
             return first_line + 1 if first_line < state.counts.lines or first_line == 1 else None
+        outcome = None
         try:
             outcome = yield from self._read_segment(state, counting, tracker, _Batches(reader, counting))
-        finally:
-            counting.release()  # Before the reader is dropped: its thread may wait on the gate.
+        finally:  # Before the reader is dropped: its thread may wait on the gate.
+            counting.release(stop=isinstance(outcome, _LongRowAt))
         if isinstance(outcome, _LongRowAt):
             del counting, tracker, reader  # Its blocks go before the long row is read.
             return (yield from self._long_row(state, outcome.line))

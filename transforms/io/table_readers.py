@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
@@ -65,12 +66,12 @@ def max_row_bytes() -> int:
     """``MAX_ROW_BYTES``, or the lower limit a test sets with
     ``BEAM_TFRECORDS_TEST_MAX_ROW_BYTES=N`` under the test switch
     ``BEAM_TFRECORDS_TEST_HOOKS=1`` (logged as a warning); never higher, nor lower than
-    a block (``SAMPLE_ROW_BYTES``: rows within one are read with it, unmeasured)."""
+    two 4 MB blocks (a shorter row may be read with the block before it, unmeasured)."""
     asked = os.environ.get(_TEST_MAX_ROW_ENV)
     if not asked or os.environ.get(_TEST_SWITCH_ENV) != "1":
         return MAX_ROW_BYTES
     try:
-        limit = min(MAX_ROW_BYTES, max(SAMPLE_ROW_BYTES, int(asked)))
+        limit = min(MAX_ROW_BYTES, max(2 * _BLOCK_BYTES, int(asked)))
     except ValueError:
         return MAX_ROW_BYTES
     if limit not in _said:
@@ -151,17 +152,39 @@ class ParquetReader:
         for group in range(metadata.num_row_groups):
             group_rows = metadata.row_group(group).num_rows
             done = 0
-            try:
-                for batch in self._file.iter_batches(batch_size=self._batch_rows, row_groups=[group],
-                                                     columns=self._columns, use_threads=False):
+            batches = self._file.iter_batches(batch_size=self._batch_rows, row_groups=[group],
+                                              columns=self._columns, use_threads=False)
+            batch, error = None, None
+            while True:
+                # One batch read ahead: after a row group's last batch, the group's reader
+                # (its decoded pages and dictionaries: twice a long value) is let go
+                # before the batch is used.
+                try:
+                    following = next(batches, None)
+                except (pa.ArrowException, OSError, ValueError) as err:
+                    following, error = None, err
+                if batch is not None:
                     numbers = np.arange(first + done, first + done + batch.num_rows, dtype=np.int64)
                     done += batch.num_rows
-                    yield TablePiece(pa.Table.from_batches([batch]), numbers)
-            except (pa.ArrowException, OSError, ValueError) as err:
+                    table = pa.Table.from_batches([batch])
+                    batch = None
+                    ranges = _long_rows_apart(table)
+                    for start, stop, long in ranges:
+                        part = table.slice(start, stop - start)
+                        if len(ranges) > 1 and not long:  # Its own buffers: a slice pickles
+                            part = part.take(pa.array(np.arange(stop - start)))  # them whole.
+                        yield TablePiece(part, numbers[start:stop])
+                        del part
+                    del table
+                if following is None:
+                    break
+                batch = following
+                del following
+            if error is not None:
                 yield TablePiece(pa.table({}), np.empty(0, dtype=np.int64), unreadable=[Unreadable(
                     first + done, group_rows - done, "unreadable",
                     f"rows {first + done}-{first + group_rows - 1} (row group {group}) cannot be "
-                    f"read: {err}")])
+                    f"read: {error}")])
                 done = group_rows
             if done != group_rows:  # Fewer rows than the metadata says.
                 yield TablePiece(pa.table({}), np.empty(0, dtype=np.int64), unreadable=[Unreadable(
@@ -172,6 +195,24 @@ class ParquetReader:
     def close(self) -> None:
         if self._stream is not None:
             self._stream.close()
+
+
+def _long_rows_apart(table: pa.Table) -> list[tuple[int, int, bool]]:
+    """``(start, stop, long)`` row ranges covering a table, each row whose string and
+    binary values hold over a block (``_BLOCK_BYTES``) alone in its range (so it is
+    encoded alone: Arrow's joins over a batch grow their output by doubling)."""
+    rows = table.num_rows
+    if table.nbytes <= _BLOCK_BYTES:
+        return [(0, rows, False)]
+    sizes = np.zeros(rows, dtype=np.int64)
+    for column in table.columns:
+        kind = column.type
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) \
+                or pa.types.is_large_binary(kind):
+            sizes += pc.fill_null(pc.binary_length(column), 0).to_numpy().astype(np.int64)
+    long = sizes > _BLOCK_BYTES
+    cuts = sorted({0, rows, *(int(r) for r in np.flatnonzero(long) for r in (r, r + 1))})
+    return [(start, stop, bool(long[start])) for start, stop in zip(cuts[:-1], cuts[1:])]
 
 
 def _open_lines(path: str):
@@ -187,9 +228,11 @@ class JsonLinesReader:
     A line that is not one JSON object, or whose value does not fit the type
     asked for in ``types``, is ``Unreadable`` (one line), and costs no other line.
 
-    A line longer than a block is gathered alone and read alone; one longer than
-    ``max_line`` (``max_row_bytes()`` unless given) is ``Unreadable`` (``unreadable``),
-    streamed past without being held.
+    A line longer than a block is read alone: its end is found first, reading on
+    unkept, then it is read in one piece (a gzip file's, which cannot go back cheaply,
+    is gathered as it is read); one longer than ``max_line`` (``max_row_bytes()``
+    unless given) is ``Unreadable`` (``unreadable``), read past without being held
+    (a gzip file's: not past ``max_line``).
 
     Args:
       path: the file (``.gz``: gzip).
@@ -213,6 +256,7 @@ class JsonLinesReader:
     def __iter__(self) -> Iterator[TablePiece]:
         carry = b""
         number = 1
+        seekable = not self._path.lower().endswith(".gz") and getattr(self._stream, "seekable", bool)()
         long = _LongLine(self._max_line)  # A line longer than a block, as it is gathered.
         while True:
             data = self._stream.read(self._block_bytes)
@@ -229,7 +273,7 @@ class JsonLinesReader:
                 if end < 0:
                     long.add(data)
                     continue
-                long.add(data[:end])
+                long.add(data[:end + 1])  # With its newline (dropped in take).
                 data = data[end + 1:]
                 self.lines += 1
                 yield from self._long_pieces(long, number)
@@ -239,7 +283,13 @@ class JsonLinesReader:
             cut = buffer.rfind(b"\n")
             if cut < 0:
                 carry = b""
-                if buffer:
+                if seekable:
+                    start = self._stream.tell() - len(buffer)
+                    del data, buffer
+                    self.lines += 1
+                    yield from self._line_at(start, number)
+                    number += 1
+                elif buffer:
                     long.add(buffer)
                 continue
             block, carry = buffer[:cut], buffer[cut + 1:]
@@ -248,14 +298,39 @@ class JsonLinesReader:
             yield from self._pieces(lines, number)
             number += len(lines)
 
-    def _long_pieces(self, long: _LongLine, number: int) -> Iterator[TablePiece]:
-        """The pieces of one line longer than a block (its parts then let go)."""
-        if long.size > self._max_line:
-            yield TablePiece(pa.table({}), np.empty(0, dtype=np.int64), [], [Unreadable(
-                number, 1, "unreadable", f"the line is {long.size:,} bytes long, more than the "
-                f"{self._max_line:,} a row may be; it is set aside unread")])
+    def _line_at(self, start: int, number: int) -> Iterator[TablePiece]:
+        """The pieces of the line from byte ``start``, longer than a block (what was
+        read of it is past): its end is found reading on, unkept; then the line is
+        read in one piece, or is ``Unreadable`` if longer than ``max_line``."""
+        end = None
+        while end is None and (data := self._stream.read(self._block_bytes)):
+            newline = data.find(b"\n")
+            end = None if newline < 0 else self._stream.tell() - len(data) + newline + 1
+        size = (self._stream.tell() if end is None else end) - start  # With its newline.
+        if size > self._max_line:
+            self._stream.seek(start + size)
+            yield self._too_long(size, number)
             return
-        pieces = collections.deque(self._pieces([long.take()], number))
+        self._stream.seek(start)
+        yield from self._one_line(self._stream.read(size - (end is not None)), number)  # (Unbound
+        # here: the line goes once its table is made.)
+        self._stream.seek(start + size)
+
+    def _long_pieces(self, long: _LongLine, number: int) -> Iterator[TablePiece]:
+        """The pieces of one line longer than a block, gathered (its parts then let go)."""
+        if long.size > self._max_line:
+            yield self._too_long(long.size, number)
+            return
+        yield from self._one_line(long.take(), number)
+
+    def _too_long(self, size: int, number: int) -> TablePiece:
+        return TablePiece(pa.table({}), np.empty(0, dtype=np.int64), [], [Unreadable(
+            number, 1, "unreadable", f"the line is {size:,} bytes long, more than the "
+            f"{self._max_line:,} a row may be; it is set aside unread")])
+
+    def _one_line(self, line: bytes, number: int) -> Iterator[TablePiece]:
+        pieces = collections.deque(self._pieces([line], number))
+        del line
         _without_lines(pieces)  # Not a second copy of the line beside its table.
         while pieces:
             yield pieces.popleft()  # Held here no longer than by the reader.
@@ -356,7 +431,7 @@ def _without_lines(pieces) -> None:
 
 class _LongLine:
     """A line longer than a block, gathered a block at a time; past ``limit`` bytes
-    only counted (its parts dropped)."""
+    (its newline included) only counted (its parts dropped)."""
 
     def __init__(self, limit: int):
         self._limit = limit
@@ -373,8 +448,10 @@ class _LongLine:
             self._parts.append(data)
 
     def take(self) -> bytes:
-        """The line, its parts let go."""
+        """The line (without a newline), its parts let go."""
         parts, self._parts = self._parts, []
+        if parts and parts[-1].endswith(b"\n"):
+            parts[-1] = parts[-1][:-1]
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
@@ -438,15 +515,16 @@ def _first_lines(stream, limit: int) -> Iterator[bytes]:
 
 def typed_sample(path: str, limit: int) -> list[pa.Table]:
     """Up to ``limit`` rows of a Parquet or JSON Lines file, typed as the file holds
-    them (JSON Lines: typed per block, so the pieces' types may differ; lines longer
-    than ``SAMPLE_ROW_BYTES`` are left out, unread)."""
+    them (JSON Lines: typed per block, so the pieces' types may differ), leaving out
+    rows longer than ``SAMPLE_ROW_BYTES`` (JSON Lines: unread; Parquet: a row with a
+    longer string or binary value, once read)."""
     reader = (ParquetReader(path) if table_format(path) == "parquet"
               else JsonLinesReader(path, max_line=SAMPLE_ROW_BYTES))
     out, rows = [], 0
     try:
         for piece in reader:
             if piece.table.num_rows:
-                out.append(piece.table.slice(0, limit - rows))
+                out.append(_short_rows(piece.table).slice(0, limit - rows))
                 rows += out[-1].num_rows
             if rows >= limit:
                 break
@@ -454,7 +532,22 @@ def typed_sample(path: str, limit: int) -> list[pa.Table]:
         raise ValueError(f"{path}: cannot read it: {err}") from None
     finally:
         reader.close()
+        pa.default_memory_pool().release_unused()  # What reading a long value took.
     return out
+
+
+def _short_rows(table: pa.Table) -> pa.Table:
+    """The rows whose string and binary values are at most ``SAMPLE_ROW_BYTES`` each."""
+    long = None
+    for column in table.columns:
+        kind = column.type
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) \
+                or pa.types.is_large_binary(kind):
+            over = pc.fill_null(pc.greater(pc.binary_length(column), SAMPLE_ROW_BYTES), False)
+            long = over if long is None else pc.or_(long, over)
+    if long is None or not pc.any(long).as_py():
+        return table
+    return table.filter(pc.invert(long))
 
 
 class _Quotes:
