@@ -351,7 +351,11 @@ def frame_examples(entries: list[pa.Array], rows: int) -> pa.Array:
     head[:, :8] = sizes.astype("<u8").view(np.uint8).reshape(rows, 8)
     head[:, 8:] = _masked_crc32c_of_u64(sizes).astype("<u4").view(np.uint8).reshape(rows, 4)
     tail = _mask(data_crc).astype("<u4").view(np.uint8).reshape(rows, 4)
-    return _join(_pack([head], rows), examples, _pack([tail], rows))
+    records = _join(_pack([head], rows), examples, _pack([tail], rows))
+    if starts[-1] > _VIEW_BYTES:  # A long row's Examples: their memory back to the system now
+        del examples  # (Arrow's pool would keep it beside the records).
+        pa.default_memory_pool().release_unused()
+    return records
 
 
 def _summed_lengths(arrays: list[pa.Array], rows: int) -> np.ndarray:
