@@ -13,6 +13,10 @@ Shards are planned by streaming the sidecars (the same cuts as one array of all
 sizes would give, in bounded memory) and built by copying byte ranges out of the
 spools (a TFRecord file is a plain concatenation of framed records), in file and
 row order, so a rerun gives the same bytes.
+
+A row longer than a block is read and encoded alone, in this process, each copy
+let go before the next (about three times the row at most); one longer than
+``table_readers.MAX_ROW_BYTES`` is dead-lettered without being read into memory.
 """
 
 from __future__ import annotations
@@ -344,9 +348,8 @@ class _ReadAhead:
     every row was set aside) and reads on only to end a batch's last row, so a few
     blocks ahead do not starve it. The gate counts the file's bytes, so it paces
     UTF-8 files only (a transcoded file's block is not a block of its bytes), and
-    only segments read with the first block size (a segment read again with a
-    larger block starts at a row that straddled blocks, where the reader may need
-    more blocks to fail). Should the consumer ever wait on the reader
+    only segments read in blocks (a long row's, read alone, is one block). Should
+    the consumer ever wait on the reader
     ``_READ_AHEAD_STALL_SECONDS`` while the gate holds it (a block parses in
     milliseconds), the gate opens for good: the memory of before, never a hang.
     """
