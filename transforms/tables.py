@@ -90,8 +90,8 @@ ROWS_TAG = "rows"
 _BLOCK_BYTES = 4 << 20
 # A row longer than the block is found by its bytes and read alone (_EncodeCsvFn._long_row);
 # one longer than max_row_bytes() is dead-lettered, streamed past, never held.
-# A batch this large (a long row's) is encoded in this process: a helper would take a
-# pickled copy in and give one back.
+# A batch this large whose rows are long (a long row's, read alone) is encoded in this
+# process: a helper would take a pickled copy in and give one back.
 _HELPER_BATCH_BYTES = 16 << 20
 _SCAN_BYTES = 1 << 20  # How much of a long row is looked at, at a time.
 _MULTILINE_SAMPLES = 5
@@ -740,7 +740,7 @@ def _raw_row(cells: Sequence[str], delimiter: str, quote: str) -> str:
 
 
 class _HelperRun:
-    """Batches from ``batches`` up to (not with) the first over ``_HELPER_BATCH_BYTES``,
+    """Batches from ``batches`` up to (not with) the first of long rows (``_long_rows``),
     which it keeps in ``large`` (``None`` once ``batches`` ended without one)."""
 
     def __init__(self, batches: Iterator[pa.RecordBatch]):
@@ -754,16 +754,22 @@ class _HelperRun:
         if self.large is not None:
             raise StopIteration
         batch = next(self._batches)
-        if batch.nbytes > _HELPER_BATCH_BYTES:
+        if _long_rows(batch):
             self.large = batch
             raise StopIteration
         return batch
 
 
+def _long_rows(batch: pa.RecordBatch) -> bool:
+    """Whether a batch is over ``_HELPER_BATCH_BYTES`` and its rows over a block each
+    (on average): a long row's, read alone (not a batch of many wide rows)."""
+    return batch.nbytes > max(_HELPER_BATCH_BYTES, batch.num_rows * _BLOCK_BYTES)
+
+
 def _encode_here(encode, task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch:
     """``encode`` in this process; before a long row's batch, the memory its reading
     freed goes back to the system (Arrow's pool keeps freed blocks)."""
-    if batch.nbytes > _HELPER_BATCH_BYTES:
+    if _long_rows(batch):
         pa.default_memory_pool().release_unused()
     return encode(task_bytes, batch)
 
@@ -790,7 +796,7 @@ class _EncodeCsvFn(beam.DoFn):
     def _batches(self, reader, task_bytes: bytes) -> Iterator[tuple[pa.RecordBatch, np.ndarray, EncodedBatch]]:
         """``(batch, embedded newlines per row, encoded)``, in order, encoded in helper
         processes when the config allows (the reader stays a batch or two ahead); a
-        batch over ``_HELPER_BATCH_BYTES`` (a long row's) is encoded here, once those
+        batch of long rows (``_long_rows``) is encoded here, once those
         before it are done."""
 
         encode = sequence_table_batch if self._layout.sequence_key else encode_table_batch
