@@ -248,3 +248,34 @@ def test_a_long_string_is_hashed_and_counted_without_a_copy_of_it(monkeypatch):
         ("a" * 120 + "...", 2), ("a" * 120 + "...", 1), ("b", 1)]
     assert max(len(v) for v in summary.top_values.to_pylist()) < 200
     assert summary.distinct == (3, True)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("delimiter,quote", [(",", '"'), ("\t", '"'), (" ", "'"), (";", '"')])
+def test_a_long_rows_split_is_the_one_its_text_gives(delimiter, quote, monkeypatch):
+    """``--splits`` without a key hashes a row's CSV text; a long row's hash is taken a
+    piece at a time from its cells, to the fraction of the text ``csv`` writes."""
+    from beam_tfrecords.schemas.table_schema import TableSchema  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.codec import table_batches  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.plan.splits import split_fraction  # pylint: disable=import-outside-toplevel
+
+    rng = random.Random(7)
+    alphabet = ["a", "b", ",", '"', "'", "\n", "\r", " ", "\t", "é", ";"]
+    for columns in (1, 3):
+        header = tuple(f"c{i}" for i in range(columns))
+        rows = [["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6))) for _ in header]
+                for _ in range(200)]
+        batch = pa.RecordBatch.from_arrays([pa.array([r[i] for r in rows]) for i in range(columns)],
+                                           names=list(header))
+        schema = TableSchema.from_dict({"columns": [{"name": name, "type": "string"} for name in header]})
+        task = table_batches.TableTask(schema, header, delimiter=delimiter, quote=quote)
+        texts = []
+        for cells in rows:
+            out = io.StringIO()
+            csv.writer(out, delimiter=delimiter, quotechar=quote, lineterminator="\n").writerow(cells)
+            texts.append(out.getvalue()[:-1])
+        monkeypatch.setattr(table_batches, "_LONG_ROW_CHARS", 3)  # About half the rows are "long".
+        keys = table_batches._raw_rows(task, batch)  # pylint: disable=protected-access
+        assert any(isinstance(k, float) for k in keys) and any(isinstance(k, str) for k in keys)
+        assert [k if isinstance(k, float) else split_fraction(k) for k in keys] == [
+            split_fraction(text) for text in texts]
