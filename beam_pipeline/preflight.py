@@ -79,6 +79,7 @@ from beam_tfrecords.transforms.io.ownership import (
 from beam_tfrecords.transforms.io.table_readers import (
     JSONL_SUFFIXES,
     PARQUET_SUFFIXES,
+    csv_sample_lines,
     table_format,
     typed_sample,
 )
@@ -352,14 +353,16 @@ def resolve_config(config: ConvertConfig, options: PipelineOptions) -> ConvertCo
 
 def sample_rows(config: ConvertConfig, path: str, header: list[str],
                 limit: int, lines: list[int] | None = None) -> list[list[str]]:
-    """Up to ``limit`` rows of a CSV file that have as many cells as ``header``
-    (``lines``, if given, is appended with each row's first line number)."""
+    """Up to ``limit`` rows of a CSV file that have as many cells as ``header`` (rows
+    longer than ``SAMPLE_ROW_BYTES`` left out, unread: see ``csv_sample_lines``);
+    ``lines``, if given, is appended with each row's first line number."""
     csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # The converter has no cap either.
     with files.open_read(path) as stream:
         # Bytes that do not decode cost their row when converting; here they must not
         # stop the sample.
         text = io.TextIOWrapper(stream, encoding=config.encoding, errors="replace", newline="")
-        reader = csv.reader(text, delimiter=config.csv_delimiter, quotechar=config.csv_quote)
+        sampled = csv_sample_lines(text, config.csv_quote, config.csv_delimiter, len(header))
+        reader = csv.reader(sampled, delimiter=config.csv_delimiter, quotechar=config.csv_quote)
         if not config.no_header:
             next(reader, None)
         rows, line = [], reader.line_num + 1

@@ -1355,6 +1355,38 @@ def _input_name_bracket_control(work, outcome):
     _manifest_total(outcome, account_table(outcome, out, table))
 
 
+# --- issue 18: row memory ---
+
+
+@case("csv-300mb-line", "one 300 MB line (row 1,000 of 2,000), past the 256 MB a row may be",
+      EXIT_OK, STATUS_OK, max_seconds=90)
+def _csv_300mb_line(work, outcome):
+    path, rows, long_row = work / "t.csv", 2000, 1000
+    rng = random.Random(18)
+    chunk = ",".join(rng.choice(("alpha", "beta", "gamma delta")) for _ in range(200_000)).encode()
+    with open(path, "wb") as f:  # Written a megabyte at a time: never held whole here either.
+        f.write(b"id,int,float,text\n")
+        for i in range(rows):
+            if i != long_row:
+                f.write(f"{i},{i % 7},{i / 8},text {i}\n".encode())
+                continue
+            f.write(f'{i},1,0.5,"'.encode())
+            left = 300_000_000
+            while left:
+                f.write(chunk[:min(left, 1 << 20)])
+                left -= min(left, 1 << 20)
+            f.write(b'"\n')
+    table = Table(str(path), rows, {i + 2: i for i in range(rows)}, 0)
+    out = str(work / "out")
+    _convert(work, outcome, table.path, out)
+    found = account_table(outcome, out, table)
+    letters = [(_line_of(d), d["error"]) for d in found.dead]
+    if letters != [(long_row + 2, "unreadable")]:
+        outcome.problems.append(f"dead letters {letters}, expected one 'unreadable' at line {long_row + 2}")
+    if any(len(json.dumps(d)) > 64 << 10 for d in found.dead):
+        outcome.problems.append("a dead letter holds the long row")
+
+
 
 
 # --------------------------------------------------------------------------------------

@@ -13,6 +13,10 @@ Shards are planned by streaming the sidecars (the same cuts as one array of all
 sizes would give, in bounded memory) and built by copying byte ranges out of the
 spools (a TFRecord file is a plain concatenation of framed records), in file and
 row order, so a rerun gives the same bytes.
+
+A row longer than a block is read and encoded alone, in this process, each copy
+let go before the next (about three times the row at most); one longer than
+``table_readers.MAX_ROW_BYTES`` is dead-lettered without being read into memory.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from beam_tfrecords.transforms.io.table_readers import (
     JsonLinesReader,
     ParquetReader,
     arrow_error_text,
+    max_row_bytes,
     table_columns,
     table_format,
 )
@@ -84,8 +89,12 @@ __all__ = [
 
 ROWS_TAG = "rows"
 _BLOCK_BYTES = 4 << 20
-# A row longer than the block is read again with blocks 4x larger, up to this.
-_MAX_BLOCK_BYTES = 256 << 20
+# A row longer than the block is found by its bytes and read alone (_EncodeCsvFn._long_row);
+# one longer than max_row_bytes() is dead-lettered, streamed past, never held.
+# A batch this large whose rows are long (a long row's, read alone) is encoded in this
+# process: a helper would take a pickled copy in and give one back.
+_HELPER_BATCH_BYTES = 16 << 20
+_SCAN_BYTES = 1 << 20  # How much of a long row is looked at, at a time.
 _MULTILINE_SAMPLES = 5
 # How far (in blocks) the CSV reader may read ahead of the batches taken (see _ReadAhead).
 _READ_AHEAD_BLOCKS = 4
@@ -340,9 +349,8 @@ class _ReadAhead:
     every row was set aside) and reads on only to end a batch's last row, so a few
     blocks ahead do not starve it. The gate counts the file's bytes, so it paces
     UTF-8 files only (a transcoded file's block is not a block of its bytes), and
-    only segments read with the first block size (a segment read again with a
-    larger block starts at a row that straddled blocks, where the reader may need
-    more blocks to fail). Should the consumer ever wait on the reader
+    only segments read in blocks (a long row's, read alone, is one block). Should
+    the consumer ever wait on the reader
     ``_READ_AHEAD_STALL_SECONDS`` while the gate holds it (a block parses in
     milliseconds), the gate opens for good: the memory of before, never a hang.
     """
@@ -401,14 +409,27 @@ class _CountingReader(ObservingReader):
         self._counts = counts
         self.quotes = 0
         self.ahead = ahead
+        self._stopped = False
 
     def readinto(self, buffer) -> int:
         if self.ahead is None:
-            return super().readinto(buffer)
+            return 0 if self._stopped else super().readinto(buffer)
         self.ahead.before_read()
-        size = super().readinto(buffer)
+        size = 0 if self._stopped else super().readinto(buffer)
         self.ahead.after_read(len(buffer), size)
         return size
+
+    def read(self, size: int = -1) -> bytes:
+        """The source's bytes as they come (pyarrow reads through this: no copy into a
+        buffer and out again, which cost a long row's block twice)."""
+        if self.ahead is not None:
+            self.ahead.before_read()
+        data = b"" if self._stopped else self._source.read(size)
+        if self.ahead is not None:
+            self.ahead.after_read(size, len(data))
+        if data:
+            self._count(data)
+        return data
 
     def waiting(self, waiting: bool) -> None:
         """The consumer begins (``True``) or ends waiting on the reader."""
@@ -420,8 +441,11 @@ class _CountingReader(ObservingReader):
         if self.ahead is not None:
             self.ahead.took()
 
-    def release(self) -> None:
-        """The segment is done with the reader: stop pacing its reads."""
+    def release(self, stop: bool = False) -> None:
+        """The segment is done with the reader: stop pacing its reads; ``stop``: the
+        stream ends here for it (its thread reads no further ahead: past a long row's
+        start, the rest is read from there)."""
+        self._stopped = self._stopped or stop
         if self.ahead is not None:
             self.ahead.release()
 
@@ -461,28 +485,28 @@ def _text_after_close(text: str, delimiter: str, quote: str) -> str | None:
 class _LineIndex:
     """Byte offsets of line starts, found by reading forward (queries only move on).
 
-    The line breaks of each chunk read are found at once (numpy), so moving on by
-    many lines costs no Python step per line and no copy of the chunk per line.
+    The line breaks of each chunk read are found at once (numpy) and kept as file
+    offsets; the bytes are not kept, so moving past a line of any length holds one
+    chunk. A line's text is read where it starts.
     """
 
     def __init__(self, path: str):
+        self._path = path
         self._stream = files.open_read(path)
+        self._text_stream = None  # Opened for text_of.
         self._line, self._offset = 1, 0  # The current line and where it starts.
-        self._base = 0  # File offset of _buffer[0].
-        self._buffer = b""
-        self._breaks = np.empty(0, dtype=np.int64)  # Offsets in _buffer of its b"\n"s.
+        self._read_to = 0  # File offset of the next byte to read.
+        self._breaks = np.empty(0, dtype=np.int64)  # File offsets of b"\n"s not yet passed.
         self._next = 0  # Index in _breaks of the first break at or after the current line.
 
     def _read(self, size: int) -> bool:
         more = self._stream.read(size)
         if not more:
             return False
-        start = self._offset - self._base
-        kept = len(self._buffer) - start
-        self._buffer = self._buffer[start:] + more
-        self._breaks = np.concatenate((self._breaks[self._next:] - start,
-                                       kept + np.flatnonzero(np.frombuffer(more, dtype=np.uint8) == 10)))
-        self._base, self._next = self._offset, 0
+        found = self._read_to + np.flatnonzero(np.frombuffer(more, dtype=np.uint8) == 10)
+        self._breaks = np.concatenate((self._breaks[self._next:], found))
+        self._next = 0
+        self._read_to += len(more)
         return True
 
     def offset_of(self, line: int) -> int:
@@ -490,25 +514,133 @@ class _LineIndex:
             available = len(self._breaks) - self._next
             if not available:
                 if not self._read(1 << 20):
-                    return self._base + len(self._buffer)
+                    return self._read_to
                 continue
             step = min(line - self._line, available)
             self._next += step
             self._line += step
-            self._offset = self._base + int(self._breaks[self._next - 1]) + 1
+            self._offset = int(self._breaks[self._next - 1]) + 1
         return self._offset
+
+    def skip_to(self, line: int, offset: int) -> None:
+        """Moves on to ``line``, known to start at byte ``offset`` (past a long row,
+        which is then not read again)."""
+        if line <= self._line:
+            return
+        self._stream.seek(offset)
+        self._line, self._offset, self._read_to = line, offset, offset
+        self._breaks, self._next = np.empty(0, dtype=np.int64), 0
 
     def text_of(self, line: int, limit: int = 4096) -> str:
         """The line's text (cut to ``limit`` bytes), decoded leniently."""
-        self.offset_of(line)
-        start = self._offset - self._base
-        while (b"\n" not in self._buffer[start:start + limit] and len(self._buffer) - start < limit
-               and self._read(1 << 16)):
-            start = self._offset - self._base
-        return self._buffer[start:start + limit].split(b"\n", 1)[0].decode("utf-8", errors="replace")
+        offset = self.offset_of(line)
+        if self._text_stream is None:
+            self._text_stream = files.open_read(self._path)
+        self._text_stream.seek(offset)
+        return self._text_stream.read(limit).split(b"\n", 1)[0].decode("utf-8", errors="replace")
 
     def close(self) -> None:
         self._stream.close()
+        if self._text_stream is not None:
+            self._text_stream.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class _RowExtent:
+    """Where a row ends, from its bytes (``_row_extent``).
+
+    Attributes:
+      size: its bytes, with the newline that ends it.
+      newlines: the newlines inside its quoted cells (it spans ``newlines + 1`` lines).
+      closed: whether its quotes close (else the file ends inside a quoted cell).
+      more: whether the file goes on after it.
+    """
+
+    size: int
+    newlines: int
+    closed: bool
+    more: bool
+
+
+_FIELD_START, _FIELD, _QUOTED, _QUOTE_PENDING = range(4)
+
+
+def _row_extent(read, quote: bytes, delimiter: bytes) -> _RowExtent:
+    """Finds the end of the row that ``read`` (``read(n) -> bytes``) starts at, as
+    pyarrow's CSV reader does (a quote opens a quoted cell only at a cell's start;
+    ``""`` inside one is a quote; a newline outside one ends the row), looking at
+    ``_SCAN_BYTES`` at a time: memory does not grow with the row."""
+    size = newlines = 0
+    state = _FIELD_START
+    opening = delimiter + quote
+    q = quote[0]
+    while chunk := read(_SCAN_BYTES):
+        n, pos, newline = len(chunk), 0, -2  # newline: the next b"\n" at or after pos (-1: none).
+        while pos < n:
+            if state == _QUOTE_PENDING:  # The last chunk ended with a quote.
+                state = _QUOTED if chunk[pos] == q else _FIELD
+                pos += state == _QUOTED
+                continue
+            if state == _FIELD_START:
+                if chunk[pos] == q:
+                    state, pos = _QUOTED, pos + 1
+                    continue
+                state = _FIELD
+            if state == _QUOTED:
+                close = chunk.find(quote, pos)
+                newlines += chunk.count(b"\n", pos, n if close < 0 else close)
+                if close < 0 or close + 1 == n:
+                    state = _QUOTED if close < 0 else _QUOTE_PENDING
+                    break
+                state, pos = (_QUOTED, close + 2) if chunk[close + 1] == q else (_FIELD, close + 1)
+                continue
+            if newline != -1 and newline < pos:
+                newline = chunk.find(b"\n", pos)
+            opens = chunk.find(opening, pos, n if newline < 0 else newline)
+            if opens >= 0:
+                state, pos = _FIELD_START, opens + 1
+                continue
+            if newline >= 0:
+                size += newline + 1
+                return _RowExtent(size, newlines, True, newline + 1 < n or bool(read(1)))
+            state = _FIELD_START if chunk[n - 1:] == delimiter else _FIELD
+            break
+        size += n
+    return _RowExtent(size, newlines, state in (_FIELD_START, _FIELD), False)
+
+
+class _Window:
+    """The first ``size`` bytes of a stream, then its end."""
+
+    def __init__(self, source, size: int):
+        self._source = source
+        self._left = size
+
+    def read(self, size: int = -1) -> bytes:
+        size = self._left if size is None or size < 0 else min(size, self._left)
+        data = self._source.read(size) if size else b""
+        self._left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self._source.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class _LongRowAt:
+    """A segment's outcome: the row from ``line`` is longer than a block."""
+
+    line: int
+
+
+def _ascii_structure(dialect: CsvDialect) -> bool:
+    """Whether newlines, quotes and delimiters are their single ASCII bytes in the
+    file's encoding (UTF-8, Latin-1, ...; not UTF-16), so rows can be found in its bytes."""
+    probe = "a\n" + dialect.quote + dialect.delimiter
+    try:
+        return probe.encode(dialect.encoding).endswith(probe.encode("ascii"))
+    except (UnicodeError, LookupError):
+        return False
 
 
 class _Batches:
@@ -519,6 +651,12 @@ class _Batches:
         self._reader = reader
         self._counting = counting
         self.error: Exception | None = None
+
+    def drain(self) -> _Batches:
+        """Reads every batch now and lets the reader go (a long row's reader holds its
+        block, the whole row, while it lives); returns ``self``, to iterate them."""
+        self._reader, self._counting = list(self), None
+        return self
 
     def __iter__(self):
         if self._counting is None:
@@ -596,6 +734,48 @@ def _drop_rows(encoded: EncodedBatch, drops: dict[int, tuple[str, str] | None]) 
                                statistics=None)
 
 
+class _HelperRun:
+    """Batches from ``batches`` up to (not with) the first of long rows (``_long_rows``),
+    which it keeps in ``large`` (``None`` once ``batches`` ended without one)."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch]):
+        self._batches = batches
+        self.large: pa.RecordBatch | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        if self.large is not None:
+            raise StopIteration
+        batch = next(self._batches)
+        if _long_rows(batch):
+            self.large = batch
+            raise StopIteration
+        return batch
+
+
+def _long_rows(batch: pa.RecordBatch) -> bool:
+    """Whether a batch is over ``_HELPER_BATCH_BYTES`` and its rows over a block each
+    (on average): a long row's, read alone (not a batch of many wide rows)."""
+    return batch.nbytes > max(_HELPER_BATCH_BYTES, batch.num_rows * _BLOCK_BYTES)
+
+
+def _encode_here(encode, task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch:
+    """``encode`` in this process; before a long row's batch, the memory its reading
+    freed goes back to the system (Arrow's pool keeps freed blocks)."""
+    if _long_rows(batch):
+        pa.default_memory_pool().release_unused()
+    return encode(task_bytes, batch)
+
+
+def _kept(batches, kept: collections.deque):
+    """``batches``, each appended to ``kept`` as it passes."""
+    for batch in batches:
+        kept.append(batch)
+        yield batch
+
+
 class _EncodeCsvFn(beam.DoFn):
     """``(file_index, path, size)`` → one ``SpoolInfo`` per split with rows."""
 
@@ -610,28 +790,34 @@ class _EncodeCsvFn(beam.DoFn):
 
     def _batches(self, reader, task_bytes: bytes) -> Iterator[tuple[pa.RecordBatch, np.ndarray, EncodedBatch]]:
         """``(batch, embedded newlines per row, encoded)``, in order, encoded in helper
-        processes when the config allows (the reader stays a batch or two ahead)."""
+        processes when the config allows (the reader stays a batch or two ahead); a
+        batch of long rows (``_long_rows``) is encoded here, once those
+        before it are done."""
 
         encode = sequence_table_batch if self._layout.sequence_key else encode_table_batch
         processes = self._processes
         pool = ready_helper_pool(processes) if processes > 0 else None
         if pool is None:
             for batch in reader:
-                encoded = encode(task_bytes, batch)
+                encoded = _encode_here(encode, task_bytes, batch)
                 yield batch, encoded.newlines, encoded
             return
         # The reader runs at most processes + 1 batches ahead; ``in_flight`` holds
         # those few. (Not ``itertools.tee``: it frees its items 57 at a time, so it
         # held up to 57 batches, ~300 MB, whatever the window.)
         in_flight: collections.deque = collections.deque()
-
-        def read():
-            for batch in reader:
-                in_flight.append(batch)
-                yield batch
-
-        for encoded in ordered_map(pool, functools.partial(encode, task_bytes), read(), processes + 1):
-            yield in_flight.popleft(), encoded.newlines, encoded
+        batches = iter(reader)
+        while True:
+            run = _HelperRun(batches)
+            for encoded in ordered_map(pool, functools.partial(encode, task_bytes), _kept(run, in_flight),
+                                       processes + 1):
+                yield in_flight.popleft(), encoded.newlines, encoded
+            if run.large is None:
+                return
+            batch, run.large = run.large, None
+            encoded = _encode_here(encode, task_bytes, batch)
+            yield batch, encoded.newlines, encoded
+            del batch, encoded
 
     def process(self, element: tuple[int, str, int]) -> Iterator[SpoolInfo]:
         file_index, path, size = element
@@ -652,10 +838,10 @@ class _EncodeCsvFn(beam.DoFn):
         # A file is read in segments: the first from its start; the next from the line
         # after one set aside (a quote never closed, an unreadable stretch), so one bad
         # line never costs the rows after it.
-        line, block = 1, _BLOCK_BYTES
+        line = 1
         try:
             while line is not None:
-                line, block = yield from self._segment(state, line, block)
+                line = yield from self._segment(state, line)
         finally:
             for sink in state.sinks.values():
                 sink.close()
@@ -757,6 +943,7 @@ class _EncodeCsvFn(beam.DoFn):
             for sink in state.sinks.values():
                 sink.close()
             reader.close()
+        pa.default_memory_pool().release_unused()  # A long line's memory, kept by Arrow's pool.
         lines_in = reader.rows if kind == "parquet" else reader.lines
         what = "rows in its metadata" if kind == "parquet" else "lines"
         _log.info("Encoded %s: %d rows (%d %s), %d dead-lettered, %d blank, in %.1f s", path,
@@ -783,8 +970,10 @@ class _EncodeCsvFn(beam.DoFn):
                 for row in present.tolist():
                     problems.setdefault(row, ("unknown_column", why))
 
-    def _open(self, state: _FileState, line: int, block: int):
-        """A reader of the file from ``line`` on (the header is read only from line 1)."""
+    def _open(self, state: _FileState, line: int, window: int | None = None):
+        """A reader of the file from ``line`` on (the header is read only from line 1),
+        in blocks of ``_BLOCK_BYTES``; or, with ``window``, of that many bytes only,
+        read as one block."""
         dialect = self._dialect
         offset = 0
         if line > 1:
@@ -794,8 +983,13 @@ class _EncodeCsvFn(beam.DoFn):
         stream = files.open_read(state.path)
         if offset:
             stream.seek(offset)
-        paced = block == _BLOCK_BYTES and codecs.lookup(dialect.encoding).name in ("utf-8", "utf-8-sig")
-        counting = _CountingReader(stream, offset, state.counts, _ReadAhead(block) if paced else None)
+        utf8 = codecs.lookup(dialect.encoding).name in ("utf-8", "utf-8-sig")
+        if window is None:
+            block = _BLOCK_BYTES
+            counting = _CountingReader(stream, offset, state.counts, _ReadAhead(block) if utf8 else None)
+        else:  # Transcoded to UTF-8 (the block pyarrow parses), a byte may take up to 3.
+            block = min(window * (1 if utf8 else 3) + 1, 2**31 - 1)
+            counting = _CountingReader(_Window(stream, window), offset, state.counts)
         tracker = _LineTracker(0 if dialect.no_header or line > 1 else 1, line)
 
         def on_invalid(row) -> str:
@@ -837,36 +1031,94 @@ class _EncodeCsvFn(beam.DoFn):
         state.dead.append(DeadLetter(f"{state.path}:{line}", "read", reason, message))
         state.rows_in += 1
 
-    def _segment(self, state: _FileState, first_line: int, block: int):
+    def _segment(self, state: _FileState, first_line: int):
         """Reads the file from ``first_line``; yields sequence rows, spools records.
 
         Returns:
-          ``(next_line, block)`` where reading goes on, or ``(None, block)`` at the end.
+          The line where reading goes on, or ``None`` at the end.
         """
-        path = state.path
         try:
-            counting, tracker, reader = self._open(state, first_line, block)
+            counting, tracker, reader = self._open(state, first_line)
         except (pa.ArrowInvalid, UnicodeDecodeError) as err:
-            if block < _MAX_BLOCK_BYTES and "straddl" in str(err):
-                _log.warning("%s: a row from line %d is larger than %d MB; reading it with a "
-                             "larger block", path, first_line, block >> 20)
-                return first_line, block * 4
             if "straddl" in str(err):
-                err = (f"the row is larger than the CSV reader's largest block "
-                       f"({_MAX_BLOCK_BYTES >> 20} MB)")
+                return (yield from self._long_row(state, first_line))
             self._set_aside(state, first_line, "unreadable",
                             f"the line cannot be read: {arrow_error_text(err)}")
             state.lines_done = first_line
-            return (first_line + 1 if first_line < state.counts.lines or first_line == 1 else None), block
+            return first_line + 1 if first_line < state.counts.lines or first_line == 1 else None
+        outcome = None
         try:
-            return (yield from self._read_segment(state, block, counting, tracker, reader))
-        finally:
-            counting.release()  # Before the reader is dropped: its thread may wait on the gate.
+            outcome = yield from self._read_segment(state, counting, tracker, _Batches(reader, counting))
+        finally:  # Before the reader is dropped: its thread may wait on the gate.
+            counting.release(stop=isinstance(outcome, _LongRowAt))
+        if isinstance(outcome, _LongRowAt):
+            del counting, tracker, reader  # Its blocks go before the long row is read.
+            return (yield from self._long_row(state, outcome.line))
+        return outcome
 
-    def _read_segment(self, state: _FileState, block: int, counting, tracker, reader):
-        """``_segment`` once its reader is open."""
+    def _long_row(self, state: _FileState, line: int):
+        """The row from ``line``, longer than a block: its end is found from its bytes
+        (one chunk at a time); up to ``max_row_bytes()`` it is read alone, as one block,
+        and encoded here, else dead-lettered (``unreadable``) without being held. A
+        quote it opens that never closes costs its first line, as in any segment.
+
+        Returns:
+          The line where reading goes on, or ``None`` at the end.
+        """
+        dialect = self._dialect
         path = state.path
-        batches = _Batches(reader, counting)
+        if state.index is None:
+            state.index = _LineIndex(path)
+        offset = state.index.offset_of(line)
+        if not _ascii_structure(dialect):
+            self._set_aside(state, line, "unreadable", (
+                f"the row is longer than the CSV reader's block ({_BLOCK_BYTES >> 20} MB); rows that "
+                f"long are read only in encodings where newlines, quotes and delimiters are single "
+                f"bytes (UTF-8, Latin-1, ...), not {dialect.encoding}"))
+            state.lines_done = line
+            return line + 1
+        stream = files.open_read(path)
+        try:
+            stream.seek(offset)
+            extent = _row_extent(_CountingReader(stream, offset, state.counts).read,
+                                 dialect.quote.encode("ascii"), dialect.delimiter.encode("ascii"))
+        finally:
+            stream.close()
+        last = line + extent.newlines
+        after = None if not extent.more else last + 1
+        if not extent.closed:
+            self._set_aside(state, line, "unterminated_quote", (
+                "a quote opened in the row starting here is never closed, so the rest of "
+                f"the file would be one cell; this line is set aside and reading goes on "
+                f"at line {line + 1}"))
+            state.lines_done = line
+            return line + 1 if extent.newlines else None
+        limit = max_row_bytes()
+        if extent.size > limit:
+            lines = f"line {line}" if line == last else f"lines {line}-{last}"
+            self._set_aside(state, line, "unreadable", (
+                f"the row ({lines}) is {extent.size:,} bytes long, more than the "
+                f"{limit:,} a row may be; it is set aside unread and reading goes on "
+                f"at the next row"))
+            state.lines_done = last
+            if after is not None:
+                state.index.skip_to(after, offset + extent.size)
+            return after
+        _log.info("%s: the row from line %d is %.1f MB long: read alone", path, line, extent.size / 1e6)
+        counting, tracker, reader = self._open(state, line, window=extent.size)
+        batches = _Batches(reader, counting).drain()
+        del reader  # It holds its block (the whole row) while it lives.
+        outcome = yield from self._read_segment(state, counting, tracker, batches, closed=True)
+        del batches
+        pa.default_memory_pool().release_unused()  # The row's memory, kept by Arrow's pool.
+        if outcome is None and after is not None:
+            state.index.skip_to(after, offset + extent.size)
+            return after
+        return outcome
+
+    def _read_segment(self, state: _FileState, counting, tracker, batches: _Batches, closed: bool = False):
+        """``_segment`` once its reader is open; ``closed``: the stream ends where a row
+        does, its quotes closed (a long row's window)."""
         unicode_errors: collections.deque = collections.deque()
 
         def as_text():
@@ -912,8 +1164,8 @@ class _EncodeCsvFn(beam.DoFn):
                            f"goes on at line {first + 1}")
                 self._set_aside(state, first, "bad_quoting", message)
                 state.lines_done = first
-                return first + 1, block
-            final = item is None and batches.error is None
+                return first + 1
+            final = item is None and batches.error is None and not closed
             if (final and counting.quotes % 2 and not tracker.invalid and newlines.size
                     and newlines[-1]):
                 swallowed = int(lines[-1])
@@ -924,8 +1176,8 @@ class _EncodeCsvFn(beam.DoFn):
             self._take_batch(state, batch, lines, invalid, newlines, encoded)
             yield from self._sequence_rows(state, lines, encoded)
         rest = tracker.rest()
-        if (swallowed is None and batches.error is None and counting.quotes % 2 and rest
-                and "\n" in rest[-1][1]):
+        if (swallowed is None and batches.error is None and not closed and counting.quotes % 2
+                and rest and "\n" in rest[-1][1]):
             swallowed = rest.pop()[0]
         self._take_invalid(state, rest)
         if swallowed is not None:
@@ -934,24 +1186,18 @@ class _EncodeCsvFn(beam.DoFn):
                        f"at line {swallowed + 1}")
             self._set_aside(state, swallowed, "unterminated_quote", message)
             state.lines_done = swallowed
-            return swallowed + 1, block
+            return swallowed + 1
         if batches.error is not None:
             line = tracker.next_line
-            if block < _MAX_BLOCK_BYTES and "straddl" in str(batches.error):
-                _log.warning("%s: a row from line %d is larger than %d MB; reading it with a "
-                             "larger block", path, line, block >> 20)
+            if "straddl" in str(batches.error) and not closed:
                 state.lines_done = line - 1
-                return line, block * 4
-            error = batches.error
-            if "straddl" in str(error):
-                error = (f"the row is larger than the CSV reader's largest block "
-                         f"({_MAX_BLOCK_BYTES >> 20} MB)")
+                return _LongRowAt(line)
             self._set_aside(state, line, "unreadable",
-                            f"the line cannot be parsed: {arrow_error_text(error)}")
+                            f"the line cannot be parsed: {arrow_error_text(batches.error)}")
             state.lines_done = line
-            return line + 1, block
+            return line + 1
         state.lines_done = tracker.next_line - 1
-        return None, block
+        return None
 
     def _stray_quote(self, state: _FileState, lines, newlines) -> tuple[int, str] | None:
         """The first row of a batch whose multi-line quoted cell closes with text
@@ -1325,7 +1571,7 @@ class _RowsToExamplesFn(beam.DoFn):
                 continue
             size = int(encoded.sizes[status][counters[status]])
             start = offsets[status]
-            record = encoded.blobs[status][start + 12:start + size - 4]  # Unframed.
+            record = bytes(encoded.blobs[status][start + 12:start + size - 4])  # Unframed.
             offsets[status] += size
             counters[status] += 1
             key = rows[number][key_at] if key_at is not None else hashlib.sha256(record).hexdigest()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import hashlib
 import math
 import pickle
 
@@ -45,6 +46,8 @@ BLANK, BAD = -2, -1
 DEFAULT_SPLIT = "train"
 # Rows encoded at once: bounds the working arrays of a batch to a few MB.
 _CHUNK_ROWS = 32_768
+# A row whose cells hold more bytes is hashed a piece at a time for its split (_raw_rows).
+_LONG_ROW_CHARS = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,20 +111,78 @@ def _encoder(task_bytes: bytes) -> tuple[TableTask, RowEncoder]:
     return task, RowEncoder(task.schema, task.header)
 
 
-def _raw_rows(task: TableTask, batch: pa.RecordBatch) -> list[str]:
+def _raw_rows(task: TableTask, batch: pa.RecordBatch) -> list[str | float]:
+    """Each row's text as a CSV of ``task``'s dialect writes it (its split key without
+    a key column); a row whose cells hold over ``_LONG_ROW_CHARS`` bytes is given as
+    that text's ``split_fraction`` instead, hashed a piece at a time from its cells
+    (``csv`` would build the text at 4 bytes a character)."""
     import csv  # pylint: disable=import-outside-toplevel
     import io  # pylint: disable=import-outside-toplevel
 
     out = io.StringIO()
     writer = csv.writer(out, delimiter=task.delimiter, quotechar=task.quote, lineterminator="\n")
-    columns = [batch.column(name).to_pylist() for name in task.header]
-    rows = []
+    sizes = np.zeros(batch.num_rows, dtype=np.int64)
+    for name in task.header:
+        sizes += pc.binary_length(batch.column(name)).to_numpy(zero_copy_only=False)
+    long = np.flatnonzero(sizes > _LONG_ROW_CHARS).tolist()
+    fractions = {row: _long_row_fraction(task, batch, row) for row in long}
+    keep = pa.array(np.isin(np.arange(batch.num_rows), long, invert=True)) if long else None
+    columns = [(batch.column(name) if keep is None else batch.column(name).filter(keep)).to_pylist()
+               for name in task.header]
+    rows: list[str | float] = []
     for cells in zip(*columns):
+        while len(rows) in fractions:
+            rows.append(fractions[len(rows)])
         out.seek(0)
         out.truncate()
         writer.writerow(cells)
         rows.append(out.getvalue()[:-1])
+    while len(rows) in fractions:
+        rows.append(fractions[len(rows)])
     return rows
+
+
+def _long_row_fraction(task: TableTask, batch: pa.RecordBatch, row: int) -> float:
+    """``split_fraction`` of a row's CSV text (as ``_raw_rows`` writes it: a cell is
+    quoted when it holds a character ``csv`` quotes, its quotes doubled; one empty
+    cell alone is ``""``), from its cells' UTF-8 bytes a megabyte at a time."""
+    digest = hashlib.sha256()
+    quote, delimiter = task.quote.encode(), task.delimiter.encode()
+    special = _quoted_characters(task.delimiter, task.quote)
+    for k, name in enumerate(task.header):
+        cell = batch.column(name).slice(row, 1)
+        if k:
+            digest.update(delimiter)
+        if len(task.header) == 1 and pc.binary_length(cell)[0].as_py() == 0:
+            digest.update(quote + quote)
+            continue
+        quoted = any(pc.any(pc.match_substring(cell, ch)).as_py() for ch in special)
+        offsets = np.frombuffer(cell.buffers()[1], dtype=np.int32, count=2, offset=cell.offset * 4)
+        data = cell.buffers()[2]
+        if quoted:
+            digest.update(quote)
+        for at in range(int(offsets[0]), int(offsets[1]), 1 << 20):
+            piece = data.slice(at, min(1 << 20, int(offsets[1]) - at)).to_pybytes()
+            digest.update(piece.replace(quote, quote + quote) if quoted else piece)
+        if quoted:
+            digest.update(quote)
+    return int.from_bytes(digest.digest()[:8], "big") / 2**64
+
+
+@functools.lru_cache(maxsize=8)
+def _quoted_characters(delimiter: str, quote: str) -> tuple[str, ...]:
+    """The characters that make ``csv.writer`` (this dialect, ``\\n`` line ends) quote
+    a cell, found by asking it."""
+    import csv  # pylint: disable=import-outside-toplevel
+    import io  # pylint: disable=import-outside-toplevel
+
+    found = []
+    for ch in dict.fromkeys((delimiter, quote, "\n", "\r", " ", "\t", "\x00", "\x0b", "\x0c")):
+        out = io.StringIO()
+        csv.writer(out, delimiter=delimiter, quotechar=quote, lineterminator="\n").writerow([f"a{ch}b", "c"])
+        if out.getvalue().startswith(quote):
+            found.append(ch)
+    return tuple(found)
 
 
 def _split_codes(task: TableTask, batch: pa.RecordBatch) -> tuple[np.ndarray, list[str]]:
@@ -146,8 +207,8 @@ def _split_codes(task: TableTask, batch: pa.RecordBatch) -> tuple[np.ndarray, li
             picks = np.searchsorted(edges, fractions, side="right")[
                 encoded.indices.to_numpy(zero_copy_only=False)]
         else:
-            picks = np.searchsorted(edges, [row_split_fraction(k) for k in _raw_rows(task, batch)],
-                                    side="right")
+            picks = np.searchsorted(edges, [k if isinstance(k, float) else row_split_fraction(k)
+                                            for k in _raw_rows(task, batch)], side="right")
         return np.minimum(picks, len(names) - 1).astype(np.int64), names
     return np.zeros(rows, dtype=np.int64), [DEFAULT_SPLIT]
 
@@ -185,9 +246,16 @@ def _newlines(batch: pa.RecordBatch) -> np.ndarray:
     counts = np.zeros(batch.num_rows, dtype=np.int64)
     for column in batch.columns:
         data = column.buffers()[2]
-        if data is not None and (np.frombuffer(data, dtype=np.uint8) == 10).any():  # Else none to count.
+        if data is not None and _holds_newline(data):  # Else none to count.
             counts += pc.count_substring(column, "\n").to_numpy(zero_copy_only=False)
     return counts
+
+
+def _holds_newline(data: pa.Buffer, piece: int = 4 << 20) -> bool:
+    """Whether a buffer holds a newline, looked for a few megabytes at a time (a long
+    cell's whole buffer compared at once took a byte of memory per byte)."""
+    octets = np.frombuffer(data, dtype=np.uint8)
+    return any((octets[at:at + piece] == 10).any() for at in range(0, len(octets), piece))
 
 
 def order_key(cell: str) -> tuple:
@@ -261,9 +329,11 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
         chunk_codes = codes[start:start + chunk.num_rows]
         for code in np.unique(chunk_codes[good & (chunk_codes >= 0)]).tolist():
             rows_k = good & (chunk_codes == code)
-            keep = None if rows_k.all() else pa.array(rows_k)
-            records = frame_examples([e if keep is None else e.filter(keep) for e in entries],
-                                     int(rows_k.sum()))
+            if rows_k.all():  # The chunk's one split: its entries are framed, then let go.
+                parts, entries = entries, []
+            else:
+                parts = [e.filter(pa.array(rows_k)) for e in entries]
+            records = frame_examples(parts, int(rows_k.sum()))
             blob, record_sizes = table_columns.blob(records)
             blobs, sizes = pieces.setdefault(code, ([], []))
             blobs.append(blob)
@@ -285,7 +355,7 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
     encoded = EncodedBatch(
         status=status,
         splits=splits,
-        blobs=[b"".join(pieces[code][0]) for code in order],
+        blobs=[_joined(pieces[code][0]) for code in order],
         sizes=[np.concatenate(pieces[code][1]) for code in order],
         errors=[errors[row] for row in sorted(errors)],
         newlines=_newlines(batch),
@@ -293,6 +363,11 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
     )
     _release_memory()
     return encoded
+
+
+def _joined(blobs: list) -> bytes | pa.Buffer:
+    """The blobs end to end (one is left as it is: a long row's is not copied)."""
+    return blobs[0] if len(blobs) == 1 else b"".join(blobs)
 
 
 def _release_memory() -> None:

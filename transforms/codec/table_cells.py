@@ -142,8 +142,8 @@ def cell_text(array: pa.Array, spec: ColumnSpec | None, name: str,
       name: the column's name (for messages).
       problems: ``{row: (reason, message)}``, added to for cells with no text.
     """
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
+    if isinstance(array, pa.ChunkedArray):  # (combine_chunks copies even one chunk)
+        array = array.chunk(0) if array.num_chunks == 1 else array.combine_chunks()
     if pa.types.is_dictionary(array.type):
         array = array.dictionary_decode()
     if _is_list(array.type) or pa.types.is_large_list(array.type):

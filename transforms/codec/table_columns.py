@@ -333,42 +333,83 @@ def frame_examples(entries: list[pa.Array], rows: int) -> pa.Array:
     """Framed records, one a row, of the Examples holding each row's entries.
 
     Args:
-      entries: per feature in name order, each row's serialized entry.
+      entries: per feature in name order, each row's serialized entry; the list is
+        emptied once they are joined (so a long row's entries go before its record
+        is built).
       rows: the number of rows (every array has this length).
 
     Returns:
       A large_binary array of framed TFRecord records.
     """
-    body = np.zeros(rows, dtype=np.int64)
-    for array in entries:
-        body += _lengths(array)
+    body = _summed_lengths(entries, rows)
     body_head = _Varints(body)
     examples = _join(_pack([b"\x0a", body_head], rows), *entries)
+    entries.clear()
     sizes = 1 + body_head.widths + body
     starts = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(sizes, out=starts[1:])
-    data = _data_bytes(examples)
-    crc = google_crc32c.value
-    data_crc = np.fromiter(map(crc, map(data.__getitem__, map(slice, starts[:-1].tolist(),
-                                                                   starts[1:].tolist()))),
-                           dtype=np.uint32, count=rows)
+    data_crc = _data_crcs(examples, starts)
     head = np.empty((rows, 12), dtype=np.uint8)
     head[:, :8] = sizes.astype("<u8").view(np.uint8).reshape(rows, 8)
     head[:, 8:] = _masked_crc32c_of_u64(sizes).astype("<u4").view(np.uint8).reshape(rows, 4)
     tail = _mask(data_crc).astype("<u4").view(np.uint8).reshape(rows, 4)
-    return _join(_pack([head], rows), examples, _pack([tail], rows))
+    records = _join(_pack([head], rows), examples, _pack([tail], rows))
+    if starts[-1] > _VIEW_BYTES:  # A long row's Examples: their memory back to the system now
+        del examples  # (Arrow's pool would keep it beside the records).
+        pa.default_memory_pool().release_unused()
+    return records
 
 
-def _data_bytes(array: pa.Array) -> bytes:
-    """The values of a large_binary array end to end."""
+def _summed_lengths(arrays: list[pa.Array], rows: int) -> np.ndarray:
+    """Per row, the lengths of its values in every array, summed."""
+    total = np.zeros(rows, dtype=np.int64)
+    for array in arrays:
+        total += _lengths(array)
+    return total
+
+
+def _data_view(array: pa.Array) -> pa.Buffer:
+    """The values of a large_binary array end to end, in place."""
     offsets = np.frombuffer(array.buffers()[1], dtype=np.int64, count=len(array) + 1, offset=array.offset * 8)
     data = array.buffers()[2]
     if data is None:
-        return b""
-    return data.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes()
+        return pa.py_buffer(b"")
+    return data.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
 
 
-def blob(records: pa.Array) -> tuple[bytes, np.ndarray]:
-    """The records end to end, and each one's size."""
-    return _data_bytes(records), _lengths(records)
+def _data_crcs(array: pa.Array, starts: np.ndarray) -> np.ndarray:
+    """The CRC-32C of each value of a large_binary array (value ``i`` is bytes
+    ``starts[i]:starts[i + 1]`` of its data), copying out at most ``_VIEW_BYTES`` of
+    whole values at a time, or a value over that ``_CRC_PIECE`` at a time."""
+    rows = len(starts) - 1
+    view = _data_view(array)
+    crcs = np.empty(rows, dtype=np.uint32)
+    crc = google_crc32c.value
+    row = 0
+    while row < rows:
+        stop = max(row + 1, int(np.searchsorted(starts, starts[row] + _VIEW_BYTES, side="right")) - 1)
+        base, end = int(starts[row]), int(starts[stop])
+        if end - base > _VIEW_BYTES:  # One long value.
+            value = 0
+            for at in range(base, end, _CRC_PIECE):
+                value = google_crc32c.extend(value, view.slice(at, min(_CRC_PIECE, end - at)).to_pybytes())
+            crcs[row] = value
+        else:
+            data = view.slice(base, end - base).to_pybytes()
+            local = (starts[row:stop + 1] - base).tolist()
+            crcs[row:stop] = np.fromiter(map(crc, map(data.__getitem__, map(slice, local[:-1], local[1:]))),
+                                         dtype=np.uint32, count=stop - row)
+        row = stop
+    return crcs
+
+
+_VIEW_BYTES = 16 << 20
+_CRC_PIECE = 1 << 20
+
+
+def blob(records: pa.Array) -> tuple[bytes | pa.Buffer, np.ndarray]:
+    """The records end to end (over ``_VIEW_BYTES``, a long row's, left in place as an
+    Arrow buffer instead of copied), and each one's size."""
+    view = _data_view(records)
+    return (view if view.size > _VIEW_BYTES else view.to_pybytes()), _lengths(records)
 

@@ -67,6 +67,8 @@ SKETCH_SIZE = 1024
 QUANTILES = (0, 5, 50, 95, 100)
 # Top values are shown cut to this many characters (they are counted whole).
 _SHOWN_CHARS = 120
+# A longer value is counted by its first _SHOWN_CHARS characters and its hash (_top_keys).
+_TOP_KEY_CHARS = 4096
 _U64 = np.uint64
 
 
@@ -120,6 +122,15 @@ def string_hashes(values: pa.Array) -> np.ndarray:
         return np.empty(0, dtype=np.uint64)
     offsets = np.frombuffer(array.buffers()[1], dtype=np.int32, count=n + 1,
                             offset=array.offset * 4).astype(np.int64)
+    long = np.diff(offsets) > _HASH_BYTES
+    if long.any():  # Hashed on their own, a piece at a time (a slice's work arrays hold 8x its bytes).
+        hashes = np.empty(n, dtype=np.uint64)
+        short = np.flatnonzero(~long)
+        if len(short):
+            hashes[short] = string_hashes(array.take(pa.array(short)))
+        for i in np.flatnonzero(long).tolist():
+            hashes[i] = _long_hash(array.buffers()[2], int(offsets[i]), int(offsets[i + 1]))
+        return hashes
     if offsets[-1] - offsets[0] <= _HASH_BYTES:
         return _slice_hashes(array, offsets)
     cuts = np.unique(np.searchsorted(offsets, np.arange(offsets[0], offsets[-1], _HASH_BYTES)))
@@ -152,6 +163,22 @@ def _slice_hashes(array: pa.Array, offsets: np.ndarray) -> np.ndarray:
     lengths = np.diff(offsets)
     hashes = (sums[starts[1:]] - sums[starts[:-1]]) * _inverse_powers(starts[:-1])
     return _mix(hashes ^ (lengths.astype(np.uint64) * _U64(0xC2B2AE3D27D4EB4F)))
+
+
+def _long_hash(data: pa.Buffer, start: int, end: int) -> np.uint64:
+    """``_slice_hashes``' hash of the one value in bytes ``[start, end)`` of ``data``,
+    summed a ``_HASH_BYTES`` piece at a time: its polynomial is each piece's own times
+    ``BASE`` to the piece's position (modulo 2**64, as the whole)."""
+    total = 0
+    for at in range(start, end, _HASH_BYTES):
+        size = min(_HASH_BYTES, end - at)
+        body = np.frombuffer(data, dtype=np.uint8, count=size, offset=at).astype(np.uint64)
+        body += _U64(1)
+        body *= _powers(size)
+        piece = int(body.sum(dtype=np.uint64))
+        total = (total + piece * pow(int(_BASE), at - start, 2**64)) % 2**64
+    length = ((end - start) * 0xC2B2AE3D27D4EB4F) % 2**64
+    return _mix(np.array([total ^ length], dtype=np.uint64))[0]
 
 
 def _sketch(hashes: np.ndarray) -> np.ndarray:
@@ -243,6 +270,22 @@ def _empty_strings() -> pa.Array:
     return pa.array([], type=pa.string())
 
 
+def _top_keys(values: pa.Array, hashes: np.ndarray) -> pa.Array:
+    """The values as the top-value counters hold them: one longer than
+    ``_TOP_KEY_CHARS`` characters by its first ``_SHOWN_CHARS`` and its hash (shown
+    as the same cut text, counted apart from other values), so a counter never
+    holds a cell of many megabytes through the run."""
+    long = pc.greater(pc.utf8_length(values), _TOP_KEY_CHARS)
+    if not pc.any(long).as_py():
+        return values
+    rows = np.flatnonzero(long.to_numpy(zero_copy_only=False)).tolist()
+    shown = pa.concat_arrays([pc.utf8_slice_codeunits(values.slice(row, 1), 0, _SHOWN_CHARS)
+                              for row in rows])  # Not a copy of each value first (take).
+    keys = pc.binary_join_element_wise(
+        shown, pa.array([f"\x00{int(hashes[row]):016x}" for row in rows], type=pa.string()), "")
+    return pc.replace_with_mask(values, long, keys)
+
+
 def _reduce_top(values: pa.Array, counts: np.ndarray) -> tuple[pa.Array, np.ndarray, int]:
     """Misra-Gries reduction to ``TOP_CAPACITY`` counters: every count less the
     (capacity + 1)-th largest, dropping those left at zero; returns what was taken
@@ -283,6 +326,11 @@ class StringSummary:
     def of(cls, values: pa.Array, missing: int, with_top: bool = True,
            extra: Mapping[str, int] | None = None) -> StringSummary:
         """The summary of an array of strings, plus ``extra`` ``{value: count}`` (defaults)."""
+        long = None
+        if with_top and len(values) and pc.max(pc.binary_length(values)).as_py() > _TOP_KEY_CHARS:
+            # Counted by their keys (_top_keys), hashed whole: no copy of a long value.
+            long = string_hashes(values)
+            values = _top_keys(values.cast(pa.string()), long)
         counted = pc.value_counts(values) if len(values) else None
         distinct = counted.field("values") if counted is not None else _empty_strings()
         counts = (counted.field("counts").to_numpy(zero_copy_only=False).astype(np.int64)
@@ -294,8 +342,11 @@ class StringSummary:
             table = pa.table({"v": distinct, "c": counts}).group_by("v").aggregate([("c", "sum")])
             distinct = table.column("v").combine_chunks()
             counts = table.column("c_sum").to_numpy()
-        summary = cls(missing=missing, count=int(counts.sum()), sketch=_sketch(string_hashes(distinct)),
-                      with_top=with_top)
+        if long is None:
+            hashes = string_hashes(distinct)
+        else:
+            hashes = np.concatenate([long, string_hashes(pa.array(list(extra or ()), type=pa.string()))])
+        summary = cls(missing=missing, count=int(counts.sum()), sketch=_sketch(hashes), with_top=with_top)
         if with_top:
             summary.top_values, summary.top_counts, summary.undercount = _reduce_top(
                 distinct.cast(pa.string()), counts)
