@@ -1132,16 +1132,18 @@ def check_output(plan: RunPlan, claims: OutputClaims | None = None) -> None:
       OutputExistsError: when ``manifest.json`` exists and ``overwrite`` is off.
     """
     config = plan.config
-    claims = claims or plan.output_claims or claim_output(plan.dataset_output or config.output)
-    if claims.refusal():
-        raise OutputNotOursError(claims.refusal())
     is_part = plan.update is not None and plan.update.action == "part"
+    # A dataset there is named first (the usual case: pass --overwrite); what the output
+    # holds besides, that this product cannot prove it wrote, refuses the run either way.
     if not is_part and files.exists(files.join(config.output, MANIFEST_NAME)) and not config.overwrite:
         why = f" ({plan.update.reason})" if plan.update is not None else ""
         raise OutputExistsError(
             f"--output {config.output} already holds a dataset ({MANIFEST_NAME}){why}; "
             "pass --overwrite to replace it, or choose another folder"
         )
+    claims = claims or plan.output_claims or claim_output(plan.dataset_output or config.output)
+    if claims.refusal():
+        raise OutputNotOursError(claims.refusal())
 
 
 def take_output(plan: RunPlan) -> None:

@@ -349,7 +349,9 @@ def test_split_column_spellings_that_differ_in_case_publish_nothing(tmp_path):
                            "only in case: their shard files would be one file on a case-insensitive file "
                            "system, so nothing was published; give each split one spelling (a table: in "
                            "its --split_column cells) and run again")
-    assert sorted(os.listdir(out)) == ["run_report.json"]  # No shard, no manifest, no temporaries.
+    # No shard, no manifest, no temporaries: only the report, and the journal recording it.
+    assert sorted(os.listdir(out)) == [".beam-tfrecords", "run_report.json"]
+    assert os.listdir(out / ".beam-tfrecords") == ["journal"]
     report = json.loads((out / "run_report.json").read_text())
     assert report["status"] == "split_name_clash"
     assert report["split_name_clash"] == [{"TRAIN": 10, "train": 10}]

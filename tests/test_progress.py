@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 
 import pytest
@@ -183,11 +184,25 @@ def test_the_counters_add_up_to_the_report(tmp_path, kind):
 def test_log_mode_logs_the_line_every_n_seconds_and_the_table_matches_the_report(tmp_path):
     root, out = str(tmp_path / "in"), str(tmp_path / "out")
     make_class_folder_sample(root, per_class=8, splits=("train", "test"))
-    run = _cli("convert", "--input", root, "--output", out, "--progress_seconds", "0.2",
-               "--encode_processes", "0")
+    # Held while writing until several 0.2 s ticks have passed (a run this small takes
+    # less than one): a line per tick, then the last state.
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    env = {**os.environ, "BEAM_TFRECORDS_TEST_HOOKS": "1", "BEAM_TFRECORDS_HOLD_AT": "before_commit",
+           "BEAM_TFRECORDS_HOLD_DIR": str(hold)}
+    proc = subprocess.Popen([sys.executable, "-m", "beam_tfrecords", "convert", "--input", root,
+                             "--output", out, "--progress_seconds", "0.2", "--encode_processes", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not (hold / "before_commit").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    (hold / "before_commit").unlink()
+    stdout, stderr = proc.communicate(timeout=300)
+    run = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert run.returncode == 0, run.stderr
     lines = [line for line in run.stderr.splitlines() if _LOG_LINE.match(line)]
-    assert len(lines) >= 2, run.stderr  # A line 0.2 s apart (a run takes more), and the last state.
+    assert len(lines) >= 2, run.stderr  # A line every 0.2 s while held, and the last state.
     with open(os.path.join(out, "run_report.json"), encoding="utf-8") as f:
         final = json.load(f)
     assert f"{final['records']:,} records written" in lines[-1], lines[-1]
@@ -227,10 +242,27 @@ def test_a_terminal_gets_one_line_updated_in_place_and_cleared(tmp_path):
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 70, 0, 0))
     env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
+    # Held after the first chunk of the shard for a second (a run this small takes less
+    # than one redraw): the line is drawn then, and again as the run goes on.
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    env.update(BEAM_TFRECORDS_TEST_HOOKS="1", BEAM_TFRECORDS_HOLD_AT="mid_write",
+               BEAM_TFRECORDS_HOLD_DIR=str(hold))
     proc = subprocess.Popen([sys.executable, "-m", "beam_tfrecords", "convert", "--input", root,
                              "--output", out, "--encode_processes", "0"],
                             stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
     os.close(slave)
+
+    def release():
+        deadline = time.monotonic() + 120
+        while not (hold / "mid_write").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        if (hold / "mid_write").exists():
+            (hold / "mid_write").unlink()
+
+    releaser = threading.Thread(target=release, daemon=True)
+    releaser.start()
     captured = b""
     while True:
         try:

@@ -346,6 +346,8 @@ class OutputClaims:
       unrelated: everything else at the top (and in ``dead_letter/``): left alone.
       temporaries: the work folder's ``tmp-*`` folders (runs' temporaries).
       manifest: the output's ``manifest.json``, parsed (``None``: none, or not ours).
+      manifest_error: why a ``manifest.json`` there is not one this product can
+        read ('' when there is none or it reads).
     """
 
     output: str
@@ -356,6 +358,7 @@ class OutputClaims:
     unrelated: tuple[str, ...] = ()
     temporaries: tuple[str, ...] = ()
     manifest: dict | None = None
+    manifest_error: str = ""
 
     def owns(self, relative: str) -> bool:
         return relative in self.owned
@@ -370,6 +373,11 @@ class OutputClaims:
                     f"delete through {'it' if one else 'them'}; remove the "
                     f"{'link (what it points' if one else 'links (what they point'} to is not "
                     "touched), or choose another --output")
+        if self.manifest_error:
+            return (f"--output {self.output}: its {MANIFEST_NAME} is not a manifest this product "
+                    f"can read ({self.manifest_error}), so nothing in the folder can be proved "
+                    f"this product's; with or without --overwrite, restore or remove it (and the "
+                    "files it lists), or choose another --output")
         if self.foreign:
             count, folders = len(self.foreign), sum(n.endswith("/") for n in self.foreign)
             what = ("folder" if folders else "file") if count == 1 else (
@@ -423,15 +431,17 @@ def claim_output(output: str) -> OutputClaims:
     listing = _Listing(output)
     top = {e.path: e for e in listing.entries()}
     owned, leftovers, foreign, links, unrelated, temporaries = [], [], [], [], [], []
-    manifest, manifest_sha256 = None, None
+    manifest, manifest_sha256, manifest_error = None, None, ""
     entry = top.get(MANIFEST_NAME)
     if entry is not None:
         data = None if entry.folder or entry.link else files.read_bytes_if_exists(listing.path(MANIFEST_NAME))
         try:
             manifest = parse_manifest((data or b"").decode("utf-8-sig"), MANIFEST_NAME)
             manifest_sha256 = hashlib.sha256(data).hexdigest()
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError) as err:
             foreign.append(MANIFEST_NAME)
+            manifest_error = (str(err).splitlines() or [type(err).__name__])[0] if data is not None \
+                else "a folder or a link, not a file"
     journal: list[Claim] = []
     replaced: set[str] = set()
     work = top.get(WORK_DIR)
@@ -504,7 +514,7 @@ def claim_output(output: str) -> OutputClaims:
         else:
             unrelated.append(name + ("/" if item.folder else ""))
     return OutputClaims(output, tuple(owned), tuple(leftovers), tuple(foreign), tuple(links),
-                        tuple(unrelated), tuple(temporaries), manifest)
+                        tuple(unrelated), tuple(temporaries), manifest, manifest_error)
 
 
 def temporary_folders(output: str) -> list[str]:
