@@ -211,11 +211,48 @@ def test_a_rerun_cleans_our_failed_runs_leftovers(tmp_path, images):
             os.remove(os.path.join(images, "circles", name))
     fixed = convert(tmp_path, images, out)  # No --overwrite: nothing was published.
     assert fixed.exit == 0 and fixed.message == "status: ok", fixed.stdout + fixed.stderr
-    assert "unfinished run of this product left (proved by its journal): dead_letter/" in fixed.stdout
+    assert "unfinished run of this product left (proved by its journal or its run report): dead_letter/" in fixed.stdout
     after = tree(out)
     assert not [k for k in after if k.startswith(("dead_letter/", WORK_DIR))]
     assert after["run_report.json"] != left["run_report.json"]
     assert example_records(out) == IMAGES
+
+
+def _earlier_version_failed(out: Path, output_named: str) -> None:
+    """What a failed run of a version before the journal left: its report (no
+    ``manifest_sha256``, no manifest) and the dead-letter file it lists."""
+    (out / "dead_letter").mkdir(parents=True)
+    (out / "dead_letter" / "train-00000-of-00001.jsonl").write_text(
+        json.dumps({"source": "circles/broken_0.jpg", "stage": "read", "error": "not_an_image",
+                    "message": "the file seems to be text"}) + "\n")
+    (out / "run_report.json").write_text(json.dumps({
+        "status": "error_budget_exceeded", "output": output_named, "manifest": None, "records": 0,
+        "dead_letter_files": ["dead_letter/train-00000-of-00001.jsonl"]}, indent=2) + "\n")
+
+
+@pytest.mark.e2e
+def test_a_rerun_after_an_upgrade_cleans_an_earlier_versions_failed_run(tmp_path, images):
+    """A failed run of a version before the journal left no journal: its report, naming
+    this folder and no manifest, vouches for itself and the dead letters it lists."""
+    out = tmp_path / "out"
+    _earlier_version_failed(out, str(out))
+    run = convert(tmp_path, images, str(out))
+    assert run.exit == 0 and run.message == "status: ok", run.stdout + run.stderr
+    assert "left (proved by its journal or its run report): dead_letter/train-00000-of-00001.jsonl, " \
+           "run_report.json" in run.stdout
+    assert not (out / "dead_letter").exists()  # No bad input this time: the old letter is gone.
+    assert json.loads((out / "run_report.json").read_text())["status"] == "ok"
+    assert example_records(str(out)) == IMAGES
+
+
+@pytest.mark.e2e
+def test_a_report_naming_another_folder_vouches_for_nothing(tmp_path, images):
+    out = tmp_path / "out"
+    _earlier_version_failed(out, str(tmp_path / "elsewhere"))
+    before = tree(str(out))
+    run = convert(tmp_path, images, str(out), "--overwrite")
+    _not_ours_line(run, "dead_letter/train-00000-of-00001.jsonl", "run_report.json", "holds 2 files ")
+    assert tree(str(out)) == before
 
 
 def _hold(tmp_path: Path, point: str, argv: list[str]) -> subprocess.Popen:

@@ -393,7 +393,7 @@ class OutputClaims:
         lines = []
         if self.leftovers:
             lines.append(f"  output: replaces or removes what an unfinished run of this product "
-                         f"left (proved by its journal): {_some(self.leftovers, 8)}")
+                         f"left (proved by its journal or its run report): {_some(self.leftovers, 8)}")
         if self.unrelated:
             lines.append(f"  output: left alone (not part of the dataset): {_some(self.unrelated, 8)}")
         return lines
@@ -422,6 +422,28 @@ def _report_is_ours(listing: _Listing, entry: _Entry, manifest_sha256: str | Non
     if "manifest_sha256" in report:
         return report["manifest_sha256"] == manifest_sha256
     return isinstance(report.get("status"), str) and "output" in report and "manifest" in report
+
+
+def _earlier_failed_report(listing: _Listing, entry: _Entry | None) -> set[str] | None:
+    """What the report of a failed run of an earlier version (before the journal) vouches
+    for: itself and the dead-letter files it lists, when it names this very folder as
+    its output and no manifest (``None`` when it is not such a report). Such a run left
+    no journal; without this, every run after an upgrade would be refused until the
+    report and the dead letters were removed by hand."""
+    if entry is None or entry.folder or entry.link or entry.size > (64 << 20):
+        return None
+    try:
+        report = json.loads(files.read_bytes(listing.path(entry.path)))
+    except (ValueError, OSError):
+        return None
+    if (not isinstance(report, dict) or "manifest_sha256" in report or report.get("manifest") is not None
+            or not isinstance(report.get("status"), str) or report.get("status") == "ok"
+            or not isinstance(report.get("output"), str)
+            or report["output"].rstrip("/") != listing.output.rstrip("/")):
+        return None
+    letters = report.get("dead_letter_files")
+    letters = [p for p in letters if isinstance(p, str)] if isinstance(letters, list) else []
+    return {p for p in letters if p.startswith(DEAD_LETTER_DIR + "/") and ".." not in p.split("/")}
 
 
 def claim_output(output: str) -> OutputClaims:
@@ -460,12 +482,16 @@ def claim_output(output: str) -> OutputClaims:
                 journal += claims
                 replaced |= listed_paths(replaces)
     listed = listed_paths(manifest)
+    earlier = _earlier_failed_report(listing, top.get(REPORT_NAME)) if entry is None else None
     by_path: dict[str, list[Claim]] = {}
     for claim in journal:
         by_path.setdefault(claim.path, []).append(claim)
 
     def judge(item: _Entry, name: str) -> None:
-        if name in listed or (name in replaced and not item.link):
+        if earlier is not None and name in earlier and not item.link and not item.folder:
+            owned.append(name)
+            leftovers.append(name)
+        elif name in listed or (name in replaced and not item.link):
             owned.append(name)
             if name not in listed:
                 leftovers.append(name)
@@ -498,6 +524,9 @@ def claim_output(output: str) -> OutputClaims:
                 foreign.append(name)
             elif name == REPORT_NAME and _report_is_ours(listing, item, manifest_sha256):
                 owned.append(name)
+            elif name == REPORT_NAME and earlier is not None:
+                owned.append(name)
+                leftovers.append(name)
             else:
                 judge(item, name)
         elif name == DEAD_LETTER_DIR:
