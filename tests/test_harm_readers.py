@@ -563,9 +563,9 @@ def test_a_row_is_looked_up_literally_and_an_unreadable_one_is_a_dead_letter(tmp
         letters = {json.loads(line)["source"].rsplit(":", 1)[1]: json.loads(line) for line in f}
     first = len(rows) + 2
     assert {line: (d["error"], d["message"]) for line, d in letters.items()} == {
-        str(first): ("missing_file", f"image {tmp_path}/m/images/*.jpg does not exist"),
-        str(first + 1): ("unreadable_path", "image x://a.jpg: no file system of this run reads its scheme"),
-        str(first + 2): ("missing_file", "image /**/secret.jpg does not exist"),
+        str(first): ("missing_file", 'image "images/*.jpg" does not exist'),
+        str(first + 1): ("unreadable_path", 'image "x://a.jpg": no file system of this run reads its scheme'),
+        str(first + 2): ("missing_file", 'image "/**/secret.jpg" does not exist'),
     }
     (tmp_path / "m" / "images" / "*.jpg").write_bytes((tmp_path / "m" / "images" / "000.jpg").read_bytes())
     run = cli(tmp_path, "convert", "--input", str(csv_path), "--output", str(out), "--progress", "off",
@@ -674,3 +674,31 @@ def test_tfrecorder_style_gs_rows_are_refused_then_read_when_the_bucket_is_allow
     assert "6 rows of the CSV manifest name images outside its folder, under gs://photos/images " \
            "(6 rows);" in one_line(run)
     assert not (tmp_path / "out3").exists()
+
+
+@pytest.mark.e2e
+def test_a_csv_manifests_bad_rows_are_dead_lettered_without_their_text(tmp_path):
+    """Broken quoting, an unknown label and a cell that names no image: each costs its
+    row, and the secret those rows hold reaches no file of the output and no line printed."""
+    secret = "SECRET-5b1e-hunter2@example.com"
+    csv_path, rows = csv_manifest(tmp_path, [])
+    with open(csv_path, "a", encoding="utf-8") as f:
+        f.write(f'images/000.jpg,circles,train,0.5,1,"{secret} never closed\n')
+        f.write(f"images/001.png,{secret},train,0.5,2,note\n")
+        f.write(f"{secret},circles,train,0.5,3,note\n")
+    out = tmp_path / "out"
+    run = cli(tmp_path, "convert", "--input", str(csv_path), "--output", str(out), "--progress", "off",
+              "--max_bad_fraction", "0.5", "--labels", str(_labels_file(tmp_path)))
+    assert run.exit == EXIT_OK, one_line(run)
+    assert records_in(out) == len(rows)
+    with open(out / "dead_letter" / "listing.jsonl", encoding="utf-8") as f:
+        letters = [json.loads(line) for line in f]
+    assert sorted(d["error"] for d in letters) == ["bad_quoting", "not_an_image_path", "unknown_class"]
+    leaks = [str(p) for p in out.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert not leaks and secret not in run.stdout + run.stderr, leaks
+
+
+def _labels_file(work: Path) -> Path:
+    path = work / "labels.txt"
+    path.write_text("circles\nsquares\nstripes\ntriangles\n", encoding="utf-8")
+    return path

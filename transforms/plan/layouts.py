@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from beam_tfrecords.schemas.config import LAYOUTS
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
+from beam_tfrecords.schemas.manifest import shown_value
 from beam_tfrecords.schemas.shards import is_valid_split_name
 from beam_tfrecords.schemas.table_schema import FLOAT32_MAX
 from beam_tfrecords.transforms.codec.images import is_image_filename
@@ -415,15 +416,18 @@ def list_csv_manifest(
         rel = image if not image.startswith("/") else image.lstrip("/")
         if not is_image_filename(image):
             dead.append(DeadLetter(source, "list", "not_an_image_path",
-                                   f"{image!r} does not name an image file"))
+                                   f"the {image_column!r} cell (a {len(image):,}-character text) does "
+                                   "not name an image file (no image extension)"))
             continue
+        # Named as the row names it (relative to the CSV's folder, or as written), escaped.
+        shown = shown_value(row[image_column])
         try:
             size = size_of(path)
         except ValueError as err:
-            dead.append(DeadLetter(source, "list", "unreadable_path", f"image {path}: {err}"))
+            dead.append(DeadLetter(source, "list", "unreadable_path", f"image {shown}: {err}"))
             continue
         if size is None:
-            dead.append(DeadLetter(source, "list", "missing_file", f"image {path} does not exist"))
+            dead.append(DeadLetter(source, "list", "missing_file", f"image {shown} does not exist"))
             continue
         value = row[label_column]
         if int_labels:
@@ -434,7 +438,9 @@ def list_csv_manifest(
             label, text = int(value), vocabulary[int(value)]
         else:
             dead.append(DeadLetter(source, "list", "unknown_class",
-                                   f"label {value!r} is not a known class"))
+                                   f"the {label_column!r} cell (a {len(value):,}-character text) is not "
+                                   f"a known class ({len(vocabulary):,} classes"
+                                   + (", from --labels)" if labels is not None else ")")))
             continue
         split = row.get(SPLIT_COLUMN) or DEFAULT_SPLIT
         extra = tuple((name, dtypes[name], _cast(dtypes[name], row[name])) for name in sorted(extra_names))
@@ -496,7 +502,7 @@ def _manifest_table(csv_path: str, text: str, image_column: str | None,
             dead.append(DeadLetter(f"{csv_path}:{line}", "list", "bad_quoting",
                                    "the quoting on this line is broken: a quote never closed, or "
                                    "text after a closing quote (an image manifest holds one row "
-                                   "per line)", row=text_line))
+                                   "per line)"))
             continue
         if not any(c.strip() for c in cells):
             continue
