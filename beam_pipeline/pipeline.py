@@ -323,6 +323,7 @@ class _Launch:
     job: DataflowJob  # job_id '' until submitted.
     interrupted: int = 0  # The signal that came while submitting (0: none).
     keep: bool = False
+    stopping: bool = False  # An interrupt is handling the job.
 
     @property
     def lock_path(self) -> str:
@@ -455,7 +456,12 @@ def interrupt_job(keep: bool = False, signum: int = signal.SIGINT) -> JobInterru
     launch = _active
     if launch is None:
         return None
+    if launch.stopping:  # Interrupted again while the first interrupt asks the API.
+        return JobInterruption(f"interrupted again; {launch.job.describe()} may still run (to stop it: "
+                               f"{launch.job.cancel_command}); the lock {launch.lock_path} stays until "
+                               "it ends")
     if launch.job.job_id:
+        launch.stopping = True
         return JobInterruption(_stop_job(launch, keep))
     if launch.interrupted:
         return JobInterruption(
@@ -605,6 +611,7 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
         try:
             result = _submit(plan, options, launch)
             if launch is not None and launch.interrupted:  # Came while submitting.
+                launch.stopping = True
                 raise JobInterrupted(_stop_job(launch, launch.keep), launch.interrupted)
             release = launch is None  # Dataflow: only once the job is known to have ended.
             result.wait_until_finish()

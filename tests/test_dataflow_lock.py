@@ -324,3 +324,22 @@ def test_ctrl_c_cancels_the_job_and_keeps_the_lock_until_it_stopped(fake_gcs, da
            "JOB_STATE_CANCELLING: the lock " in run.last_line(), run.stderr[-3000:]
     assert "stays until the job has stopped" in run.last_line()
     assert _lock_of(fake_gcs, output) == lock
+
+
+@pytest.mark.emulator
+@needs_fake_gcs
+def test_a_launcher_that_loses_track_of_its_job_leaves_its_lock_and_temporaries(fake_gcs, dataflow, gcs_run,
+                                                                                  tmp_path):
+    """The API stops answering while ``convert`` waits (Beam's poll gives up): the
+    job may still run, so the run fails (exit 1) saying so, and neither the lock
+    nor the job's temporaries are touched (before: both removed under a live job)."""
+    argv, output, env = gcs_run
+    run = _Launcher(tmp_path, "run", argv, env)
+    job = run.wait_for(lambda: _job_in_lock(fake_gcs, output), "the job named in the lock")
+    lock, temporaries = _lock_of(fake_gcs, output), _temporaries(fake_gcs, output)
+    dataflow.refuse = 403
+    assert run.end() == 1, run.stderr[-3000:]
+    stdout = (tmp_path / "run.stdout").read_text()
+    assert f"Dataflow job {job} (project {PROJECT}, region {REGION}) may still be running" in stdout, stdout
+    assert _lock_of(fake_gcs, output) == lock and _temporaries(fake_gcs, output) == temporaries
+    assert dataflow.state(job) == "JOB_STATE_RUNNING" and not dataflow.asked("PUT")
