@@ -20,7 +20,8 @@ request                                                      answer
 Enums are answered as numbers when the client asks for them so
 (``$alt=json;enum-encoding=int``, as google-cloud-dataflow-client does), by name
 otherwise; an unknown job is a 404 in Google's error format. ``refuse = 403``
-makes every request fail so (credentials without ``dataflow.jobs.get``).
+makes every request fail so (credentials without ``dataflow.jobs.get``), or only
+those of ``refuse_method``.
 A job's state is what the test sets (``set_state``): nothing runs.
 """
 
@@ -49,6 +50,7 @@ class FakeDataflow:
       jobs: ``{job id: job JSON}`` (states by name).
       requests: ``(method, path, body)`` of every request, in order.
       refuse: an HTTP status every request gets instead of its answer (0: none).
+      refuse_method: when set, only requests of this method are refused.
       cancel_to: the state a cancel request moves a job to.
     """
 
@@ -56,6 +58,7 @@ class FakeDataflow:
         self.jobs: dict[str, dict] = {}
         self.requests: list[tuple[str, str, dict]] = []
         self.refuse = 0
+        self.refuse_method = ""
         self.cancel_to = "JOB_STATE_CANCELLED"
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -131,8 +134,9 @@ class FakeDataflow:
                 body = json.loads(raw) if raw else {}
                 path, _, query = self.path.partition("?")
                 fake.requests.append((method, self.path, body))
+                refused = fake.refuse and fake.refuse_method in ("", method)
                 code, answer = ((fake.refuse, _error(fake.refuse, "the caller does not have permission"))
-                                if fake.refuse else fake._answer(method, path, body))  # pylint: disable=protected-access
+                                if refused else fake._answer(method, path, body))  # pylint: disable=protected-access
                 if "enum-encoding=int" in urllib.parse.unquote(query):
                     answer = {k: JobState[v].value if k in ("currentState", "requestedState") else v
                               for k, v in answer.items()}

@@ -330,16 +330,18 @@ def test_ctrl_c_cancels_the_job_and_keeps_the_lock_until_it_stopped(fake_gcs, da
 @needs_fake_gcs
 def test_a_launcher_that_loses_track_of_its_job_leaves_its_lock_and_temporaries(fake_gcs, dataflow, gcs_run,
                                                                                   tmp_path):
-    """The API stops answering while ``convert`` waits (Beam's poll gives up): the
-    job may still run, so the run fails (exit 1) saying so, and neither the lock
-    nor the job's temporaries are touched (before: both removed under a live job)."""
+    """The API takes the job but then answers no question about it (403 on every
+    GET): Beam's wait gives up while the job may still run, so the run fails (exit
+    1) saying so, and the lock, naming the job, and the job's temporaries stay
+    (before: both removed under a live job)."""
     argv, output, env = gcs_run
+    dataflow.refuse, dataflow.refuse_method = 403, "GET"
     run = _Launcher(tmp_path, "run", argv, env)
-    job = run.wait_for(lambda: _job_in_lock(fake_gcs, output), "the job named in the lock")
-    lock, temporaries = _lock_of(fake_gcs, output), _temporaries(fake_gcs, output)
-    dataflow.refuse = 403
     assert run.end() == 1, run.stderr[-3000:]
+    (job,) = dataflow.jobs
     stdout = (tmp_path / "run.stdout").read_text()
     assert f"Dataflow job {job} (project {PROJECT}, region {REGION}) may still be running" in stdout, stdout
-    assert _lock_of(fake_gcs, output) == lock and _temporaries(fake_gcs, output) == temporaries
+    lock = _lock_of(fake_gcs, output)
+    assert lock["dataflow"]["job_id"] == job
+    assert {p.split("/tmp-")[1].split("/")[0] for p in _temporaries(fake_gcs, output)} == {lock["run_id"]}
     assert dataflow.state(job) == "JOB_STATE_RUNNING" and not dataflow.asked("PUT")
