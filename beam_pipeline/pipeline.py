@@ -612,7 +612,8 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
             result = _submit(plan, options, launch)
             if launch is not None and launch.interrupted:  # Came while submitting.
                 launch.stopping = True
-                raise JobInterrupted(_stop_job(launch, launch.keep), launch.interrupted)
+                raise JobInterrupted(_stop_job(launch, launch.keep) if launch.job.job_id else
+                                     "interrupted; no Dataflow job was created", launch.interrupted)
             release = launch is None  # Dataflow: only once the job is known to have ended.
             result.wait_until_finish()
             release = True

@@ -166,6 +166,8 @@ def test_recording_the_job_never_overwrites_another_runs_lock(fake_gcs, tmp_path
             "print(json.dumps(held))\n"
             "print(commit.record_job(output, 'mine', job))\n"
             "input()  # The test replaces the lock here.\n"
+            "print(commit.record_job(output, 'mine', job), flush=True)\n"
+            "input()  # And deletes it here.\n"
             "print(commit.record_job(output, 'mine', job))\n")
     lock = f"{output}/{WORK_DIR}/lock.json"
     proc = subprocess.Popen([sys.executable, "-c", code, output, job.project, job.region, job.job_id],
@@ -177,18 +179,15 @@ def test_recording_the_job_never_overwrites_another_runs_lock(fake_gcs, tmp_path
         assert json.loads(fake_gcs.download(lock)) == {**held, "dataflow": job.to_json()}
         theirs = json.dumps({"run_id": "theirs", "host": "elsewhere", "pid": 1}).encode()
         fake_gcs.upload(lock, theirs)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "False" and fake_gcs.download(lock) == theirs
+        fake_gcs.blob(lock).delete()  # Released: recording does not bring it back.
         out, err = proc.communicate("\n", timeout=WAIT_SECONDS)
     finally:
         proc.kill()
     assert proc.returncode == 0, err[-2000:]
-    assert out.strip() == "False" and fake_gcs.download(lock) == theirs
-    fake_gcs.blob(lock).delete()  # Released: recording does not bring it back.
-    code = ("import sys\nfrom beam_tfrecords.transforms.io import commit\n"
-            "from beam_tfrecords.transforms.io.dataflow_jobs import DataflowJob\n"
-            "print(commit.record_job(sys.argv[1], 'theirs', DataflowJob('p-1', 'r', 'j')))")
-    done = subprocess.run([sys.executable, "-c", code, output], env=env, capture_output=True, text=True,
-                          timeout=WAIT_SECONDS, check=True)
-    assert done.stdout.strip() == "False" and lock not in fake_gcs.objects(output)
+    assert out.strip() == "False" and lock not in fake_gcs.objects(output)
 
 
 # --- convert on the DataflowRunner, through the real CLI ------------------------------------
