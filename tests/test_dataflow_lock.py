@@ -153,36 +153,49 @@ def test_a_launcher_that_died_while_submitting_leaves_a_lock_nobody_takes(tmp_pa
 @pytest.mark.emulator
 @needs_fake_gcs
 def test_recording_the_job_never_overwrites_another_runs_lock(fake_gcs, tmp_path):
-    """On GCS the rewrite names the generation read: the lock keeps every field and
-    gains the job; a lock another run took meanwhile, or one the job's last step
-    released, is left as it is (not written again)."""
-    env = fake_gcs.env(cli_env())
+    """On GCS the rewrite names the generation read. Another run replaces the lock
+    between that read and the write (hold point ``lock_record``): the write is
+    refused (412) and the other run's lock stays byte-identical. Unhindered, the
+    lock keeps every field and gains the job; a lock the job's last step released
+    is not written again."""
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    env = fake_gcs.env(cli_env(BEAM_TFRECORDS_TEST_HOOKS="1", BEAM_TFRECORDS_HOLD_AT="lock_record",
+                               BEAM_TFRECORDS_HOLD_DIR=str(hold)))
     output = fake_gcs.bucket("lock-record") + "/out"
     job = DataflowJob(PROJECT, REGION, "2026-11-30_01_02_03-1")
     code = ("import json, sys\nfrom beam_tfrecords.transforms.io import commit\n"
             "from beam_tfrecords.transforms.io.dataflow_jobs import DataflowJob\n"
             "output, job = sys.argv[1], DataflowJob(*sys.argv[2:5])\n"
-            "held = commit.acquire_lock(output, 'mine', DataflowJob(job.project, job.region))\n"
-            "print(json.dumps(held))\n"
-            "print(commit.record_job(output, 'mine', job))\n"
-            "input()  # The test replaces the lock here.\n"
+            "pending = DataflowJob(job.project, job.region)\n"
+            "commit.acquire_lock(output, 'mine', pending)\n"
+            "print(commit.record_job(output, 'mine', job), flush=True)  # Held; replaced meanwhile.\n"
+            "input()  # The test deleted that lock.\n"
+            "print(json.dumps(commit.acquire_lock(output, 'mine', pending)), flush=True)\n"
             "print(commit.record_job(output, 'mine', job), flush=True)\n"
-            "input()  # And deletes it here.\n"
+            "input()  # The test deleted it (as the job's last step does).\n"
             "print(commit.record_job(output, 'mine', job))\n")
     lock = f"{output}/{WORK_DIR}/lock.json"
     proc = subprocess.Popen([sys.executable, "-c", code, output, job.project, job.region, job.job_id],
                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
+        deadline = time.monotonic() + WAIT_SECONDS
+        while not (hold / "lock_record").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+            time.sleep(0.05)
+        assert json.loads(fake_gcs.download(lock))["run_id"] == "mine"
+        theirs = json.dumps({"run_id": "theirs", "host": "elsewhere", "pid": 1}).encode()
+        fake_gcs.upload(lock, theirs)
+        (hold / "lock_record").unlink()
+        assert proc.stdout.readline().strip() == "False" and fake_gcs.download(lock) == theirs
+        fake_gcs.blob(lock).delete()
+        proc.stdin.write("\n")
+        proc.stdin.flush()
         held = json.loads(proc.stdout.readline())
         assert proc.stdout.readline().strip() == "True"
         assert json.loads(fake_gcs.download(lock)) == {**held, "dataflow": job.to_json()}
-        theirs = json.dumps({"run_id": "theirs", "host": "elsewhere", "pid": 1}).encode()
-        fake_gcs.upload(lock, theirs)
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == "False" and fake_gcs.download(lock) == theirs
-        fake_gcs.blob(lock).delete()  # Released: recording does not bring it back.
+        fake_gcs.blob(lock).delete()
         out, err = proc.communicate("\n", timeout=WAIT_SECONDS)
     finally:
         proc.kill()

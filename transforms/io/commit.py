@@ -437,6 +437,7 @@ def record_job(output: str, run_id: str, job: DataflowJob) -> bool:
     if seen is None or seen.holder.get("run_id") != run_id:
         return False
     data = _encode({**seen.holder, "dataflow": job.to_json()})
+    hold_point("lock_record")  # Tests: another run may replace the lock meanwhile.
     if is_gcs(path):
         return replace_generation(path, data, seen.version[0])
     with _takeover_guard(path):

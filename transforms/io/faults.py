@@ -33,7 +33,8 @@ POINTS = (
 )
 # Also, not crash points: ``lock_takeover`` (a gone holder's lock read, not yet taken
 # over) and ``before_register`` (a part published, not yet listed in the dataset),
-# ``dataflow_submit`` (the output locked, the Dataflow job not yet submitted).
+# ``dataflow_submit`` (the output locked, the Dataflow job not yet submitted) and
+# ``lock_record`` (the lock read, the submitted job's id not yet written into it).
 HOOKS_ENV = "BEAM_TFRECORDS_TEST_HOOKS"
 _ENV_POINT = "BEAM_TFRECORDS_HOLD_AT"
 _ENV_DIR = "BEAM_TFRECORDS_HOLD_DIR"
