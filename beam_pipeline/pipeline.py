@@ -59,6 +59,7 @@ from beam_tfrecords.transforms.io.dataflow_jobs import (
     DataflowJob,
     JobQueryError,
     cancel_job,
+    flex_launch_job_id,
     job_state,
 )
 from beam_tfrecords.transforms.io.faults import announce_hooks, hold_point
@@ -390,11 +391,16 @@ def _submit(plan: RunPlan, options: PipelineOptions, launch: _Launch | None):
     result = _start(plan, options)
     if launch is None:
         return result
-    job_id = result.job_id() if getattr(result, "has_job", False) else ""
-    if not job_id:  # A template was written (--template_location): no job runs.
-        release_lock(launch.output, launch.run_id)
-        return result
     cloud = options.view_as(GoogleCloudOptions)  # Completed by Beam (a default region).
+    # Submitted by this program, or (a Flex Template launch) by the launcher service,
+    # which had the program write the job to --template_location.
+    job_id = (result.job_id() if getattr(result, "has_job", False)
+              else flex_launch_job_id(cloud.template_location))
+    if not job_id:
+        _log.warning("No Dataflow job id is known (--template_location %s): the lock %s stays until "
+                     "the job's last step releases it; if no job runs, delete it",
+                     cloud.template_location, launch.lock_path)
+        return result
     job = DataflowJob(cloud.project or launch.job.project, cloud.region or launch.job.region, job_id)
     try:
         recorded = record_job(launch.output, launch.run_id, job)
@@ -501,8 +507,10 @@ def submit(config: ConvertConfig, beam_args: Sequence[str] = ()):
     For launchers that only submit (a Dataflow Flex Template): the outcome is
     then ``OUTPUT/run_report.json``, and ``manifest.json`` when it succeeded; the
     pipeline's last step releases the output's lock. On Dataflow the lock names
-    the job once it is submitted: a job that fails or is cancelled leaves it, and
-    the next run takes it over once the Dataflow API says the job has ended.
+    the job once it is submitted (in a Flex Template launch, the job the launcher
+    created, read from ``--template_location``; see ``flex_launch_job_id``): a job
+    that fails or is cancelled leaves it, and the next run takes it over once the
+    Dataflow API says the job has ended.
 
     Returns:
       Beam's ``PipelineResult``; ``None`` when a scheduled run found nothing to do
@@ -613,7 +621,8 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
             if launch is not None and launch.interrupted:  # Came while submitting.
                 launch.stopping = True
                 raise JobInterrupted(_stop_job(launch, launch.keep) if launch.job.job_id else
-                                     "interrupted; no Dataflow job was created", launch.interrupted)
+                                     f"interrupted; no Dataflow job id is known: the lock "
+                                     f"{launch.lock_path} stays", launch.interrupted)
             release = launch is None  # Dataflow: only once the job is known to have ended.
             result.wait_until_finish()
             release = True

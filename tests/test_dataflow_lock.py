@@ -357,3 +357,25 @@ def test_a_launcher_that_loses_track_of_its_job_leaves_its_lock_and_temporaries(
     assert lock["dataflow"]["job_id"] == job
     assert {p.split("/tmp-")[1].split("/")[0] for p in _temporaries(fake_gcs, output)} == {lock["run_id"]}
     assert dataflow.state(job) == "JOB_STATE_RUNNING" and not dataflow.asked("PUT")
+
+
+@pytest.mark.emulator
+@needs_fake_gcs
+def test_a_flex_template_launch_names_the_job_the_launcher_created(fake_gcs, dataflow, gcs_run, tmp_path):
+    """A Flex Template launch: Dataflow creates the job, then runs the entry point with
+    ``--template_location=.../template_launches/<job id>/job_object``, where the
+    program writes the job instead of submitting it (Beam does so for any
+    ``--template_location``). The lock names that job, so a relaunch after it
+    failed takes over as above (before: a lock of a launcher VM that no run could
+    ever take over)."""
+    argv, output, env = gcs_run
+    job = dataflow.add_job(PROJECT, REGION, "JOB_STATE_PENDING")  # As the launch service does.
+    bucket = output.split("/")[2]
+    spec = f"gs://{bucket}/staging/template_launches/{job}/job_object"
+    flex_main = Path(__file__).resolve().parents[1] / "dataflow" / "flex_main.py"
+    done = subprocess.run([sys.executable, str(flex_main), *argv, f"--template_location={spec}"], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=WAIT_SECONDS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(fake_gcs.download(spec))["name"]  # The job, written where the launcher reads it.
+    assert _lock_of(fake_gcs, output)["dataflow"] == {"project": PROJECT, "region": REGION, "job_id": job}
+    assert dataflow.asked("POST") == []  # Nothing submitted by the program itself.

@@ -30,6 +30,7 @@ __all__ = [
     "DataflowJob",
     "JobQueryError",
     "cancel_job",
+    "flex_launch_job_id",
     "job_state",
 ]
 
@@ -45,6 +46,21 @@ _TIMEOUT_SECONDS = 30.0
 _JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _PROJECT = re.compile(r"[a-z][a-z0-9.:-]{0,99}")
 _REGION = re.compile(r"[a-z][a-z0-9-]{0,62}")
+
+
+# Where a Flex Template launch has the program write its job (``--template_location``):
+# ``gs://STAGING/template_launches/<job id>/job_object``; the job exists already.
+_FLEX_LAUNCH = re.compile(r"^gs://.+/template_launches/([A-Za-z0-9_-]{1,128})/[^/]+$")
+
+
+def flex_launch_job_id(template_location: str | None) -> str:
+    """The id of the job a Flex Template launch runs this program for, read from the
+    ``--template_location`` its launcher passes (``.../template_launches/<job
+    id>/job_object``: Dataflow creates the job before it starts the launcher, and
+    names the launch's folder by it); ``''`` for anything else (no template, or a
+    classic template being created)."""
+    match = _FLEX_LAUNCH.match(template_location or "")
+    return match.group(1) if match else ""
 
 
 class JobQueryError(RuntimeError):
