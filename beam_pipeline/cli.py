@@ -523,6 +523,7 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
     # Ctrl-C: Beam turns it into an error inside whatever step is running (with a
     # logged traceback); stop at once instead. Nothing is published before the commit,
     # and the next run removes this run's temporaries and takes over its lock.
+    # On Dataflow the job it submitted is cancelled or kept first (pipeline.interrupt_job).
     in_main_thread = threading.current_thread() is threading.main_thread()
     keep_job = args.on_interrupt == "keep"
     previous = signal.signal(signal.SIGINT, _interrupted(prog, keep_job)) if in_main_thread else None
