@@ -35,7 +35,7 @@ from beam_tfrecords.inspect import (
     read_manifest,
     sample_records,
 )
-from beam_tfrecords.pipeline import ConvertError, convert
+from beam_tfrecords.pipeline import ConvertError, JobInterrupted, convert, interrupt_job
 from beam_tfrecords.preflight import infer_table_schema, resolve_config, table_inputs
 from beam_tfrecords.schemas.config import (
     COLOR_MODES,
@@ -183,6 +183,10 @@ def _convert_parser(prog: str) -> argparse.ArgumentParser:
                    help="seconds between progress log lines (default 30; 0: no progress)")
     p.add_argument("--report_json", default=None,
                    help="also write the run report to this local file")
+    p.add_argument("--on_interrupt", default="cancel", choices=("cancel", "keep"),
+                   help="on Dataflow, what Ctrl-C or SIGTERM does to the job convert waits for: "
+                   "cancel (default): cancel it, and release the output's lock once it ended; keep: "
+                   "leave it running, and its lock until it ends")
     u = p.add_argument_group("scheduled runs (see 'Scheduled runs' in the README)")
     u.add_argument("--skip_unchanged", action="store_true",
                    help="when the input files and the options that shape the records match the "
@@ -454,20 +458,35 @@ def _writable(path: str) -> bool:
     return os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)
 
 
-def _interrupted(prog: str):
+def _interrupted(prog: str, keep_job: bool = False):
     def handler(signum, frame):  # pylint: disable=unused-argument
         console.clear_line()
         sys.stdout.flush()
-        print(f"{prog}: {_INTERRUPTED}", file=sys.stderr, flush=True)
+        job = interrupt_job(keep_job, signum)  # A Dataflow job this run submitted.
+        print(f"{prog}: {job.line if job else _INTERRUPTED}", file=sys.stderr, flush=True)
+        if job is not None and not job.exit_now:
+            return  # Still submitting: convert handles the job once it exists.
         scratch.cleanup()
         os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
     return handler
 
 
-def _terminated(signum, frame):  # pylint: disable=unused-argument
-    """SIGTERM: the run's temporary folder goes, then the process ends by the signal,
-    as it would without this handler (nothing published; the next run cleans up)."""
-    console.clear_line()
+def _terminated_by(prog: str, keep_job: bool = False):
+    def handler(signum, frame):  # pylint: disable=unused-argument
+        """SIGTERM: the run's temporary folder goes, then the process ends by the signal,
+        as it would without this handler (nothing published; the next run cleans up);
+        first, a Dataflow job this run submitted is handled as on Ctrl-C."""
+        console.clear_line()
+        job = interrupt_job(keep_job, signum)
+        if job is not None:
+            print(f"{prog}: {job.line}", file=sys.stderr, flush=True)
+            if not job.exit_now:
+                return
+        _die_by_sigterm()
+    return handler
+
+
+def _die_by_sigterm() -> None:
     scratch.cleanup()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
@@ -504,9 +523,11 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
     # Ctrl-C: Beam turns it into an error inside whatever step is running (with a
     # logged traceback); stop at once instead. Nothing is published before the commit,
     # and the next run removes this run's temporaries and takes over its lock.
+    # On Dataflow the job it submitted is cancelled or kept first (pipeline.interrupt_job).
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, _interrupted(prog)) if in_main_thread else None
-    previous_term = signal.signal(signal.SIGTERM, _terminated) if in_main_thread else None
+    keep_job = args.on_interrupt == "keep"
+    previous = signal.signal(signal.SIGINT, _interrupted(prog, keep_job)) if in_main_thread else None
+    previous_term = signal.signal(signal.SIGTERM, _terminated_by(prog, keep_job)) if in_main_thread else None
     try:
         beam_args = scratch.keep_requirements_cache(beam_args)
         with scratch.RunScratch():  # Beam's temporary folders, and ours, go with the run.
@@ -514,6 +535,11 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
     except (ConvertError, ValueError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except JobInterrupted as err:  # While submitting to Dataflow: the job is now handled.
+        print(f"{prog}: {err}", file=sys.stderr, flush=True)
+        if err.signum == signal.SIGTERM:
+            _die_by_sigterm()
+        return EXIT_INTERRUPTED
     finally:
         reporter.stop()
         if in_main_thread:

@@ -4,6 +4,12 @@
 ``convert`` plans the run (``preflight``), takes the output folder, runs the
 pipeline on the runner the Beam options name (DirectRunner by default), and
 returns the run report that the last step wrote.
+
+On Dataflow the output's lock follows the job (``transforms.io.commit``): it
+names the job once submitted, the launcher releases it only when the job is
+known to have ended (else the job's last step does, or the next run takes it
+over once the Dataflow API says the job ended), and an interrupted ``convert``
+cancels the job it waits for, or leaves it running (``interrupt_job``).
 """
 
 from __future__ import annotations
@@ -12,10 +18,16 @@ import dataclasses
 import json
 import logging
 import re
+import signal
 from collections.abc import Callable, Sequence
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
+from apache_beam.options.pipeline_options import (
+    GoogleCloudOptions,
+    PipelineOptions,
+    StandardOptions,
+    TestOptions,
+)
 
 from beam_tfrecords.preflight import (
     ConvertError,
@@ -29,6 +41,7 @@ from beam_tfrecords.preflight import (
 )
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME
+from beam_tfrecords.schemas.shards import WORK_DIR
 from beam_tfrecords.transforms.images import (
     ImageRecords,
     ListImages,
@@ -39,8 +52,17 @@ from beam_tfrecords.transforms.images import (
     write_listing,
 )
 from beam_tfrecords.transforms.io import files
-from beam_tfrecords.transforms.io.commit import release_lock, remove_folder
-from beam_tfrecords.transforms.io.faults import announce_hooks
+from beam_tfrecords.transforms.io.commit import LOCK_NAME, record_job, release_lock, remove_folder
+from beam_tfrecords.transforms.io.dataflow_jobs import (
+    ENDED_STATES,
+    DataflowApi,
+    DataflowJob,
+    JobQueryError,
+    cancel_job,
+    flex_launch_job_id,
+    job_state,
+)
+from beam_tfrecords.transforms.io.faults import announce_hooks, hold_point
 from beam_tfrecords.transforms.io.helpers import helper_pool
 from beam_tfrecords.transforms.io.ownership import write_owned
 from beam_tfrecords.transforms.manifest import Commit, CommitSettings
@@ -56,10 +78,13 @@ _log = logging.getLogger(__name__)
 __all__ = [
     "ConvertError",
     "ConvertResult",
+    "JobInterrupted",
+    "JobInterruption",
     "OutputBusy",
     "OutputExistsError",
     "build_pipeline",
     "convert",
+    "interrupt_job",
     "submit",
 ]
 
@@ -284,12 +309,208 @@ def _record_failure(plan: RunPlan, err: BaseException) -> dict:
     return report
 
 
+# --- the Dataflow job a run submits, and its lock -------------------------------------------
+
+
+@dataclasses.dataclass
+class _Launch:
+    """A Dataflow job this process submits, and the lock that names it (mutable: the
+    job id arrives on submission; the CLI's signal handlers read it, see
+    ``interrupt_job``)."""
+
+    output: str
+    run_id: str
+    api: DataflowApi
+    job: DataflowJob  # job_id '' until submitted.
+    interrupted: int = 0  # The signal that came while submitting (0: none).
+    keep: bool = False
+    stopping: bool = False  # An interrupt is handling the job.
+
+    @property
+    def lock_path(self) -> str:
+        return files.join(self.output, WORK_DIR, LOCK_NAME)
+
+
+_active: _Launch | None = None  # The job convert() submits or waits for, for interrupt_job.
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInterruption:
+    """What an interrupt did to the Dataflow job this process submitted.
+
+    Attributes:
+      line: one line for the person (or scheduler) that interrupted.
+      exit_now: ``False`` when the job is still being submitted: the process goes
+        on until it is, then handles it (``JobInterrupted``).
+    """
+
+    line: str
+    exit_now: bool = True
+
+
+class JobInterrupted(KeyboardInterrupt):
+    """``convert`` was interrupted while submitting its Dataflow job; the job has
+    since been cancelled or left running, as the message says.
+
+    Attributes:
+      signum: the signal that interrupted it.
+    """
+
+    def __init__(self, line: str, signum: int):
+        super().__init__(line)
+        self.signum = signum
+
+
+def _launch_of(plan: RunPlan, options: PipelineOptions) -> _Launch | None:
+    """For a run on Dataflow, the job it is to submit (project and region; the id
+    comes at submission); ``None`` on other runners."""
+    if not _is_dataflow(options):
+        return None
+    cloud = options.view_as(GoogleCloudOptions)
+    return _Launch(plan.dataset_output or plan.config.output, plan.target.run_id,
+                   DataflowApi.from_options(options), DataflowJob(cloud.project or "", cloud.region or ""))
+
+
+def _take(plan: RunPlan, launch: _Launch | None) -> None:
+    """``take_output``; on Dataflow the lock names the job's project and region."""
+    try:
+        if launch is None:
+            take_output(plan)
+        else:
+            take_output(plan, job=launch.job, api=launch.api)
+    except BaseException:
+        drop_listing(plan.listing)
+        raise
+
+
+def _submit(plan: RunPlan, options: PipelineOptions, launch: _Launch | None):
+    """Builds and starts the pipeline; on Dataflow, writes the job it submitted into
+    the output's lock (``record_job``), so that the lock follows the job."""
+    if launch is not None:
+        hold_point("dataflow_submit")  # Tests: interrupted while submitting.
+    result = _start(plan, options)
+    if launch is None:
+        return result
+    cloud = options.view_as(GoogleCloudOptions)  # Completed by Beam (a default region).
+    # Submitted by this program, or (a Flex Template launch) by the launcher service,
+    # which had the program write the job to --template_location.
+    job_id = (result.job_id() if getattr(result, "has_job", False)
+              else flex_launch_job_id(cloud.template_location))
+    if not job_id:
+        _log.warning("No Dataflow job id is known (--template_location %s): the lock %s stays until "
+                     "the job's last step releases it; if no job runs, delete it",
+                     cloud.template_location, launch.lock_path)
+        return result
+    job = DataflowJob(cloud.project or launch.job.project, cloud.region or launch.job.region, job_id)
+    try:
+        recorded = record_job(launch.output, launch.run_id, job)
+    except Exception as err:  # pylint: disable=broad-except
+        _log.warning("Could not write %s into %s: %s", job.describe(), launch.lock_path, err)
+        recorded = False
+    if recorded:
+        _log.info("The lock %s names %s (%s)", launch.lock_path, job.describe(), job.console_url)
+    else:
+        _log.warning("The lock %s does not name %s: if this launcher stops, delete it once that job "
+                     "has ended", launch.lock_path, job.describe())
+    launch.job = job
+    return result
+
+
+def _stop_job(launch: _Launch, keep: bool) -> str:
+    """Cancels the submitted job (or, with ``keep``, leaves it running); releases the
+    lock only when the job has ended. Returns one line saying what happened."""
+    job = launch.job
+    if keep:
+        return (f"interrupted; {job.describe()} keeps running ({job.console_url}); the lock "
+                f"{launch.lock_path} stays until it ends (the next run takes it over then); to "
+                f"stop it: {job.cancel_command}")
+    try:
+        state = cancel_job(job, launch.api)
+        if state not in ENDED_STATES:
+            state = job_state(job, launch.api)
+    except JobQueryError as err:
+        return (f"interrupted; could not cancel {job.describe()} ({err}): it may still run; cancel "
+                f"it: {job.cancel_command}; the lock {launch.lock_path} stays until it ends")
+    if state not in ENDED_STATES:
+        return (f"interrupted; cancelling {job.describe()}, now {state}: the lock {launch.lock_path} "
+                "stays until the job has stopped, and the next run takes it over then")
+    try:
+        release_lock(launch.output, launch.run_id)
+    except Exception as err:  # pylint: disable=broad-except
+        return (f"interrupted; cancelled {job.describe()}, now {state}, but could not release the "
+                f"lock ({type(err).__name__}); the next run takes it over")
+    return f"interrupted; cancelled {job.describe()}, now {state}, and released the lock"
+
+
+def interrupt_job(keep: bool = False, signum: int = signal.SIGINT) -> JobInterruption | None:
+    """For a signal handler (Ctrl-C, SIGTERM) while ``convert`` runs on Dataflow:
+    cancels the job it submitted and waits for, then releases the output's lock
+    when Dataflow says the job ended; with ``keep``, leaves the job running and
+    its lock in place (the next run takes it over once the job ended). While
+    the job is being submitted, the interrupt is remembered and handled as soon
+    as the job exists (``convert`` then raises ``JobInterrupted``); a second
+    interrupt then stops at once, leaving the lock.
+
+    Args:
+      keep: leave the job running instead of cancelling it.
+      signum: the signal (carried by ``JobInterrupted``).
+
+    Returns:
+      What was done; ``None`` when this process waits for no Dataflow job (the
+      run stops as on any runner).
+    """
+    launch = _active
+    if launch is None:
+        return None
+    if launch.stopping:  # Interrupted again while the first interrupt asks the API.
+        return JobInterruption(f"interrupted again; {launch.job.describe()} may still run (to stop it: "
+                               f"{launch.job.cancel_command}); the lock {launch.lock_path} stays until "
+                               "it ends")
+    if launch.job.job_id:
+        launch.stopping = True
+        return JobInterruption(_stop_job(launch, keep))
+    if launch.interrupted:
+        return JobInterruption(
+            f"interrupted again while submitting to Dataflow: the lock {launch.lock_path} stays; "
+            f"if no job of run {launch.run_id} was created (gcloud dataflow jobs list --status=active "
+            f"--region {launch.job.region} --project {launch.job.project}), delete it")
+    launch.interrupted, launch.keep = signum, keep
+    return JobInterruption(
+        "interrupted while submitting the Dataflow job: it will be "
+        f"{'left running' if keep else 'cancelled'} as soon as it exists (interrupt again to stop "
+        "now, leaving the lock)", exit_now=False)
+
+
+def _job_ended(launch: _Launch) -> bool:
+    """Whether the Dataflow API says the submitted job has ended (``False`` when it
+    cannot be asked)."""
+    try:
+        return job_state(launch.job, launch.api) in ENDED_STATES
+    except JobQueryError as err:
+        _log.warning("Could not ask about %s: %s", launch.job.describe(), err)
+        return False
+
+
+def _lost_job(plan: RunPlan, launch: _Launch, err: BaseException) -> dict:
+    """The report of a run that stopped waiting for a Dataflow job that may still run:
+    its temporaries and lock stay, nothing is written to the output."""
+    job = launch.job
+    return {"status": "failed", "output": launch.output, "manifest": None, "run_id": plan.target.run_id,
+            "error": f"{_failure(err)}; {job.describe()} may still be running ({job.console_url}): "
+                     f"the lock {launch.lock_path} stays until it ends",
+            "report_not_written": "the Dataflow job may still be running"}
+
+
 def submit(config: ConvertConfig, beam_args: Sequence[str] = ()):
     """Checks, prepares and starts a conversion without waiting for it.
 
     For launchers that only submit (a Dataflow Flex Template): the outcome is
     then ``OUTPUT/run_report.json``, and ``manifest.json`` when it succeeded; the
-    pipeline's last step releases the output's lock.
+    pipeline's last step releases the output's lock. On Dataflow the lock names
+    the job once it is submitted (in a Flex Template launch, the job the launcher
+    created, read from ``--template_location``; see ``flex_launch_job_id``): a job
+    that fails or is cancelled leaves it, and the next run takes it over once the
+    Dataflow API says the job has ended.
 
     Returns:
       Beam's ``PipelineResult``; ``None`` when a scheduled run found nothing to do
@@ -307,13 +528,10 @@ def submit(config: ConvertConfig, beam_args: Sequence[str] = ()):
         return None
     if options.view_as(TestOptions).dry_run:
         return _dry_run(plan, options)
+    launch = _launch_of(plan, options)
+    _take(plan, launch)
     try:
-        take_output(plan)
-    except BaseException:
-        drop_listing(plan.listing)
-        raise
-    try:
-        return _start(plan, options)
+        return _submit(plan, options, launch)
     except BaseException:
         drop_listing(plan.listing)
         release_lock(plan.dataset_output or plan.config.output, plan.target.run_id)
@@ -385,23 +603,49 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
             on_plan(plan)
         _dry_run(plan, options)
         return ConvertResult({"status": "dry_run", "output": plan.config.output, "manifest": None})
-    try:
-        if on_plan is not None:
+    if on_plan is not None:
+        try:
             on_plan(plan)
-        take_output(plan)
-    except BaseException:
-        drop_listing(plan.listing)
-        raise
+        except BaseException:
+            drop_listing(plan.listing)
+            raise
+    launch = _launch_of(plan, options)
+    _take(plan, launch)
+    output = plan.dataset_output or plan.config.output
+    release = True  # Whether this process releases the lock at the end.
+    global _active  # pylint: disable=global-statement
+    _active = launch
     try:
         try:
-            _start(plan, options).wait_until_finish()
+            result = _submit(plan, options, launch)
+            if launch is not None and launch.interrupted:  # Came while submitting.
+                launch.stopping = True
+                raise JobInterrupted(_stop_job(launch, launch.keep) if launch.job.job_id else
+                                     f"interrupted; no Dataflow job id is known: the lock "
+                                     f"{launch.lock_path} stays", launch.interrupted)
+            release = launch is None  # Dataflow: only once the job is known to have ended.
+            result.wait_until_finish()
+            release = True
         except Exception as err:  # pylint: disable=broad-except
             # Inputs are dead-lettered, not raised: this is the storage, the runner or a bug.
+            if launch is not None and launch.job.job_id and not release and not _job_ended(launch):
+                return ConvertResult(_lost_job(plan, launch, err))
+            release = True
             return ConvertResult(_record_failure(plan, err))
+        except JobInterrupted:
+            release = False  # _stop_job released it if the job ended.
+            raise
+        except KeyboardInterrupt:
+            if launch is not None and launch.job.job_id:  # Python's own Ctrl-C (library use).
+                release = False
+                _log.warning("%s", _stop_job(launch, keep=False))
+            raise
     finally:
+        _active = None
         drop_listing(plan.listing)
-        release_lock(plan.dataset_output or plan.config.output, plan.target.run_id)
-    report_path = files.join(plan.dataset_output or plan.config.output, REPORT_NAME)
+        if release:
+            release_lock(output, plan.target.run_id)
+    report_path = files.join(output, REPORT_NAME)
     if not files.exists(report_path):
         raise RuntimeError(f"the pipeline finished without writing {report_path}")
     return ConvertResult(json.loads(files.read_text(report_path)))

@@ -60,6 +60,7 @@ from beam_tfrecords.transforms.io.commit import (
     remove_folder,
     remove_stale_temporaries,
 )
+from beam_tfrecords.transforms.io.dataflow_jobs import DataflowApi, DataflowJob
 from beam_tfrecords.transforms.io.fingerprint import (
     file_entries,
     hash_entries,
@@ -1146,12 +1147,13 @@ def check_output(plan: RunPlan, claims: OutputClaims | None = None) -> None:
         raise OutputNotOursError(claims.refusal())
 
 
-def take_output(plan: RunPlan) -> None:
+def take_output(plan: RunPlan, job: DataflowJob | None = None, api: DataflowApi | None = None) -> None:
     """Takes the output folder for this run: its lock, then a clean slate.
 
     Refuses a finished dataset unless overwriting (the old manifest stays until
     the new one replaces it, see ``transforms.io.commit``), removes what killed
-    runs left behind, and clears the last run's report and dead letters.
+    runs left behind, and clears the last run's report and dead letters. ``job``
+    and ``api``: see ``acquire_lock`` (a run on Dataflow; a lock naming a job).
 
     Raises:
       OutputExistsError: when ``manifest.json`` exists and ``overwrite`` is off.
@@ -1162,7 +1164,7 @@ def take_output(plan: RunPlan) -> None:
     is_part = plan.update is not None and plan.update.action == "part"
     check_output(plan)
     try:
-        acquire_lock(lock_output, target.run_id)
+        acquire_lock(lock_output, target.run_id, job, api)
     except OutputBusyError as err:
         raise OutputBusy(str(err)) from None
     except OSError as err:

@@ -32,6 +32,12 @@ through a symbolic link.
 The lock (``acquire_lock``) names its holder by run id, host, machine id, boot
 id, pid namespace and pid; a gone holder's lock is taken over only with a
 precondition on the version read (``_take_over``), so one run of several wins.
+A run on Dataflow also names its job: project and region when it takes the
+lock, the job id once the job is submitted (``record_job``, a rewrite with the
+same precondition). Such a lock follows the job, not the launcher: it is taken
+over only when the Dataflow API says the job has ended
+(``transforms.io.dataflow_jobs``), never because its launcher is gone; a lock
+whose launcher stopped while submitting (no job id) is never taken over.
 """
 
 from __future__ import annotations
@@ -56,6 +62,13 @@ from beam_tfrecords.schemas.inputs import PART_PREFIX
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME
 from beam_tfrecords.schemas.shards import WORK_DIR
 from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io.dataflow_jobs import (
+    ENDED_STATES,
+    DataflowApi,
+    DataflowJob,
+    JobQueryError,
+    job_state,
+)
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.gcs import (
     copy_generation,
@@ -86,6 +99,7 @@ __all__ = [
     "acquire_lock",
     "new_run_id",
     "publish",
+    "record_job",
     "register_part",
     "release_lock",
     "remove_folder",
@@ -156,9 +170,9 @@ def _machine() -> dict[str, str]:
             "boot": _first_line("/proc/sys/kernel/random/boot_id"), "pid_ns": namespace}
 
 
-def _holder(run_id: str) -> dict:
+def _holder(run_id: str, job: DataflowJob | None = None) -> dict:
     pid = os.getpid()
-    return {
+    holder = {
         "run_id": run_id,
         "host": socket.gethostname(),
         **_machine(),
@@ -166,6 +180,13 @@ def _holder(run_id: str) -> dict:
         "pid_start": _process_start(pid),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+    if job is not None:
+        holder["dataflow"] = job.to_json()
+    return holder
+
+
+def _encode(holder: dict) -> bytes:
+    return (json.dumps(holder, indent=2) + "\n").encode("utf-8")
 
 
 def _is_gone(holder: dict) -> bool:
@@ -309,23 +330,66 @@ def _busy(output: str, path: str, other: dict, why: str = "") -> OutputBusyError
     )
 
 
-def acquire_lock(output: str, run_id: str) -> dict:
+def _held_by_job(output: str, path: str, holder: dict, api: DataflowApi) -> OutputBusyError | None:
+    """Why a lock that names a Dataflow job (``holder["dataflow"]``) may not be taken
+    over; ``None`` when the API says that job has ended."""
+    run = holder.get("run_id", "?")
+    job = DataflowJob.from_json(holder["dataflow"])
+    if job is None:
+        return OutputBusyError(f"--output {output} is locked by run {run}, which names a Dataflow job "
+                               f"this version cannot read; delete {path} if that job has ended")
+    if not job.job_id:
+        if not _is_gone(holder):
+            return _busy(output, path, holder, f"; submitting a job to Dataflow project {job.project}")
+        return OutputBusyError(
+            f"--output {output} is locked by run {run}, whose launcher (pid {holder.get('pid', '?')} on "
+            f"{holder.get('host', '?')}) stopped while submitting a Dataflow job (project "
+            f"{job.project}, region {job.region}, since {holder.get('started', '?')}); if no job of "
+            f"that run is running (gcloud dataflow jobs list --status=active --region {job.region} "
+            f"--project {job.project}), delete {path}")
+    try:
+        state = job_state(job, api)
+    except JobQueryError as err:
+        return OutputBusyError(
+            f"--output {output} is locked by run {run} for {job.describe()}, whose state could not be "
+            f"asked of the Dataflow API ({err}); run again once it can be, or, if that job has "
+            f"ended, delete {path}")
+    if state in ENDED_STATES:
+        _log.warning("The lock of run %s names %s, which ended (%s)", run, job.describe(), state)
+        return None
+    return OutputBusyError(
+        f"--output {output} is being written by {job.describe()}, which is {state} (run {run}; "
+        f"{job.console_url}); wait for it to end, or cancel it ({job.cancel_command}) and run again")
+
+
+def acquire_lock(output: str, run_id: str, job: DataflowJob | None = None,
+                 api: DataflowApi | None = None) -> dict:
     """Takes the output folder's lock for ``run_id``.
 
     A lock left by a process of this machine that no longer runs (killed, or
     crashed; see ``_is_gone``) is taken over, with a precondition on the lock
     that was read (``_take_over``): when several runs find the same dead
-    holder, one takes the lock and the others are refused, naming it.
+    holder, one takes the lock and the others are refused, naming it. A lock
+    that names a Dataflow job is taken over only when the Dataflow API says that
+    job has ended (``_held_by_job``), whatever its launcher became.
+
+    Args:
+      output: the output folder.
+      run_id: this run.
+      job: for a run on Dataflow, its project and region (the job id is recorded
+        once the job is submitted: ``record_job``).
+      api: how to ask the Dataflow API about a job a lock names (Google's
+        endpoint, application-default credentials when ``None``).
 
     Returns:
       What the lock file now says.
 
     Raises:
-      OutputBusyError: naming the run that holds it.
+      OutputBusyError: naming the run, or the Dataflow job, that holds it.
     """
     path = _lock_path(output)
-    holder = _holder(run_id)
-    data = (json.dumps(holder, indent=2) + "\n").encode("utf-8")
+    holder = _holder(run_id, job)
+    data = _encode(holder)
     seen = None
     for _ in range(_LOCK_ATTEMPTS):
         if _create(path, data):
@@ -335,7 +399,11 @@ def acquire_lock(output: str, run_id: str) -> dict:
             continue  # Released between our attempt and our read.
         if seen.holder.get("run_id") == run_id:
             return holder  # Ours: a create retried after its answer was lost.
-        if not (seen.holder and _is_gone(seen.holder)):
+        if "dataflow" in seen.holder:
+            refused = _held_by_job(output, path, seen.holder, api or DataflowApi())
+            if refused is not None:
+                raise refused
+        elif not (seen.holder and _is_gone(seen.holder)):
             raise _busy(output, path, seen.holder)
         hold_point("lock_takeover")  # Tests: another run may take it over meanwhile.
         try:
@@ -345,13 +413,44 @@ def acquire_lock(output: str, run_id: str) -> dict:
                    f"({type(err).__name__}: {err})")
             raise _busy(output, path, seen.holder, why) from err
         if taken:
-            _log.warning("Took over the lock of run %s (pid %s on %s), which is gone",
-                         seen.holder.get("run_id"), seen.holder.get("pid"), seen.holder.get("host"))
+            _log.warning("Took over the lock of run %s (pid %s on %s), %s", seen.holder.get("run_id"),
+                         seen.holder.get("pid"), seen.holder.get("host"),
+                         "whose Dataflow job ended" if "dataflow" in seen.holder else "which is gone")
             return holder
         # Another run took it over first (or it changed): read it again.
     if seen is not None:
         raise _busy(output, path, seen.holder)
     raise OutputBusyError(f"--output {output}: could not take the lock {path}")
+
+
+def record_job(output: str, run_id: str, job: DataflowJob) -> bool:
+    """Writes the submitted Dataflow job into the lock ``run_id`` holds, only if the
+    lock is still the version read (a generation precondition on GCS; locally a
+    rewrite under the takeover guard): another run's lock is never overwritten,
+    and a lock the job's last step already released is not written again.
+
+    Returns:
+      Whether the lock now names the job.
+    """
+    path = _lock_path(output)
+    seen = _read_lock(path)
+    if seen is None or seen.holder.get("run_id") != run_id:
+        return False
+    data = _encode({**seen.holder, "dataflow": job.to_json()})
+    hold_point("lock_record")  # Tests: another run may replace the lock meanwhile.
+    if is_gcs(path):
+        return replace_generation(path, data, seen.version[0])
+    with _takeover_guard(path):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            if _local_version(os.fstat(f.fileno())) != seen.version:
+                return False
+            f.write(data)  # A reader meanwhile sees a torn lock: one nobody takes over.
+            f.truncate()
+        return True
 
 
 def release_lock(output: str, run_id: str) -> None:

@@ -32,7 +32,9 @@ POINTS = (
     "manifest_staged",  # every shard at its final name, manifest not yet published
 )
 # Also, not crash points: ``lock_takeover`` (a gone holder's lock read, not yet taken
-# over) and ``before_register`` (a part published, not yet listed in the dataset).
+# over) and ``before_register`` (a part published, not yet listed in the dataset),
+# ``dataflow_submit`` (the output locked, the Dataflow job not yet submitted) and
+# ``lock_record`` (the lock read, the submitted job's id not yet written into it).
 HOOKS_ENV = "BEAM_TFRECORDS_TEST_HOOKS"
 _ENV_POINT = "BEAM_TFRECORDS_HOLD_AT"
 _ENV_DIR = "BEAM_TFRECORDS_HOLD_DIR"
