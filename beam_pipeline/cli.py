@@ -82,6 +82,28 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def parse_known_args(self, args=None, namespace=None):
+        """As argparse, and a flag that takes no value also takes ``=true`` or
+        ``=false`` (a Dataflow Flex Template passes every parameter as
+        ``--name=value``); the last one given counts."""
+        return super().parse_known_args(self._switches_set(args), namespace)
+
+    def _switches_set(self, args):
+        """``args`` with every ``--flag=true|false`` of a store-true flag made bare
+        (true) or left out (false)."""
+        args = list(sys.argv[1:] if args is None else args)
+        switches = {s for a in self._actions if isinstance(a, argparse._StoreTrueAction)  # pylint: disable=protected-access
+                    for s in a.option_strings}
+        last: dict[str, bool] = {}
+        for arg in args:
+            name, eq, value = arg.partition("=")
+            if name in switches:
+                if eq and value.lower() not in ("true", "false"):
+                    self.error(f"argument {name}: expected true or false, got {value!r}")
+                last[name] = not eq or value.lower() == "true"
+        kept = [arg for arg in args if arg.partition("=")[0] not in last]
+        return kept + [name for name, on in last.items() if on]
+
 
 def _flag_value(parse):
     """``parse`` for argparse: its ValueError's message (which names the flag and
@@ -112,8 +134,9 @@ def _convert_parser(prog: str) -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     p.add_argument("--input", required=True,
-                   help="folder, glob or CSV manifest (local path or gs://)")
-    p.add_argument("--output", required=True, help="folder for shards and manifest.json")
+                   help="folder, glob or CSV manifest (local path or gs://; gs:// on Dataflow)")
+    p.add_argument("--output", required=True,
+                   help="folder for shards and manifest.json (local path or gs://; gs:// on Dataflow)")
     p.add_argument("--layout", default="auto", choices=LAYOUTS,
                    help="input layout (default: auto-detect)")
     p.add_argument("--labels", default=None,

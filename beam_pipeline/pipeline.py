@@ -37,6 +37,7 @@ from beam_tfrecords.preflight import (
     check_output,
     drift_gate,
     plan_run,
+    runs_on_dataflow,
     take_output,
 )
 from beam_tfrecords.schemas.config import ConvertConfig
@@ -51,7 +52,7 @@ from beam_tfrecords.transforms.images import (
     drop_listing,
     write_listing,
 )
-from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io import files, progress
 from beam_tfrecords.transforms.io.commit import LOCK_NAME, record_job, release_lock, remove_folder
 from beam_tfrecords.transforms.io.dataflow_jobs import (
     ENDED_STATES,
@@ -158,6 +159,9 @@ def _local_runner(options: PipelineOptions):
 
 def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
     config, target = plan.config, plan.target
+    carried = options.view_as(progress.ProgressOptions)
+    if carried.progress_seconds is None:  # The job carries it to the processes running its steps.
+        carried.progress_seconds = progress.interval()
     pipeline = beam.Pipeline(runner=_local_runner(options), options=options)
     verify = VerifyShards(config.compression, config.encode_processes)
     if plan.is_table:
@@ -556,9 +560,7 @@ def _dry_run(plan: RunPlan, options: PipelineOptions):
 
 
 def _is_dataflow(options: PipelineOptions) -> bool:
-    runner = options.view_as(StandardOptions).runner
-    name = runner if isinstance(runner, str) else type(runner).__name__ if runner else ""
-    return name.rsplit(".", 1)[-1] in ("DataflowRunner", "dataflow")
+    return runs_on_dataflow(options)
 
 
 def _skipped(plan: RunPlan) -> bool:

@@ -118,7 +118,9 @@ __all__ = [
     "OutputNotOursError",
     "RunPlan",
     "plan_run",
+    "refuse_local_paths_on_dataflow",
     "resolve_config",
+    "runs_on_dataflow",
     "infer_table_schema",
     "sample_rows",
     "table_inputs",
@@ -260,6 +262,43 @@ def _in_process_direct_runner(options: PipelineOptions) -> bool:
     return (runner is None or runner in ("DirectRunner", "direct")) and (
         direct.direct_running_mode in (None, "in_memory", "multi_threading")
     )
+
+
+def runs_on_dataflow(options: PipelineOptions | None) -> bool:
+    """Whether ``options`` name Dataflow's runner."""
+    runner = options.view_as(StandardOptions).runner if options is not None else None
+    name = runner if isinstance(runner, str) else type(runner).__name__ if runner else ""
+    return name.rsplit(".", 1)[-1] in ("DataflowRunner", "dataflow", "TestDataflowRunner")
+
+
+def refuse_local_paths_on_dataflow(config: ConvertConfig, options: PipelineOptions | None) -> None:
+    """On Dataflow, refuses what the workers would read or write on the launcher's
+    disk, which they cannot see: a local ``--input`` (every image a read_error after
+    the whole job ran) or ``--output`` (each worker writing to its own disk),
+    ``--allowed_roots``, or, with ``--allow_paths_outside``, a CSV manifest's rows
+    naming local images. ``--labels``, ``--schema`` and ``--compare_to`` are read
+    here, on the launcher, and may stay local.
+
+    Raises:
+      ConvertError: naming the flags, and to use gs://.
+    """
+    if not runs_on_dataflow(options):
+        return
+    local = [f"{flag} {value}" for flag, value in (("--input", config.input), ("--output", config.output))
+             if files.is_local(value)]
+    local += [f"--allowed_roots {root}" for root in config.allowed_roots if files.is_local(root)]
+    if not local and config.allow_paths_outside and config.input.lower().endswith(".csv"):
+        try:
+            outside = rows_outside(config.input, files.read_text(config.input), config.image_column,
+                                   config.label_column, (), _row_resolver())
+        except (OSError, BeamIOError, ValueError):
+            outside = {}  # Not a readable image manifest: the checks after this one say why.
+        local = [f"--input {config.input} (its rows name images under {_printable_root(root)})"
+                 for root in outside if files.is_local(root)][:1]
+    if local:
+        raise ConvertError(f"{', '.join(local)}: Dataflow's workers cannot see this machine's disk; "
+                           "use gs:// paths (copy local files to a bucket first, e.g. gcloud "
+                           "storage cp -r DIR gs://BUCKET/DIR)")
 
 
 def _is_folder(path: str) -> bool:
@@ -939,6 +978,7 @@ def _plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
     """
     options = options or PipelineOptions([])
     config = _fill_templates(config)
+    refuse_local_paths_on_dataflow(config, options)
     given_layout = config.layout
     if not options.view_as(TestOptions).dry_run:  # A dry run builds the job only.
         _check_buckets(config)

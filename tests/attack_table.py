@@ -863,7 +863,9 @@ case("ctrl-c-main-only", "SIGINT to the main process only, mid-write", EXIT_INTE
      r"^beam-tfrecords convert: interrupted")(lambda w, o: _ctrl_c(w, o, False))
 
 
-@case("dataflow-dry-run", "convert --runner DataflowRunner --dry_run=True", EXIT_OK, r"^dry run")
+@case("dataflow-dry-run", "convert --runner DataflowRunner --dry_run=True, local --input and --output",
+      EXIT_USAGE, CONVERT_ERROR + r"--input .*, --output .*: Dataflow's workers cannot see this "
+      r"machine's disk; use gs:// paths")
 def _dry_run(work, outcome):
     from tests.test_dataflow import DRY_RUN_FLAGS  # pylint: disable=import-outside-toplevel
 
@@ -876,8 +878,8 @@ def _dry_run(work, outcome):
     out = str(work / "out")
     _convert(work, outcome, str(root), out, *DRY_RUN_FLAGS, env=env)
     account_refused(outcome, out, None)
-    if os.path.exists(os.path.join(out, ".beam-tfrecords")):
-        outcome.problems.append("the output lock was left behind")
+    if os.path.exists(out):
+        outcome.problems.append("the refused run created --output")
 
 
 @case("gcs-unreachable", "--output gs://bucket/out, emulator host 127.0.0.1:9 (nothing there)",

@@ -14,20 +14,19 @@ same way, without the uploads.
 
 Every test runs with outbound network refused (loopback only) and with no usable
 credentials: building a Dataflow job must need neither (a dry run does not probe
-the output's bucket). Inputs are local samples; the preflight lists a local image
-folder (the listing step lists again on a worker), and for tables reads only the
-CSV header and the first rows (schema inference) in the driver.
+the output's bucket). Inputs are samples on the storage emulator (loopback), since
+Dataflow refuses local inputs and outputs (the workers cannot see the launcher's
+disk); the preflight lists an image folder there (the listing step takes that
+listing on a worker), and for tables reads only the CSV header and the first rows
+(schema inference) in the driver. A local ``--schema`` is read by the driver only.
 """
 
 from __future__ import annotations
 
 import fcntl
-import importlib.util
 import ipaddress
 import itertools
-import json
 import os
-import re
 import socket
 import tarfile
 import tempfile
@@ -40,7 +39,6 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.dataflow.internal import apiclient
 from apache_beam.version import __version__ as BEAM_VERSION
 from google.cloud import dataflow_v1beta3
-from google.protobuf import json_format
 
 from beam_tfrecords.cli import _convert_parser, _unknown_beam_flags
 from beam_tfrecords.pipeline import build_pipeline
@@ -51,10 +49,10 @@ from beam_tfrecords.samples import (
     make_csv_manifest_sample,
 )
 from beam_tfrecords.schemas.config import ConvertConfig
+from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETUP_FILE = os.path.join(REPO, "setup.py")
-METADATA_FILE = os.path.join(REPO, "dataflow", "metadata.json")
 SENSORS_SCHEMA = os.path.join(REPO, "schemas", "examples", "sensors.yaml")
 
 PROJECT, REGION, BUCKET = "example-project", "us-central1", "gs://example-bucket"
@@ -139,6 +137,13 @@ def offline(monkeypatch, tmp_path, _one_sdist_build_at_a_time):
 
 
 # --- building and reading the job ----------------------------------------------------
+
+
+def on_gcs(gcs, local: str, name: str) -> str:
+    """Uploads the folder ``local`` to ``BUCKET/in/name`` on the emulator; returns that path."""
+    path = f"{BUCKET}/in/{name}"
+    gcs.upload_tree(local, path)
+    return path
 
 
 def _dry_run(config: ConvertConfig, *extra: str, setup_file: bool = True):
@@ -252,30 +257,31 @@ def _assert_ships_our_package(job) -> None:
 # --- one job per input kind ----------------------------------------------------------
 
 
-@pytest.mark.beam
-def test_image_class_folders_job(tmp_path, offline):
+@pytest.mark.emulator
+def test_image_class_folders_job(tmp_path, gcs, offline):
     make_class_folder_sample(str(tmp_path / "in"), per_class=1)
-    config = ConvertConfig(input=str(tmp_path / "in"), output=f"{BUCKET}/out/folders")
+    config = ConvertConfig(input=on_gcs(gcs, str(tmp_path / "in"), "folders"),
+                           output=f"{BUCKET}/out/folders")
     job = _dry_run(config)
     _assert_chain(job, IMAGE_STEPS)
     _assert_ships_our_package(job)
     assert _container_images(job) == {DEFAULT_IMAGE}
 
 
-@pytest.mark.beam
-def test_image_cifar_job(tmp_path, offline):
+@pytest.mark.emulator
+def test_image_cifar_job(tmp_path, gcs, offline):
     make_cifar_sample(str(tmp_path / "in"), counts={"train": 4, "test": 2})
-    config = ConvertConfig(input=str(tmp_path / "in"), output=f"{BUCKET}/out/cifar",
+    config = ConvertConfig(input=on_gcs(gcs, str(tmp_path / "in"), "cifar"), output=f"{BUCKET}/out/cifar",
                            compression="gzip")
     job = _dry_run(config)
     _assert_chain(job, IMAGE_STEPS)
     _assert_ships_our_package(job)
 
 
-@pytest.mark.beam
-def test_image_csv_manifest_job(tmp_path, offline):
+@pytest.mark.emulator
+def test_image_csv_manifest_job(tmp_path, gcs, offline):
     make_csv_manifest_sample(str(tmp_path / "in"), n=4)
-    config = ConvertConfig(input=str(tmp_path / "in" / "manifest.csv"),
+    config = ConvertConfig(input=on_gcs(gcs, str(tmp_path / "in"), "manifest") + "/manifest.csv",
                            output=f"{BUCKET}/out/manifest")
     # A CSV with an 'image' column is an image manifest, not a table.
     assert resolve_config(config, PipelineOptions(DRY_RUN_FLAGS)).layout == "auto"
@@ -285,12 +291,13 @@ def test_image_csv_manifest_job(tmp_path, offline):
     _assert_ships_our_package(job)
 
 
-@pytest.mark.beam
-def test_csv_table_job(tmp_path, offline):
+@pytest.mark.emulator
+def test_csv_table_job(tmp_path, gcs, offline):
     src = tmp_path / "in" / "table.csv"
     src.parent.mkdir()
     src.write_text('id,flag,count,score,name\n1,true,3,0.5,a\n2,false,4,1.5,"b, c"\n3,yes,5,,d\n')
-    config = ConvertConfig(input=str(src), output=f"{BUCKET}/out/table",
+    config = ConvertConfig(input=on_gcs(gcs, str(src.parent), "table") + "/table.csv",
+                           output=f"{BUCKET}/out/table",
                            splits=(("train", 0.8), ("test", 0.2)), key_column="id")
     resolved = resolve_config(config, PipelineOptions(DRY_RUN_FLAGS))
     assert resolved.layout == "table"
@@ -301,13 +308,14 @@ def test_csv_table_job(tmp_path, offline):
     _assert_ships_our_package(job)
 
 
-@pytest.mark.beam
-def test_csv_table_sequence_job(tmp_path, offline):
+@pytest.mark.emulator
+def test_csv_table_sequence_job(tmp_path, gcs, offline):
     src = tmp_path / "in" / "sensors.csv"
     src.parent.mkdir()
     src.write_text("device,t,site,reading,status\n"
                    "a,2,north,1.5,ok\na,1,north,2.5,bad\nb,1,south,0.5,ok\n")
-    config = ConvertConfig(input=str(src), output=f"{BUCKET}/out/sequences",
+    config = ConvertConfig(input=on_gcs(gcs, str(src.parent), "sensors") + "/sensors.csv",
+                           output=f"{BUCKET}/out/sequences",
                            schema=SENSORS_SCHEMA, sequence_key="device", sequence_order="t")
     job = _dry_run(config)
     _assert_chain(job, SEQUENCE_STEPS)
@@ -328,13 +336,13 @@ IMAGE_JOB_FLAGS = [
 ]
 
 
-@pytest.mark.beam
-def test_custom_container_job_carries_worker_settings(tmp_path, offline):
+@pytest.mark.emulator
+def test_custom_container_job_carries_worker_settings(tmp_path, gcs, offline):
     """With ``--sdk_container_image`` (our Dockerfile's image, package preinstalled)
     and no ``--setup_file``, nothing of ours is staged and every step runs in the
     custom image; the sizing flags reach the worker pool."""
     make_class_folder_sample(str(tmp_path / "in"), per_class=1, splits=None)
-    config = ConvertConfig(input=str(tmp_path / "in"), output=f"{BUCKET}/out/custom")
+    config = ConvertConfig(input=on_gcs(gcs, str(tmp_path / "in"), "custom"), output=f"{BUCKET}/out/custom")
     parser = _convert_parser("beam-tfrecords convert")
     ours = [a for action in parser._actions for a in action.option_strings]  # pylint: disable=protected-access
     assert _unknown_beam_flags(IMAGE_JOB_FLAGS, ours) == []  # The CLI passes them all to Beam.
@@ -369,106 +377,17 @@ def test_documented_convert_commands_use_only_known_flags():
         assert _unknown_beam_flags(beam_args, ours) == [], command  # ... the rest is Beam's.
 
 
-# --- the Flex Template metadata ------------------------------------------------------
-
-# A value of each parameter that must pass its regexes and the convert parser.
-EXAMPLE_VALUES = {
-    "input": "gs://my-bucket/images/train/*.jpg",
-    "output": "gs://my-bucket/tfrecords/2024-01-31",
-    "layout": "class_folders",
-    "labels": "gs://my-bucket/images/labels.txt",
-    "compression": "gzip",
-    "validate": "decode",
-    "shard_min_mb": "100",
-    "shard_max_mb": "200.5",
-    "max_bad_fraction": "0.01",
-    "read_threads": "8",
-    "schema": "gs://my-bucket/schemas/table.yaml",
-    "csv_delimiter": "\\t",
-    "csv_quote": "'",
-    "encoding": "utf-8",
-    "split_column": "split",
-    "splits": "train=0.8,validation=0.1,test=0.1",
-    "key_column": "user_id",
-    "sequence_key": "device",
-    "sequence_order": "timestamp",
-    "max_pixels": "268435456",
-    "image_column": "image_uri",
-    "label_column": "class",
-}
+# --- the CLI ------------------------------------------------------------------------
 
 
-def _metadata() -> dict:
-    with open(METADATA_FILE, encoding="utf-8") as f:
-        return json.load(f)
-
-
-@pytest.mark.unit
-def test_flex_template_metadata_is_a_valid_spec():
-    metadata = _metadata()
-    # Parses as Dataflow's own TemplateMetadata message: no unknown keys, valid enums.
-    parsed = json_format.ParseDict(metadata, dataflow_v1beta3.TemplateMetadata.pb()())
-    assert parsed.name and parsed.description
-    names = [p["name"] for p in metadata["parameters"]]
-    assert len(names) == len(set(names)), "a parameter is listed twice"
-    for param in metadata["parameters"]:
-        assert param["label"] and param["helpText"], param["name"]
-
-
-@pytest.mark.unit
-def test_flex_template_parameters_match_the_convert_flags():
-    parser = _convert_parser("beam-tfrecords convert")
-    actions = {a.option_strings[0][2:]: a for a in parser._actions if a.option_strings}  # pylint: disable=protected-access
-    params = {p["name"]: p for p in _metadata()["parameters"]}
-    unknown = sorted(set(params) - set(actions))
-    assert not unknown, f"metadata.json names flags convert does not accept: {unknown}"
-    required = sorted(name for name, a in actions.items() if a.required)
-    assert required == ["input", "output"]
-    for name in required:
-        assert name in params and not params[name].get("isOptional", False), name
-    for name, param in params.items():
-        if param.get("isOptional", False):
-            assert not actions[name].required, name
-        # The launcher passes every parameter as --name=value: flags without a value
-        # (store_true) cannot be template parameters.
-        assert actions[name].nargs != 0, f"--{name} takes no value; the launcher cannot pass it"
-        value = EXAMPLE_VALUES[name]
-        for regex in param.get("regexes", []):
-            assert re.fullmatch(regex, value), (name, regex, value)
-        if param.get("paramType") == "ENUM":
-            options = [o["value"] for o in param["enumOptions"]]
-            assert options == list(actions[name].choices), name
-        argv = [f"--input={EXAMPLE_VALUES['input']}", f"--output={EXAMPLE_VALUES['output']}",
-                f"--{name}={value}"]
-        args, rest = parser.parse_known_args(argv)
-        assert rest == [], (name, rest)
-        assert getattr(args, actions[name].dest) is not None
-        if "defaultValue" in param:  # The value the UI pre-fills is the flag's own default.
-            args, _ = parser.parse_known_args([*argv[:2], f"--{name}={param['defaultValue']}"])
-            assert getattr(args, actions[name].dest) == actions[name].default, name
-
-
-@pytest.mark.beam
-def test_flex_template_entry_point_submits_the_same_job(tmp_path, offline):
-    spec = importlib.util.spec_from_file_location(
-        "flex_main", os.path.join(os.path.dirname(SETUP_FILE), "dataflow", "flex_main.py"))
-    flex_main = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(flex_main)
-    make_class_folder_sample(str(tmp_path / "in"), per_class=1)
-    result = flex_main.run(["--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
-                            *DRY_RUN_FLAGS, "--setup_file", SETUP_FILE])
-    _assert_chain(result.job, IMAGE_STEPS)
-    assert not os.path.exists(tmp_path / "out" / "manifest.json")  # Submitted, not run.
-
-
-@pytest.mark.beam
-def test_cli_dry_run_builds_the_job_and_says_so(tmp_path, offline, capsys):
+@pytest.mark.emulator
+def test_cli_dry_run_builds_the_job_and_says_so(tmp_path, gcs, offline, capsys):
     from beam_tfrecords.cli import main  # pylint: disable=import-outside-toplevel
 
     make_class_folder_sample(str(tmp_path / "in"), per_class=2, splits=None)
-    out = str(tmp_path / "out")
-    code = main(["convert", "--input", str(tmp_path / "in"), "--output", out, *DRY_RUN_FLAGS])
+    out = f"{BUCKET}/out/cli"
+    code = main(["convert", "--input", on_gcs(gcs, str(tmp_path / "in"), "cli"), "--output", out,
+                 *DRY_RUN_FLAGS, f"--sdk_container_image={CUSTOM_IMAGE}"])
     assert code == 0
     assert "dry run: the job was built and checked, not run" in capsys.readouterr().out
-    assert not os.path.exists(os.path.join(out, "manifest.json"))
-    assert not os.path.exists(os.path.join(out, ".beam-tfrecords"))  # The lock was released.
+    assert gcs.list(out + "/") == []  # Nothing written, not even the lock.

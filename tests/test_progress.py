@@ -152,6 +152,10 @@ def test_beam_counters_count_what_was_written(tmp_path):
     assert counters["bytes_written"] == report["bytes"]
     assert counters["shards_done"] == report["shards"]
     assert counters["inputs_read"] == report["error_budget"]["inputs"]
+    # What the plan expects, beside them (a runner's UI: shards done of planned).
+    assert counters["shards_planned"] == counters["shards_done"]
+    assert counters["inputs_planned"] == counters["inputs_read"]
+    assert counters["input_bytes_planned"] == counters["input_bytes_read"] > 0
 
 
 # --- e2e: whole runs ------------------------------------------------------------------

@@ -13,7 +13,19 @@ the CLI's reporter (``beam_pipeline.console``) reads ``snapshot()`` and says
 ``watch(True)``. In a process nobody watches (a Dataflow worker, a worker of the
 DirectRunner's multi_processing mode, a library caller's process), the counters
 log themselves instead: one line per process every ``interval()`` seconds
-(``BEAM_TFRECORDS_PROGRESS_SECONDS``, default 30; 0: never).
+(``BEAM_TFRECORDS_PROGRESS_SECONDS`` in the process's environment, else the job's
+``--progress_seconds`` pipeline option (``ProgressOptions``), else 30; 0: never).
+
+What the plan expects is counted too, once, by the step that finds it out:
+``inputs_planned``, ``input_bytes_planned`` (images) and ``shards_planned``, so a
+runner's UI shows ``shards_done`` of ``shards_planned``.
+
+A step that runs long without emitting (a large shard being written, the commit)
+makes Beam's SDK harness log "Operation ongoing ... without outputting or
+completing" with the step's stack trace, every 5 minutes per worker process while
+it lasts. Importing this module (every step's module does) keeps that line and
+drops its stack trace (``quiet_lull_logs``): the step's own progress lines say what
+it is doing.
 """
 
 from __future__ import annotations
@@ -26,15 +38,19 @@ import time
 from collections.abc import Hashable, Iterable
 
 from apache_beam.metrics import Metrics
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.value_provider import RuntimeValueProvider
 
 __all__ = [
     "INTERVAL_ENV",
+    "ProgressOptions",
     "Snapshot",
     "add",
     "bytes_taken",
     "inputs_at",
     "interval",
     "plan",
+    "quiet_lull_logs",
     "reset",
     "set_interval",
     "snapshot",
@@ -53,6 +69,19 @@ _METRICS = {
     field: Metrics.counter("progress", name) for field, name in zip(_FIELDS, (
         "inputs_read", "input_bytes_read", "records_written", "bytes_written", "shards_done"))
 }
+_PLANNED = {field: Metrics.counter("progress", f"{field}_planned")
+            for field in ("inputs", "input_bytes", "shards")}
+
+
+class ProgressOptions(PipelineOptions):
+    """``--progress_seconds`` as a pipeline option: the job carries it to the
+    processes that run its steps (a Dataflow worker has no other way to learn it)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        parser.add_argument("--progress_seconds", type=float, default=None,
+                            help="seconds between the progress lines each worker process "
+                            "logs (default 30; 0: none)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,11 +114,16 @@ _attempt = threading.local()  # Per writer thread: what the shard being written 
 
 
 def interval() -> float:
-    """Seconds between the lines an unwatched process logs (0: none)."""
+    """Seconds between the lines an unwatched process logs (0: none): as set here,
+    else ``BEAM_TFRECORDS_PROGRESS_SECONDS``, else the job's ``--progress_seconds``
+    (the options a worker was started with), else 30."""
     if _state.interval is None:
+        given = os.environ.get(INTERVAL_ENV)
+        if given is None:
+            given = (RuntimeValueProvider.runtime_options or {}).get("progress_seconds")
         try:
-            _state.interval = max(0.0, float(os.environ.get(INTERVAL_ENV, _DEFAULT_INTERVAL)))
-        except ValueError:
+            _state.interval = max(0.0, float(_DEFAULT_INTERVAL if given is None else given))
+        except (TypeError, ValueError):
             _state.interval = _DEFAULT_INTERVAL
     return _state.interval
 
@@ -133,11 +167,15 @@ def add(inputs: int = 0, input_bytes: int = 0, records: int = 0, bytes: int = 0,
 
 def plan(inputs: int | None = None, input_bytes: int | None = None,
          shards: int | None = None) -> None:
-    """Sets what the run expects (each value once it is known)."""
+    """Sets what the run expects (each value once it is known), and counts it in
+    the Beam counter ``progress/<field>_planned`` when called in a step."""
     with _state.lock:
         for field, value in (("inputs", inputs), ("input_bytes", input_bytes), ("shards", shards)):
             if value is not None:
                 _state.planned[field] = int(value)
+    for field, value in (("inputs", inputs), ("input_bytes", input_bytes), ("shards", shards)):
+        if value:
+            _PLANNED[field].inc(int(value))
 
 
 def inputs_at(key: Hashable, count: int, input_bytes: int | None = None, done: bool = False) -> None:
@@ -222,3 +260,32 @@ def split_totals(results: Iterable) -> dict:
         found = spans.get(split)
         values["seconds"] = round(max(e for _, e in found) - min(s for s, _ in found), 3) if found else 0.0
     return totals
+
+
+_LULL_LOGGER = "apache_beam.runners.worker.worker_status"
+_STACK = "Current Traceback:\n%s"
+
+
+class _LullWithoutStack(logging.Filter):
+    """Beam's "Operation ongoing ... Current Traceback: <stack>" warning (and the
+    like) without the stack: every frame of the step's thread, each time."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.msg if isinstance(record.msg, str) else ""
+        if record.levelno < logging.ERROR and text.endswith(_STACK) and isinstance(record.args, tuple):
+            record.msg = text[:-len(_STACK)].rstrip() + (
+                " (stack trace left out by beam-tfrecords: this worker's progress lines say "
+                "what the step is doing)")
+            record.args = record.args[:-1]
+        return True
+
+
+def quiet_lull_logs() -> None:
+    """Makes Beam's SDK harness log a long-running step without its stack trace, in
+    this process (once; done on import)."""
+    logger = logging.getLogger(_LULL_LOGGER)
+    if not any(isinstance(f, _LullWithoutStack) for f in logger.filters):
+        logger.addFilter(_LullWithoutStack())
+
+
+quiet_lull_logs()
