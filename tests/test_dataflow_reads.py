@@ -31,6 +31,7 @@ import pytest
 
 from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.schemas.elements import ImageRef
+from beam_tfrecords.transforms.images import list_images
 from beam_tfrecords.transforms.io import gcs as gcs_module
 from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
 from beam_tfrecords.transforms.io.helpers import encode_chunk
@@ -214,3 +215,22 @@ def test_listed_generation_travels_with_each_reference():
     sink = io.BytesIO()
     encode_listing(("args",), listing, sink)
     assert decode_listing(sink.getvalue(), ("args",)).refs == list(table)
+
+
+@pytest.mark.emulator
+def test_csv_manifest_rows_are_read_at_the_generation_found_when_listing(gcs, tmp_path):
+    """A CSV image manifest's gs:// rows, under its bucket folder (one listing) or
+    elsewhere (one metadata request each), carry the generation and CRC-32C found."""
+    base = f"{BUCKET}/{uuid.uuid4().hex[:8]}"
+    for name in ("a.png", "b.png"):
+        gcs.upload_bytes(f"{base}/images/{name}", name.encode() * 10)
+    gcs.upload_bytes(f"{base}/list.csv", b"image,label\nimages/a.png,x\nimages/b.png,y\n")
+    local_csv = tmp_path / "list.csv"
+    local_csv.write_text(f"image,label\n{base}/images/a.png,x\n{base}/images/b.png,y\n")
+    expected = {}
+    for name in ("a.png", "b.png"):
+        meta = gcs.object_metadata(f"{base}/images/{name}")
+        expected[f"{base}/images/{name}"] = (int(meta["generation"]), int(meta["crc32c_hex"], 16))
+    for manifest in (f"{base}/list.csv", str(local_csv)):
+        refs = list_images(manifest, "csv").refs
+        assert {r.path: (r.generation, r.crc32c) for r in refs} == expected, manifest
