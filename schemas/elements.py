@@ -43,6 +43,10 @@ class ImageRef:
       label: class index.
       label_text: class name ('' when unknown).
       extra: extra scalar features, ``((name, dtype, value), ...)``, sorted by name.
+      generation: a ``gs://`` object's generation as listed (0: not known, or not
+        on GCS); the image is read at exactly that generation.
+      crc32c: a ``gs://`` object's CRC-32C as listed (-1: not known); bytes read
+        that do not match it are not converted.
     """
 
     split: str
@@ -53,6 +57,8 @@ class ImageRef:
     label: int
     label_text: str
     extra: tuple[tuple[str, str, object], ...] = ()
+    generation: int = 0
+    crc32c: int = -1
 
     def __post_init__(self):
         if self.size < 0:

@@ -396,6 +396,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self):
         super().setup()
+        # Each answer goes out as written (headers, then body), not held back until the
+        # client acknowledges the previous piece (Nagle): ~40 ms per request on a kept-alive
+        # loopback connection otherwise.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.server.proxy._track(self.connection, add=True)
 
     def finish(self):

@@ -51,6 +51,7 @@ from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input, 
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.fingerprint import relative_path
+from beam_tfrecords.transforms.io.gcs import is_gcs, object_info
 from beam_tfrecords.transforms.io.helpers import (
     SMALL_FILE_BYTES,
     encode_chunk,
@@ -251,7 +252,7 @@ def _too_large(ref: ImageRef, max_file_bytes: int) -> DeadLetter:
 
 def _content_key(ref: ImageRef, max_file_bytes: int) -> str | DeadLetter:
     try:
-        return sha256_input(ref.path, ref.size, max_file_bytes)
+        return sha256_input(ref.path, ref.size, max_file_bytes, ref.generation, ref.crc32c)
     except InputRefused as refused:
         return DeadLetter(ref.filename, "read", refused.reason, refused.message)
     except (OSError, BeamIOError) as err:
@@ -284,16 +285,31 @@ def _list_images(input_path: str, layout: str, labels_path: str | None,
         labels = list(vocabulary)
     if layout == "csv":
         # A bucket's folder is listed once (a lookup per row would be a request per
-        # row); a local file is looked up by itself. Never a glob: a row's path is a name.
-        under_root = {} if files.is_local(root) else dict(files.list_files(files.join(root, "**")))
+        # row); a local file is looked up by itself, and so is a gs:// row outside that
+        # folder (one metadata request). Never a glob: a row's path is a name. A gs://
+        # row's object is then read at the generation listed here.
+        listed: dict[str, tuple[int, int, int]] = {}  # path: (size, generation, crc32c)
+        if files.is_local(root):
+            pass
+        elif is_gcs(root):
+            listed = {path: (size, generation, crc) for path, size, generation, crc
+                      in files.list_stamped(files.join(root, "**"))}
+        else:
+            listed = {path: (size, 0, -1) for path, size in files.list_files(files.join(root, "**"))}
 
         def size_of(path: str) -> int | None:
-            if path in under_root:
-                return under_root[path]
+            if path not in listed and is_gcs(path):
+                stamp = _object_stamp(path)
+                if stamp is not None:
+                    listed[path] = stamp
+            if path in listed:
+                return listed[path][0]
             return _literal_size(path)
 
         listing = list_csv_manifest(input_path, files.read_text(input_path), size_of, labels,
                                     image_column, label_column)
+        if any(stamp[1] for stamp in listed.values()):
+            listing.refs = [_pinned(ref, listed.get(ref.path)) for ref in listing.refs]
         if labels is None:
             check_names("labels in the CSV manifest", listing.vocabulary)
         check_names("splits in the CSV manifest's 'split' column", {ref.split for ref in listing.refs})
@@ -321,6 +337,27 @@ def _list_images(input_path: str, layout: str, labels_path: str | None,
                        for path, reason, message in skipped]
     listing.dead_letters.extend(bad_names)
     return listing
+
+
+def _pinned(ref: ImageRef, listed: tuple[int, int, int] | None) -> ImageRef:
+    """``ref`` with the generation and CRC-32C its object was listed with (when it
+    was, at the size it has)."""
+    if listed is None or listed[0] != ref.size or not listed[1]:
+        return ref
+    return dataclasses.replace(ref, generation=listed[1], crc32c=listed[2])
+
+
+def _object_stamp(path: str) -> tuple[int, int, int] | None:
+    """``(size, generation, crc32c)`` of the ``gs://`` object a CSV manifest's row names
+    (one metadata request); ``None`` when there is none, or it may not be read."""
+    # pylint: disable=import-outside-toplevel
+    from google.api_core.exceptions import Forbidden, Unauthorized
+
+    try:
+        info = object_info(path)
+    except (FileNotFoundError, Forbidden, Unauthorized):
+        return None
+    return info.size, info.generation, int(info.crc32c, 16) if info.crc32c else -1
 
 
 def _literal_size(path: str) -> int | None:

@@ -65,9 +65,12 @@ def join(base: str, *parts: str) -> str:
 
 
 def open_read(path: str):
-    """A binary stream of the file's stored bytes."""
+    """A binary stream of the file's stored bytes (a ``gs://`` object through the
+    process's one storage client: ``gcs.open_object``, whose errors name the object)."""
     if is_local(path):
         return open(path, "rb")  # noqa: SIM115 - the caller closes it.
+    if _gcs.is_gcs(path):
+        return _gcs.open_object(path)
     return FileSystems.open(path, compression_type=_RAW)
 
 
@@ -370,7 +373,7 @@ def _list_gcs(pattern: str, threads: int | None = None) -> Iterator[tuple[str, i
     bucket, prefix, matches, head = _gcs_pattern(pattern)
     threads = LIST_THREADS if threads is None else threads
     try:
-        client = _gcs._client().client  # pylint: disable=protected-access
+        client = _gcs.storage_client()
         if threads <= 1:
             units: list[tuple[str, object]] = [(prefix, None)]
         else:
@@ -438,7 +441,7 @@ def listing_units(pattern: str, min_units: int, limit: int | None = None
     limit = UNIT_OBJECTS if limit is None else limit
     found: list[tuple[str, list | None]] = []
     try:
-        client = _gcs._client().client  # pylint: disable=protected-access
+        client = _gcs.storage_client()
         with concurrent.futures.ThreadPoolExecutor(LIST_THREADS, thread_name_prefix="list-gcs") as pool:
             folders = [prefix]
             for depth in range(_PREFIX_DEPTH):
@@ -485,7 +488,7 @@ def list_unit(pattern: str, unit: tuple[str, tuple | None]) -> Iterator[tuple[st
         return iter(objects)
     bucket, _, matches, head = _gcs_pattern(pattern)
     try:
-        client = _gcs._client().client  # pylint: disable=protected-access
+        client = _gcs.storage_client()
         found, _ = _gcs_listed(client, bucket, head, name)
     except Exception as err:  # pylint: disable=broad-except
         raise BeamIOError("List operation failed", {f"gs://{bucket}/{name}": err}) from err
@@ -548,7 +551,7 @@ def list_under(folder: str) -> list[tuple[str, int]]:
         bucket, _, prefix = folder[len("gs://"):].partition("/")
         prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
         try:
-            client = _gcs._client().client  # pylint: disable=protected-access
+            client = _gcs.storage_client()
             return sorted((f"gs://{bucket}/{blob.name}", int(blob.size or 0))
                           for blob in client.list_blobs(bucket, prefix=prefix))
         except Exception as err:  # pylint: disable=broad-except

@@ -14,7 +14,7 @@ import numpy as np
 from beam_tfrecords.schemas.inputs import InputFile, encode_inputs_chunks, file_line
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.bounded_read import InputRefused, sha256_input
-from beam_tfrecords.transforms.io.gcs import _client, crc32c_gcs_to_hex, is_gcs
+from beam_tfrecords.transforms.io.gcs import crc32c_gcs_to_hex, is_gcs, storage_client
 
 __all__ = ["file_entries", "hash_entries", "local_sha256", "published_entry", "published_input",
            "published_path", "published_root", "relative_path", "role_entry", "root_identity", "table_entries",
@@ -87,16 +87,22 @@ def _gcs_listing(root: str) -> dict[str, tuple[int, str, str]]:
     bucket, _, prefix = root[len("gs://"):].partition("/")
     prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
     found = {}
-    for blob in _client().client.list_blobs(bucket, prefix=prefix):
+    for blob in storage_client().list_blobs(bucket, prefix=prefix):
         crc = crc32c_gcs_to_hex(blob.crc32c) if blob.crc32c else ""
         found[f"gs://{bucket}/{blob.name}"] = (int(blob.size or 0), str(blob.generation or ""), crc)
     return found
 
 
 def _gcs_object(path: str) -> tuple[int, str, str] | None:
-    """``(size, generation, crc32c hex)`` of one ``gs://`` object, ``None`` when absent."""
+    """``(size, generation, crc32c hex)`` of one ``gs://`` object, ``None`` when absent
+    or refused (403: the object's read then says so, as a dead letter)."""
+    from google.api_core.exceptions import Forbidden, Unauthorized  # pylint: disable=import-outside-toplevel
+
     bucket, _, name = path[len("gs://"):].partition("/")
-    blob = _client().client.bucket(bucket).get_blob(name)
+    try:
+        blob = storage_client().bucket(bucket).get_blob(name)
+    except (Forbidden, Unauthorized):
+        return None
     if blob is None:
         return None
     return int(blob.size or 0), str(blob.generation or ""), (crc32c_gcs_to_hex(blob.crc32c) if blob.crc32c else "")

@@ -37,6 +37,8 @@ __all__ = [
     "EMULATOR_ENV",
     "PROBE_ENV",
     "ObjectInfo",
+    "ObjectUnreadable",
+    "READ_RETRY_SECONDS",
     "check_reachable",
     "copy_generation",
     "crc32c_gcs_to_hex",
@@ -48,8 +50,11 @@ __all__ = [
     "is_gcs",
     "object_crc32c",
     "object_info",
+    "open_object",
     "read_generation",
+    "read_object",
     "replace_generation",
+    "storage_client",
     "use_anonymous_credentials",
 ]
 
@@ -323,6 +328,191 @@ def object_info(path: str) -> ObjectInfo:
         raise FileNotFoundError(f"{path} does not exist")
     return ObjectInfo(int(blob.size), int(blob.generation),
                       crc32c_gcs_to_hex(blob.crc32c) if blob.crc32c else None)
+
+
+# -- reading an input object: one media GET of the listed generation -------------------
+
+# A read that GCS answers 429, 408 or 5xx (or whose connection breaks) is tried again
+# after 0.5 s, 1 s, 2 s, 4 s, then every 8 s (each wait drawn at random up to that),
+# for at most this many seconds; then it is a storage error (``ServiceUnavailable``).
+READ_RETRY_SECONDS = 60.0
+_READ_RETRY_DELAYS = (0.5, 8.0, 2.0)  # initial, maximum, multiplier
+# Connections the process's client keeps open per host (requests' default is 10): a
+# worker reads with several threads, and the commit renames with a pool.
+_POOL_CONNECTIONS = 32
+
+
+class ObjectUnreadable(Exception):
+    """A ``gs://`` object that cannot be read as it was listed: ``why`` is ``gone``
+    (deleted), ``changed`` (another generation in its place) or ``refused``
+    (401/403); ``message`` says so, for a dead letter (neither the path nor any
+    content)."""
+
+    def __init__(self, why: str, message: str):
+        super().__init__(why, message)
+        self.why = why
+        self.message = message
+
+
+def storage_client():
+    """The process's one google-cloud-storage client (that of Beam's ``GcsIO``, made
+    on first use with Beam's credentials; see the module docstring), with a
+    connection pool sized for reading with threads."""
+    client = _client().client
+    if not getattr(client, "_beam_tfrecords_pool", False):
+        from requests.adapters import HTTPAdapter  # pylint: disable=import-outside-toplevel
+
+        with _lock:
+            if not getattr(client, "_beam_tfrecords_pool", False):
+                adapter = HTTPAdapter(pool_connections=_POOL_CONNECTIONS, pool_maxsize=_POOL_CONNECTIONS)
+                client._http.mount("https://", adapter)  # pylint: disable=protected-access
+                client._http.mount("http://", adapter)  # pylint: disable=protected-access
+                client._beam_tfrecords_pool = True  # pylint: disable=protected-access
+    return client
+
+
+class _Bounded:
+    """A download's sink: passes at most ``limit`` bytes on and keeps their count and
+    (with ``crc``) their CRC-32C; raises ``_Enough`` past the limit."""
+
+    def __init__(self, sink, limit: int, crc: bool):
+        self.sink = sink
+        self.limit = limit
+        self.count = 0
+        self.crc = None
+        if crc:
+            import google_crc32c  # pylint: disable=import-outside-toplevel
+
+            self.crc = google_crc32c.Checksum()
+
+    def write(self, data) -> int:
+        room = self.limit - self.count
+        if len(data) > room:
+            data = data[:room]
+        if data:
+            self.sink.write(data)
+            if self.crc is not None:
+                self.crc.update(data)
+            self.count += len(data)
+        if self.count >= self.limit:
+            raise _Enough()
+        return len(data)
+
+
+class _Enough(Exception):
+    """The bytes asked for have been read: the download stops there."""
+
+
+def _read_retry():
+    # pylint: disable=import-outside-toplevel
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    initial, maximum, multiplier = _READ_RETRY_DELAYS
+    return DEFAULT_RETRY.with_delay(initial=initial, maximum=maximum,
+                                    multiplier=multiplier).with_timeout(READ_RETRY_SECONDS)
+
+
+def _gone(path: str, generation: int) -> ObjectUnreadable:
+    """Why a 404 answered a read of ``generation`` (0: the live object): the object
+    deleted, or another generation in its place (one metadata request, on this
+    path only)."""
+    # pylint: disable=import-outside-toplevel
+    from google.api_core import exceptions as api
+
+    if generation:
+        bucket, _, name = path[len("gs://"):].partition("/")
+        try:
+            live = storage_client().bucket(bucket).get_blob(name, retry=_read_retry())
+        except api.GoogleAPIError:
+            live = None
+        if live is not None and live.generation and int(live.generation) != generation:
+            return _changed(generation, int(live.generation))
+    return ObjectUnreadable("gone", "the object no longer exists (deleted after the listing); not converted")
+
+
+def _changed(listed: int, found: int | None = None) -> ObjectUnreadable:
+    now = f", generation {found} now" if found else ""
+    return ObjectUnreadable("changed", f"the object changed since the listing (generation {listed} "
+                            f"listed{now}); not converted")
+
+
+def read_object(path: str, sink, limit: int, generation: int = 0, crc32c: int = -1) -> int:
+    """Writes at most ``limit`` bytes of a ``gs://`` object to ``sink`` (its ``write``),
+    from one media GET of generation ``generation`` (0: the live one), through the
+    process's one client (``storage_client``): no metadata request, no new client.
+
+    The GET asks for bytes ``0..limit-1`` (a ``Range``) and names the generation, so
+    it reads exactly the object the listing saw: GCS answers 404 for a generation
+    that is no longer there (unless the bucket keeps old versions, when that one is
+    read). A server that serves another generation all the same (an emulator) is
+    caught by the generation it reports, or by ``crc32c`` (the listed CRC-32C, -1:
+    not known; checked when the whole object was read).
+
+    Returns:
+      The bytes written (``limit`` when the object is larger than ``limit - 1``).
+
+    Raises:
+      ObjectUnreadable: the object was deleted, replaced, or is refused (401/403).
+      google.api_core.exceptions.ServiceUnavailable: GCS kept answering 429/5xx
+        (or dropping the connection) for ``READ_RETRY_SECONDS``.
+      google.api_core.exceptions.GoogleAPICallError: another refusal (400, ...).
+    """
+    # pylint: disable=import-outside-toplevel
+    from google.api_core import exceptions as api
+
+    if limit < 1:
+        raise ValueError(f"{path}: a read must ask for at least one byte, not {limit}")
+    bucket, _, name = path[len("gs://"):].partition("/")
+    blob = storage_client().bucket(bucket).blob(name, generation=generation or None)
+    bounded = _Bounded(sink, limit, crc32c >= 0)
+    try:
+        blob.download_to_file(bounded, start=0, end=limit - 1, raw_download=True, checksum=None,
+                              retry=_read_retry())
+    except _Enough:
+        pass
+    except api.NotFound:
+        raise _gone(path, generation) from None
+    except (api.Forbidden, api.Unauthorized) as err:
+        raise ObjectUnreadable("refused", f"GCS refused to serve the object ({err.code} "
+                               f"{type(err).__name__}): the credentials in use may not read it; "
+                               "not converted") from None
+    except api.RequestRangeNotSatisfiable:
+        pass  # A range from byte 0 of an empty object: nothing to read.
+    except api.RetryError as err:
+        cause = err.cause if err.cause is not None else err
+        raise api.ServiceUnavailable(
+            f"{path}: GCS did not serve the object in {READ_RETRY_SECONDS:.0f} s of retries: "
+            f"{type(cause).__name__}: {str(cause).splitlines()[0][:300] if str(cause) else ''}") from None
+    served = blob._properties.get("generation")  # pylint: disable=protected-access  # The response's.
+    if generation and served and int(served) != generation:
+        raise _changed(generation, int(served))
+    if bounded.crc is not None and bounded.count < limit:
+        if int.from_bytes(bounded.crc.digest(), "big") != crc32c:
+            raise ObjectUnreadable("changed", "the object changed since the listing (its bytes do not "
+                                   "match the CRC-32C listed); not converted")
+    return bounded.count
+
+
+def open_object(path: str):
+    """A binary stream of a ``gs://`` object (Beam's reader, from the process's one
+    ``GcsIO``: one metadata request, then ranged media requests of that
+    generation as it is read, retried as Beam retries them).
+
+    Raises:
+      google.api_core.exceptions.NotFound, Forbidden, Unauthorized: as GCS answered,
+        with a message naming the object and what happened (a file listed and then
+        deleted or locked, say), not GCS's URL.
+    """
+    # pylint: disable=import-outside-toplevel
+    from google.api_core import exceptions as api
+
+    try:
+        return _client().open(path, "rb")
+    except api.NotFound:
+        raise api.NotFound(f"{path}: no such object (deleted after it was listed?)") from None
+    except (api.Forbidden, api.Unauthorized) as err:
+        raise type(err)(f"{path}: GCS refused to serve the object ({type(err).__name__}): the "
+                        "credentials in use may not read it") from None
 
 
 def _probe(bucket: str, prefix: str, seconds: float) -> None:

@@ -1,8 +1,10 @@
 """Turning one image file into one framed record, or into a dead letter.
 
 This module imports no Beam at load time, so the shard writer's helper
-processes start in a fraction of a second: they only need ``schemas``. Paths
-with a ``scheme://`` are read through Beam's filesystems, imported on first use.
+processes start in a fraction of a second: they only need ``schemas``. A
+``gs://`` image is read through the process's one storage client
+(``gcs.storage_client``), other ``scheme://`` paths through Beam's filesystems,
+each imported on first use.
 """
 
 from __future__ import annotations
@@ -111,11 +113,15 @@ def _framed_image(ref: ImageRef, validate: str, max_pixels: int, image_bytes: st
     them, not copied) and its size: ``(pieces, size, note, ...)``.
 
     The file is read bounded (``bounded_read.read_input``: a regular file only, at
-    most its listed size plus one byte, nothing of one over ``max_file_bytes``).
-    Dead letters name the image by ``ref.filename`` (relative to the input root).
+    most its listed size plus one byte, nothing of one over ``max_file_bytes``; a
+    ``gs://`` object in one GET of its listed generation, and one deleted, replaced
+    or refused since is a ``read_error``). Dead letters name the image by
+    ``ref.filename`` (relative to the input root). A storage failure (GCS answering
+    429/5xx past its retries) is raised: it fails the shard's attempt, as a failed
+    write does, and is never taken for a bad image.
     """
     try:
-        data = read_input(ref.path, ref.size, max_file_bytes)
+        data = read_input(ref.path, ref.size, max_file_bytes, ref.generation, ref.crc32c)
     except InputRefused as refused:
         return DeadLetter(ref.filename, "read", refused.reason, refused.message)
     except _read_errors() as err:

@@ -41,7 +41,7 @@ __all__ = ["HANDOFF_NAME", "HandoffError", "check_digest", "decode_listing", "en
 
 HANDOFF_NAME = "listing.arrow"
 _FORMAT = "beam-tfrecords listing"
-_VERSION = 2
+_VERSION = 3  # 3: a list of references carries each object's generation and CRC-32C.
 _KEY = b"beam-tfrecords"
 _TEXT = "surrogatepass"  # Any Python str to UTF-8 and back, lone surrogates included.
 _TABLE_COLUMNS = (("filename", pa.large_binary()), ("size", pa.int64()), ("split", pa.int32()),
@@ -49,7 +49,8 @@ _TABLE_COLUMNS = (("filename", pa.large_binary()), ("size", pa.int64()), ("split
                   ("stamp", pa.int64()), ("crc", pa.int64()))
 _LIST_COLUMNS = (("split", pa.large_binary()), ("key", pa.large_binary()),
                  ("filename", pa.large_binary()), ("path", pa.large_binary()), ("size", pa.int64()),
-                 ("label", pa.int64()), ("label_text", pa.large_binary()), ("extra", pa.large_binary()))
+                 ("label", pa.int64()), ("label_text", pa.large_binary()), ("extra", pa.large_binary()),
+                 ("generation", pa.int64()), ("crc", pa.int64()))
 
 
 class HandoffError(ValueError):
@@ -106,6 +107,8 @@ def _list_batch(refs: Sequence[ImageRef]) -> pa.RecordBatch:
         _text(r.path for r in refs), pa.array([r.size for r in refs], type=pa.int64()),
         pa.array([r.label for r in refs], type=pa.int64()), _text(r.label_text for r in refs),
         _text(json.dumps([list(e) for e in r.extra]) if r.extra else "" for r in refs),
+        pa.array([r.generation for r in refs], type=pa.int64()),
+        pa.array([r.crc32c for r in refs], type=pa.int64()),
     ]
     return pa.RecordBatch.from_arrays(columns, names=[name for name, _ in _LIST_COLUMNS])
 
@@ -180,9 +183,11 @@ def _refs(batch: pa.RecordBatch) -> list[ImageRef]:
     text = {name: _strings(columns[name]) for name in ("split", "key", "filename", "path", "label_text",
                                                         "extra")}
     sizes, labels = columns["size"].to_pylist(), columns["label"].to_pylist()
+    generations, crcs = columns["generation"].to_pylist(), columns["crc"].to_pylist()
     return [ImageRef(text["split"][i], text["key"][i], text["filename"][i], text["path"][i],
                      int(sizes[i]), int(labels[i]), text["label_text"][i],
-                     tuple(tuple(e) for e in json.loads(text["extra"][i])) if text["extra"][i] else ())
+                     tuple(tuple(e) for e in json.loads(text["extra"][i])) if text["extra"][i] else (),
+                     int(generations[i]), int(crcs[i]))
             for i in range(batch.num_rows)]
 
 

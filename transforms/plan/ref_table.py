@@ -81,12 +81,12 @@ class RefTable(Sequence):
     def filename(self, i: int) -> str:
         return self.blob[self.offsets[i]:self.offsets[i + 1]].decode("utf-8")
 
-    def _ref(self, i: int, begins, ends, sizes, splits, labels, keys) -> ImageRef:
+    def _ref(self, i: int, begins, ends, sizes, splits, labels, keys, stamps, crcs) -> ImageRef:
         rel = self.blob[begins[i]:ends[i]].decode("utf-8")
         split = self.split_names[splits[i]]
         label = labels[i]
         return ImageRef(split, "%016x%016x" % keys[i], rel, self._prefix + rel, sizes[i], label,
-                        self.vocabulary[label])
+                        self.vocabulary[label], (), stamps[i], crcs[i])
 
     def take(self, indices) -> list[ImageRef]:
         """The references at ``indices``, as objects, in that order."""
@@ -97,8 +97,12 @@ class RefTable(Sequence):
         splits = self.split_codes[indices].tolist()
         labels = self.labels[indices].tolist()
         keys = [tuple(k) for k in self.keys[indices].tolist()]
+        if self._prefix.startswith("gs://"):  # The generation an object is read at, and its CRC-32C.
+            stamps, crcs = self.stamps[indices].tolist(), self.crcs[indices].tolist()
+        else:  # A local file's stamp is its modification time, not a generation.
+            stamps, crcs = [0] * len(indices), [-1] * len(indices)
         rows = range(len(indices))
-        return [self._ref(i, begins, ends, sizes, splits, labels, keys) for i in rows]
+        return [self._ref(i, begins, ends, sizes, splits, labels, keys, stamps, crcs) for i in rows]
 
     def __getitem__(self, index):
         if isinstance(index, slice):
