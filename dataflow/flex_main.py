@@ -47,9 +47,10 @@ def parse(argv: list[str]) -> tuple[ConvertConfig, list[str]]:
     Raises:
       ValueError: naming the flag to change.
     """
-    args, beam_args = convert_parser(_PROG).parse_known_args(argv)
+    parser = convert_parser(_PROG)
+    args, beam_args = parser.parse_known_args(argv)
     for name, why in TEMPLATE_REFUSES.items():
-        if getattr(args, name) not in (None, False):
+        if getattr(args, name) != parser.get_default(name):
             raise ConvertError(f"--{name} cannot be used in a Flex Template: {why}")
     if args.progress_seconds < 0:
         raise ConvertError(f"--progress_seconds must be 0 (no progress) or more; got "

@@ -213,6 +213,9 @@ def test_dataflow_refuses_paths_its_workers_cannot_reach(tmp_path, gcs, offline,
     assert flex_main.main([f"--input={manifest}", f"--output={out}", "--report_json=r.json",
                            *DRY_RUN_FLAGS]) == 2
     assert "--report_json cannot be used in a Flex Template" in capsys.readouterr().err
+    assert flex_main.main([f"--input={manifest}", f"--output={out}", "--on_interrupt=keep",
+                           *DRY_RUN_FLAGS]) == 2
+    assert "--on_interrupt cannot be used in a Flex Template" in capsys.readouterr().err
     assert gcs.list(out) == [] and not os.path.exists(tmp_path / "out")
     # Files read on the launcher only may stay local: a labels file, a schema.
     config = ConvertConfig(input=manifest, output=out, labels=str(tmp_path / "in" / "labels.txt"))
