@@ -381,9 +381,14 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
             # or removed (the commit refuses, publishing nothing, when a file it cannot
             # prove sits where it would put or remove its own).
             claims = claim_output(target.output)
+            if not settings.dataset_output and claims.owns(REPORT_NAME):
+                # The last run's report (a launcher removes it before its run starts; a
+                # pipeline of the user's does not): it describes the dataset being
+                # replaced, and once the new manifest is published it names none.
+                files.delete_files([files.join(target.output, REPORT_NAME)])
             published = publish(target.output, target.temp_dir, renames, manifest_bytes,
                                 verified, claims, digests, remove_parts=not settings.part,
-                                remove_inputs=completed is None)
+                                remove_inputs=completed is None and not settings.part)
             report["manifest_sha256"] = hashlib.sha256(manifest_bytes).hexdigest()
             if settings.part:
                 hold_point("before_register")
@@ -414,6 +419,7 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
             report["removed_stale_shards"] = list(published.removed_stale_shards)
     if report["status"] not in ("ok", "commit_failed"):
         _remove_temporaries(target)  # Nothing of a failed run reaches a final name.
+    hold_point("before_report")
     home = settings.dataset_output or target.output
     report_bytes = _json_bytes({k: v for k, v in report.items() if k != "manifest_json"})
     if report["manifest"] is not None:  # It names the manifest's SHA-256: proof enough.

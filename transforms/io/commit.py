@@ -1,33 +1,42 @@
 """The commit protocol of an output folder: one run at a time, shards published by
-rename, ``manifest.json`` last.
+rename, ``manifest.json`` last, every step safe to run again.
 
 A run takes the folder's lock (``OUT/.beam-tfrecords/lock.json``, created only if
 absent: ``O_EXCL`` locally, a generation precondition on GCS), removes what
 killed runs left in ``OUT/.beam-tfrecords/``, and writes every shard under
-``OUT/.beam-tfrecords/tmp-<run_id>/``. Only when every shard verified does
-``publish`` move them to their final names and write the manifest:
+``OUT/.beam-tfrecords/tmp-<run_id>/``, one file per attempt
+(``<shard>.<attempt id>``). Only when every shard verified does ``publish`` move
+them to their final names and write the manifest (see ``publish`` for the steps):
+the manifest and what the commit will remove are staged in the temporary folder;
+the journal records every file about to reach a final name; every shard is
+checked to be the stored object its verification read (``stored_object``: a GCS
+generation; a local file's device, inode, size and times); the moves are made
+(locally a rename right after the ``lstat`` is checked again; on GCS a
+server-side copy of the verified generation, then a delete, many at a time); the
+manifest is published (an atomic rename locally, one object write on GCS); then
+what the old dataset had and the new one has not is removed.
 
-1. the new manifest is staged in the run's temporary folder;
-2. every shard is checked to be the stored object its verification read
-   (``stored_object``: a GCS generation; a local file's device, inode, size and
-   times): one that is not stops the commit here, with nothing published;
-3. the old ``manifest.json`` (if any) is removed, so no manifest ever lists a
-   shard that is being replaced;
-4. each shard is renamed to its final name, only as the object verified (locally
-   a rename right after its ``lstat`` is checked again; on GCS a server-side copy
-   of the verified generation, then a delete of that generation);
-5. the manifest is published: an atomic rename locally, one object write on GCS.
+A runner runs the commit at least once (Dataflow retries a step after a lost
+worker, or an exception), so ``publish`` can run again after a crash anywhere
+in it and ends with the same published dataset: a move whose source is gone and
+whose destination holds the verified size and CRC-32C (the journal's record) was
+made (as Beam's ``FileBasedSink`` treats it); a ``manifest.json`` that already
+holds the new bytes is never touched; a retry staging the same manifest keeps
+the first attempt's decisions and journal record.
 
-A reader that trusts only ``manifest.json`` therefore never sees a partial or
-torn shard. A process killed inside step 4 leaves a folder without a manifest
-(``verify`` fails it) whose final names hold some verified shards; the next
-run, which needs no ``--overwrite`` there, replaces or removes them: before
-step 2, the commit records in the output's journal (``transforms.io.ownership``)
-every file it is about to put at a final name, with its size and checksums, and
-the manifest it replaces, so that the next run can prove those files are this
-product's. Cleanup removes only what is proved so (never a user's file of a
-shard-like name, never a user's ``part-*`` folder), by literal path, and never
-through a symbolic link.
+The old manifest stays until the new one replaces it, unless a move would put
+other bytes where it lists a file (a shard of the same name): then it is removed
+right before those moves, so that no manifest ever lists a file being replaced.
+A reader that trusts only ``manifest.json`` therefore sees the old dataset whole
+or the new one, never a partial or torn shard; in that one case (shard names the
+old dataset used, other bytes), a process killed before the new manifest is
+published leaves no manifest (``verify`` fails the folder) and verified shards at
+final names; a retry of the commit, or the next run, finishes or replaces them.
+Files at final names are this product's by the journal (``transforms.io.ownership``),
+which records them, with their size and checksums, and the manifest replaced,
+before the first move; cleanup removes only what is proved so (never a user's
+file of a shard-like name, never a user's ``part-*`` folder), by literal path, and
+never through a symbolic link.
 
 The lock (``acquire_lock``) names its holder by run id, host, machine id, boot
 id, pid namespace and pid; a gone holder's lock is taken over only with a

@@ -41,6 +41,7 @@ COMMIT_POINTS = (
     "manifest_staged",      # every move made, the new manifest not published
     "manifest_published",   # the new manifest published, stale files not removed
     "before_register",      # an incremental part published, not yet listed in the dataset
+    "before_report",        # stale files removed (or a failed run's temporaries), no report
     "report_written",       # the run report written, temporaries and lock still there
     "temporaries_removed",  # the temporary folder removed, the lock not released
 )
