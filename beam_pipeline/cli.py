@@ -168,6 +168,10 @@ def _convert_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--encode_processes", type=int, default=-1,
                    help="helper processes per shard writer; -1 (default): all cores on the "
                    "DirectRunner, none on distributed runners")
+    p.add_argument("--reread", action="store_true",
+                   help="gs:// output: verify every shard by downloading and re-reading it too "
+                   "(default: the CRC-32C and size GCS reports for it must equal the writer's); "
+                   "local shards are always re-read")
     p.add_argument("--image_bytes", default="readable", choices=IMAGE_BYTES_MODES,
                    help="readable (default): an image tf.io.decode_image cannot read as stored "
                    "(TIFF, WebP, CMYK or 12-bit JPEG, BMP other than 24-bit) is stored as a "
@@ -325,6 +329,7 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
         incremental=args.incremental, fingerprint=args.fingerprint, date=args.date,
         list_on_workers=args.list_on_workers,
         follow_links_outside=args.follow_links_outside, max_file_bytes=args.max_file_bytes,
+        reread=args.reread,
         compare_to=args.compare_to, drift_max_mean_shift=args.drift_max_mean_shift,
         drift_max_missing_change=args.drift_max_missing_change,
         drift_max_class_share_change=args.drift_max_class_share_change,

@@ -163,7 +163,7 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
     if carried.progress_seconds is None:  # The job carries it to the processes running its steps.
         carried.progress_seconds = progress.interval()
     pipeline = beam.Pipeline(runner=_local_runner(options), options=options)
-    verify = VerifyShards(config.compression, config.encode_processes)
+    verify = VerifyShards(config.compression, config.encode_processes, reread=config.reread)
     if plan.is_table:
         schema = plan.schema
         spool_dir = files.join(target.temp_dir, "spool")
@@ -505,6 +505,17 @@ def _lost_job(plan: RunPlan, launch: _Launch, err: BaseException) -> dict:
             "report_not_written": "the Dataflow job may still be running"}
 
 
+def _own_report(plan: RunPlan) -> dict | None:
+    """This run's report, when its commit wrote one (it names the run); else ``None``."""
+    try:
+        data = files.read_bytes_if_exists(files.join(plan.dataset_output or plan.config.output, REPORT_NAME))
+        report = json.loads(data) if data else None
+    except Exception:  # pylint: disable=broad-except  # Unreadable: the failure is recorded anew.
+        return None
+    ours = isinstance(report, dict) and report.get("run_id") == plan.target.run_id
+    return report if ours and isinstance(report.get("status"), str) else None
+
+
 def submit(config: ConvertConfig, beam_args: Sequence[str] = ()):
     """Checks, prepares and starts a conversion without waiting for it.
 
@@ -629,6 +640,17 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
             result.wait_until_finish()
             release = True
         except Exception as err:  # pylint: disable=broad-except
+            own = _own_report(plan)
+            if own is not None:
+                # The commit wrote its report, then raised so that the job ends failed
+                # (transforms.manifest.RunFailed); no retry follows here, so what it
+                # kept for one (after commit_failed) goes.
+                _log.info("The run published nothing: %s", own["status"])
+                try:
+                    remove_folder(plan.target.temp_dir)
+                except Exception as cleanup:  # pylint: disable=broad-except
+                    _log.warning("Could not remove %s: %s", plan.target.temp_dir, cleanup)
+                return ConvertResult(own)
             # Inputs are dead-lettered, not raised: this is the storage, the runner or a bug.
             if launch is not None and launch.job.job_id and not release and not _job_ended(launch):
                 return ConvertResult(_lost_job(plan, launch, err))

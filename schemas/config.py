@@ -35,6 +35,8 @@ RUN_CONTROL_OPTIONS: frozenset[str] = frozenset({
     "follow_links_outside", "max_file_bytes",
     # Which CSV manifest rows may be read (a run they refuse writes nothing).
     "allowed_roots", "allow_paths_outside",
+    # How a gs:// shard is verified (re-read, or its stored CRC-32C trusted).
+    "reread",
 })
 # Drift gate defaults (--drift_max_*; README "Statistics and drift gate"): a mean
 # may move 2 standard deviations of the old values (sampling noise moves it about
@@ -246,6 +248,9 @@ class ConvertConfig:
     # listed in the plan and skipped.jsonl); dead-letter files larger than this.
     follow_links_outside: bool = False
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    # Verify a gs:// shard by re-reading it too (default: its CRC-32C and size as GCS
+    # reports them must equal the writer's; local shards are always re-read).
+    reread: bool = False
 
     def __post_init__(self):
         if not self.input:

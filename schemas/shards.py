@@ -31,6 +31,7 @@ COMPRESSIONS = ("none", "gzip")
 WORK_DIR = ".beam-tfrecords"
 MB = 1_000_000
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.]*")
+_ATTEMPT = re.compile(r"[0-9a-f]{8,32}")
 _SHARD_NAME = re.compile(
     r"(?P<split>[A-Za-z0-9][A-Za-z0-9_.]*)-(?P<index>\d{5,})-of-(?P<count>\d{5,})"
     r"\.tfrecord(?:\.gz)?"
@@ -113,7 +114,8 @@ def parse_shard_name(name: str) -> tuple[str, int, int] | None:
 @dataclasses.dataclass(frozen=True)
 class ShardTarget:
     """Where a run's shards go: written and verified under a temporary name in
-    the output's work folder, then moved to their final names by the commit.
+    the output's work folder (one per attempt, see ``attempt_path``), then moved
+    to their final names by the commit.
 
     Attributes:
       output: the output folder (local path or URI).
@@ -140,6 +142,20 @@ class ShardTarget:
 
     def temp_path(self, name: str) -> str:
         return _join(self.temp_dir, name)
+
+    def attempt_path(self, name: str, attempt: str) -> str:
+        """Where one attempt at writing shard ``name`` writes it:
+        ``OUT/.beam-tfrecords/tmp-<run_id>/<name>.<attempt>``. Every attempt (a retry
+        in the writer, or a worker the runner started again) has a name of its own,
+        so a writer that lost its lease cannot overwrite the file another attempt
+        wrote and verified; the commit moves the one named in the verified result.
+
+        Raises:
+          ValueError: when ``attempt`` is not 8 to 32 lower-case hex digits.
+        """
+        if not _ATTEMPT.fullmatch(attempt):
+            raise ValueError(f"attempt id {attempt!r}: use 8 to 32 lower-case hex digits")
+        return _join(self.temp_dir, f"{name}.{attempt}")
 
 
 def _join(base: str, *parts: str) -> str:

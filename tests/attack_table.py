@@ -1114,7 +1114,7 @@ def _shard_swapped(work, outcome):
     swapped = []
 
     def swap():
-        shards = sorted((out / ".beam-tfrecords").glob("tmp-*/*.tfrecord"))
+        shards = sorted((out / ".beam-tfrecords").glob("tmp-*/*.tfrecord.*"))
         staged = shards[0].with_name("forged")
         staged.write_bytes(b"\x00" * 64)
         os.replace(staged, shards[0])

@@ -148,6 +148,7 @@ __all__ = [
     "methods",
     "object_name_contains",
     "object_name_of",
+    "request_kind",
     "target_contains",
     "upload_completions",
 ]
@@ -264,6 +265,34 @@ def _is_download(info: RequestInfo) -> bool:
     if info.method != "GET":
         return False
     return "media" in info.query.get("alt", ()) or info.path.startswith("/download/")
+
+
+def request_kind(method: str, target: str) -> str:
+    """What a JSON API request does, for counting a log: ``rewrite``, ``copy``,
+    ``delete``, ``list``, ``download``, ``metadata`` (an object's), ``bucket`` (a
+    bucket's metadata), ``upload`` (a multipart, media or resumable request),
+    ``batch``, else ``"<METHOD> other"``."""
+    path = urlsplit(target).path
+    query = parse_qs(urlsplit(target).query)
+    if path.startswith("/batch/"):
+        return "batch"
+    if "/rewriteTo/b/" in path:
+        return "rewrite"
+    if "/copyTo/b/" in path:
+        return "copy"
+    if path.startswith("/upload/") or "upload_id" in query:
+        return "upload"
+    if method == "DELETE":
+        return "delete"
+    if method == "GET" and ("media" in query.get("alt", ()) or path.startswith("/download/")):
+        return "download"
+    if method == "GET" and re.search(r"/b/[^/]+/o/?$", path):
+        return "list"
+    if method == "GET" and _OBJECT_PATH.search(path):
+        return "metadata"
+    if method == "GET" and re.search(r"/b/[^/]+/?$", path):
+        return "bucket"
+    return f"{method} other"
 
 
 def downloads() -> Match:

@@ -1,8 +1,10 @@
 """The order of the commit, watched from outside at its hold points.
 
 A rerun with ``--overwrite`` into a finished dataset: until the commit starts, the
-old dataset stays whole (its manifest verifies); shards of the old run that the new
-one does not rewrite are removed only after the new manifest is published.
+old dataset stays whole (its manifest verifies), and, when the new shards replace no
+file the old manifest lists, until the new manifest replaces it; shards of the old
+run that the new one does not rewrite are removed only after the new manifest is
+published.
 """
 
 import json
@@ -16,7 +18,7 @@ import pytest
 
 from beam_tfrecords.cli import main
 from beam_tfrecords.samples import make_class_folder_sample
-from tests.conftest import load_manifest
+from tests.conftest import load_manifest, sha256_file
 
 pytestmark = pytest.mark.e2e
 
@@ -76,8 +78,12 @@ def test_stale_shards_are_removed_only_after_the_new_manifest(old_dataset, tmp_p
         new = {n for n in names if n not in old}
         assert new and len(new) > len(old)  # The new run cuts more, smaller shards.
         assert old <= names  # Not one old shard removed yet.
-        assert not os.path.exists(os.path.join(out, "manifest.json"))
-        # The manifest the commit removed is in its journal: the old shards stay provably
+        # No new shard replaced a file the old manifest lists, so the old manifest stays
+        # until the new one replaces it (issue 19): the old dataset is whole.
+        listed = load_manifest(out)["splits"]["train"]["shards"]
+        assert {s["path"] for s in listed} == old
+        assert all(sha256_file(os.path.join(out, s["path"])) == s["sha256"] for s in listed)
+        # The manifest the commit replaces is in its journal: the old shards stay provably
         # this product's, so the next run may remove them (issue 18).
         journal = os.path.join(out, ".beam-tfrecords", "journal")
         [commit] = [n for n in os.listdir(journal) if n.startswith("commit-")]
@@ -86,8 +92,9 @@ def test_stale_shards_are_removed_only_after_the_new_manifest(old_dataset, tmp_p
         assert {s["path"] for s in replaced["splits"]["train"]["shards"]} == old
     finally:
         _kill(proc)
-    # The next run finishes the job; no --overwrite is needed without a manifest.
-    assert main(["convert", "--input", root, "--output", out, *NEW_BAND]) == 0
+    # The next run finishes the job (the old dataset still published: with --overwrite).
+    assert main(["convert", "--input", root, "--output", out, *NEW_BAND]) == 2
+    assert main(["convert", "--input", root, "--output", out, "--overwrite", *NEW_BAND]) == 0
     listed = {s["path"] for s in load_manifest(out)["splits"]["train"]["shards"]}
     assert _shard_names(out) == listed and not (old & listed)
     assert main(["verify", out]) == 0

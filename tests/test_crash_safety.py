@@ -343,8 +343,9 @@ def test_kill_tree_at_hold_point_then_next_run_recovers(kinds, hold, tmp_path, k
     if point in ("before_commit", "mid_commit", "manifest_staged"):
         assert os.path.exists(os.path.join(temps[0], "manifest.json"))  # Staged, not published.
     if point == "before_commit":
-        staged = {n: _sha256(os.path.join(temps[0], n))
-                  for n in os.listdir(temps[0]) if parse_shard_name(n)}
+        # Each written under a name of its own attempt: <shard>.<attempt id>.
+        staged = {n.rsplit(".", 1)[0]: _sha256(os.path.join(temps[0], n))
+                  for n in os.listdir(temps[0]) if parse_shard_name(n.rsplit(".", 1)[0])}
         assert staged == kind.reference  # Every shard written and verified, none moved.
 
     # (c) verify fails a folder without a manifest (it does not CRC-scan what is there,

@@ -57,7 +57,8 @@ UNRAISABLE_FAILED_WRITER = "ignore:Exception ignored in.*BlobWriter:pytest.Pytes
 pytestmark = [pytest.mark.emulator, pytest.mark.filterwarnings(UNRAISABLE_FAILED_WRITER)]
 
 BUCKET = "gs://faults"
-FLAGS = ["--shard_min_mb", "0.01", "--shard_max_mb", "0.05", "--encode_processes", "0"]
+# --reread: these runs re-read every shard they verify (the reads the faults hit).
+FLAGS = ["--shard_min_mb", "0.01", "--shard_max_mb", "0.05", "--encode_processes", "0", "--reread"]
 # A hang guard, not a speed check: each run takes 2-8 s, a run stuck retrying never ends.
 RUN_LIMIT_SECONDS = 300
 FINAL_NAME = re.compile(r"^[A-Za-z0-9_.]+-\d{5}-of-\d{5}\.tfrecord(\.gz)?$")
@@ -391,14 +392,14 @@ def test_short_503_outage_on_one_shard_is_survived(gcs, inputs, reference, proxy
 def _copy_of_second_shard() -> Match:
     """The request that copies the second shard to its final name.
 
-    The commit renames shard by shard; on GCS each rename is a server-side rewrite
-    of the verified generation (``.../o/<temporary name>/rewriteTo/b/...``), then a
-    delete of the temporary object."""
+    On GCS each of the commit's renames is a server-side rewrite of the verified
+    generation (``.../o/<temporary name>/rewriteTo/b/...``), then a delete of the
+    temporary object; the renames run side by side."""
 
     def test(info: RequestInfo) -> bool:
         name = info.object_name or ""
         return (info.method == "POST" and "/rewriteTo/b/" in info.path
-                and "/.beam-tfrecords/tmp-" in name and name.endswith(f"{SHARD_1}00004.tfrecord"))
+                and "/.beam-tfrecords/tmp-" in name and f"/{SHARD_1}00004.tfrecord." in name)
 
     return Match(test, "the rewrite copying the second shard")
 
@@ -415,14 +416,19 @@ def test_failed_copy_during_commit_publishes_no_manifest_and_next_run_recovers(
     assert run.code == 1
     # One line naming the shard it could not move, and a report that says so.
     [line] = [ln for ln in run.out.splitlines() if ln.startswith("COMMIT FAILED: cannot move ")]
-    assert f"{SHARD_1}00004.tfrecord to {out}/{SHARD_1}00004.tfrecord" in line and "403" in line
+    # The verified attempt's object (<shard>.<attempt id>) to the shard's final name.
+    assert re.search(rf"{SHARD_1}00004\.tfrecord\.[0-9a-f]+ to {out}/{SHARD_1}00004\.tfrecord ", line), line
+    assert "403" in line
     assert "Traceback" not in run.err
     report = json.loads(gcs.download(f"{out}/run_report.json"))
     assert report["status"] == "commit_failed" and report["manifest"] is None
     assert not gcs.exists(f"{out}/manifest.json")
-    # The documented window: the shard moved before the failure is at its final name
-    # (verified, byte-identical), the others are not; the lock is released.
-    assert _final_shards(gcs, out) == {"train-00000-of-00004.tfrecord": expected["train-00000-of-00004.tfrecord"]}
+    # The documented window: the shard moved beside the failed one (the moves run side by
+    # side, half of them at a time) is at its final name (verified, byte-identical), the
+    # failed one is not, nor those of the half after it; the lock is released.
+    final = _final_shards(gcs, out)
+    assert "train-00000-of-00004.tfrecord" in final and not [k for k in final if k.startswith(SHARD_1)]
+    assert all(expected[k] == v for k, v in final.items()) and len(final) < len(expected)
     assert not gcs.exists(f"{out}/.beam-tfrecords/lock.json")
     capsys.readouterr()
     assert main(["verify", out]) == 1  # A folder without a manifest is not a dataset.

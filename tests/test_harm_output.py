@@ -282,14 +282,16 @@ def test_a_commit_killed_half_way_is_ours_and_a_foreign_file_beside_it_is_not(tm
                                           *QUIET, "--overwrite"])
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    # No manifest; some new shards at final names beside the old ones; the journal
-    # records the new ones (size and checksums) and the manifest they replace.
-    assert not os.path.exists(os.path.join(out, "manifest.json"))
+    # Some new shards at final names beside the old ones, under other names, so the old
+    # manifest still stands (issue 19: it goes only before a move that replaces a file it
+    # lists); the journal records the new ones (size and checksums) and the manifest
+    # they replace.
     journal = os.path.join(out, WORK_DIR, "journal")
     [commit] = [n for n in os.listdir(journal) if n.startswith("commit-")]
     with open(os.path.join(journal, commit), encoding="utf-8") as f:
         recorded = json.load(f)
     assert recorded["replaces"]["splits"]["train"]["shards"]
+    assert json.loads(Path(out, "manifest.json").read_text()) == recorded["replaces"]
     claims = {c["path"]: c for c in recorded["claims"]}
     assert all(c["crc32c"] and c["sha256"] and c["size"] > 0 for p, c in claims.items() if ".tfrecord" in p)
     now = tree(out)
@@ -300,12 +302,12 @@ def test_a_commit_killed_half_way_is_ours_and_a_foreign_file_beside_it_is_not(tm
     # A foreign file dropped beside the leftovers: refused, naming it alone.
     foreign_shard(Path(out) / "extra-00000-of-00001.tfrecord")
     before = tree(out)
-    refused = convert(tmp_path, images, out)
+    refused = convert(tmp_path, images, out, "--overwrite")
     _not_ours_line(refused, "extra-00000-of-00001.tfrecord", "holds 1 file ")
     assert tree(out) == before  # Ours and theirs, byte for byte (the refusal took no lock).
     os.remove(os.path.join(out, "extra-00000-of-00001.tfrecord"))
-    # Without it, the next run (no --overwrite: no manifest) replaces and removes ours.
-    done = convert(tmp_path, images, out)
+    # Without it, the next run replaces and removes ours.
+    done = convert(tmp_path, images, out, "--overwrite")
     assert done.exit == 0 and done.message == "status: ok", done.stdout + done.stderr
     manifest_shards = {s["path"] for s in json.loads(Path(out, "manifest.json").read_text())
                        ["splits"]["train"]["shards"]}

@@ -102,7 +102,8 @@ def _tree(folder: Path) -> dict[str, str]:
 
 
 def _temp_files(out: Path, suffix: str) -> list[Path]:
-    return sorted(p for p in (out / WORK_DIR).glob(f"tmp-*/*{suffix}") if p.is_file())
+    # A shard's temporary name ends in its attempt id: <shard>.tfrecord.<attempt>.
+    return sorted(p for p in (out / WORK_DIR).glob(f"tmp-*/*{suffix}*") if p.is_file())
 
 
 def _forged_shard(path: Path) -> str:
@@ -454,7 +455,7 @@ def test_a_shard_swapped_on_gcs_is_not_published(tmp_path, fake_gcs, images_in, 
     env, waiting = fake_gcs.env(cli_env()), []
 
     def swap(_):
-        waiting.extend(sorted(p for p in fake_gcs.objects(f"{out}/{WORK_DIR}/") if p.endswith(".tfrecord")))
+        waiting.extend(sorted(p for p in fake_gcs.objects(f"{out}/{WORK_DIR}/") if ".tfrecord." in p))
         fake_gcs.upload(waiting[-1], b"forged bytes")
 
     run, _ = _held(tmp_path, ("convert", "--input", str(images_in), "--output", out, *SMALL_SHARDS), when,

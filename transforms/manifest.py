@@ -4,9 +4,19 @@ It sees every shard's result at once (small metadata). Only when every shard was
 proved, some record was written and the error budget held does it move the
 shards to their final names and write ``manifest.json`` (see
 ``transforms.io.commit`` for the order), then remove shards an earlier run left
-under other names. Whatever happened, it removes the run's temporary folder and
-writes ``run_report.json``, which the launcher reads to print the summary and
-choose its exit status.
+under other names. It writes ``run_report.json``, which the launcher reads to
+print the summary and choose its exit status, then removes the run's temporary
+folder and releases the output's lock.
+
+A runner runs this step at least once (Dataflow retries a step whose worker was
+lost, or that raised), so every part of it can run again, after a crash anywhere
+in it, and ends with the same published dataset, byte for byte: a retry reuses
+the manifest its first attempt staged (the same ``created`` time), ``publish``
+recognizes the moves already made, and a retry that finds this run's report
+already written does nothing but the cleanup. A run that publishes nothing raises
+(``RunFailed``) after writing its report, so that the job ends failed; after a
+failed commit (``commit_failed``) the temporary folder and the lock are kept, so
+that the retry can finish the commit.
 """
 
 from __future__ import annotations
@@ -29,11 +39,11 @@ from beam_tfrecords.schemas.shards import ShardBand, ShardTarget, clashing_split
 from beam_tfrecords.schemas.version import __version__
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.commit import (
+    holds_lock,
     publish,
     register_part,
     release_lock,
     remove_folder,
-    remove_parts,
 )
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.fingerprint import (
@@ -55,9 +65,11 @@ from beam_tfrecords.transforms.plan.drift import DriftGate, statistics_and_drift
 from beam_tfrecords.transforms.plan.duplicates import duplicate_report
 from beam_tfrecords.transforms.shards import STORAGE_ERRORS
 
-__all__ = ["Commit", "CommitSettings", "finalize"]
+__all__ = ["Commit", "CommitSettings", "RunFailed", "finalize"]
 
 _log = logging.getLogger(__name__)
+# The run's inputs.jsonl, completed by the commit, staged beside the launcher's.
+_COMPLETED_INPUTS = f"{INPUTS_NAME}.completed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +116,16 @@ class CommitSettings:
     update: str = ""
     drift: DriftGate | None = None
     input_units: int = 0
+
+
+class RunFailed(RuntimeError):
+    """The commit published nothing (its report, already written, says why)."""
+
+
+def _failure_line(report: dict) -> str:
+    failures = "; ".join(f"{f['path']}: {f['error']}" for f in report.get("verification_failures", []))
+    return (f"the run published nothing ({report['status']}) in {report['output']}"
+            + (f": {failures}" if failures else ""))
 
 
 def _json_bytes(value: dict) -> bytes:
@@ -205,6 +227,10 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
       only, ``manifest_json`` holds the published manifest.
     """
     target = settings.target
+    ended = _ended_report(settings)
+    if ended is not None:  # A retry of a commit that ended: only its cleanup again.
+        _clean_up(settings, summary, ended)
+        return ended
     results = sorted(results, key=lambda r: (r.split, r.index))
     bad: Counter = Counter(dict(summary.bad_counts))
     for result in results:
@@ -221,6 +247,7 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
     )
     report = {
         "status": "ok",
+        "run_id": target.run_id,
         "output": target.output,
         "manifest": None,
         "records": written,
@@ -299,7 +326,7 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
         report["leakage"] = duplicates["across_splits"]
     elif drift and drift["status"] == "failed":
         report["status"] = "drift_found"  # Nothing published: the old dataset stays as it is.
-    elif not settings.overwrite and files.exists(manifest_path):
+    elif not settings.overwrite and files.exists(manifest_path) and not _published_here(target):
         report["status"] = "output_exists"
     else:
         relative = [dataclasses.replace(r, path=r.path.rsplit("/", 1)[-1]) for r in results]
@@ -309,7 +336,8 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
         digests = {r.path: Claim(r.path, r.bytes, r.sha256, r.crc32c) for r in results}
         if completed is not None:
             inputs_bytes, input_count, fingerprint = completed
-            staged_inputs = files.join(target.temp_dir, INPUTS_NAME)
+            # Beside the launcher's inputs.jsonl, which a retry completes again.
+            staged_inputs = files.join(target.temp_dir, _COMPLETED_INPUTS)
             files.write_bytes(staged_inputs, inputs_bytes)
             renames.append((staged_inputs, files.join(target.output, INPUTS_NAME)))
             digests[renames[-1][1]] = file_claim(INPUTS_NAME, inputs_bytes)
@@ -345,26 +373,33 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
             ).to_json()
         manifest_bytes = _json_bytes(manifest)
         try:
+            earlier = _staged_manifest(target, manifest)
+            if earlier is not None:  # A retry publishes what its first attempt staged.
+                manifest_bytes, manifest = earlier, json.loads(earlier)
             verified = {r.temp_path or r.path: r.verified_as for r in results}
             # What of the output this product can prove it wrote: only that is replaced
             # or removed (the commit refuses, publishing nothing, when a file it cannot
             # prove sits where it would put or remove its own).
             claims = claim_output(target.output)
+            if not settings.dataset_output and claims.owns(REPORT_NAME):
+                # The last run's report (a launcher removes it before its run starts; a
+                # pipeline of the user's does not): it describes the dataset being
+                # replaced, and once the new manifest is published it names none.
+                files.delete_files([files.join(target.output, REPORT_NAME)])
             published = publish(target.output, target.temp_dir, renames, manifest_bytes,
-                                verified, claims, digests)
+                                verified, claims, digests, remove_parts=not settings.part,
+                                remove_inputs=completed is None and not settings.part)
             report["manifest_sha256"] = hashlib.sha256(manifest_bytes).hexdigest()
             if settings.part:
                 hold_point("before_register")
                 report["manifest_sha256"] = register_part(
                     settings.dataset_output, _part_entry(settings, manifest, manifest_bytes))
             else:
-                report["removed_parts"] = remove_parts(target.output, claims)
-                if completed is None and claims.owns(INPUTS_NAME):
-                    files.delete_files([files.join(target.output, INPUTS_NAME)])
+                report["removed_parts"] = list(published.removed_parts)
         except STORAGE_ERRORS as err:
-            # No manifest was published; some shards may sit at final names (the
-            # documented window, recorded in the journal), and the next run replaces
-            # or removes them.
+            # No new manifest was published; some shards may sit at final names
+            # (recorded in the journal). A retry of this step finishes the commit; or
+            # the next run replaces or removes them.
             report.pop("manifest_sha256", None)
             report["status"] = "commit_failed"
             report["verification_failures"] = [{"path": target.output, "error": str(err)}]
@@ -382,22 +417,90 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
                 path for split in manifest["splits"].values() for path in split["shards_outside_band"]
             ]
             report["removed_stale_shards"] = list(published.removed_stale_shards)
-    if report["manifest"] is None:
-        try:
-            remove_folder(target.temp_dir)  # Nothing of a failed run reaches a final name.
-        except STORAGE_ERRORS as err:
-            _log.warning("Could not remove %s (the next run will): %s", target.temp_dir, err)
-    for spool in summary.spools:  # Spools outside the temporary folder (none on our paths).
-        files.delete_files([spool])
+    if report["status"] not in ("ok", "commit_failed"):
+        _remove_temporaries(target)  # Nothing of a failed run reaches a final name.
+    hold_point("before_report")
     home = settings.dataset_output or target.output
     report_bytes = _json_bytes({k: v for k, v in report.items() if k != "manifest_json"})
     if report["manifest"] is not None:  # It names the manifest's SHA-256: proof enough.
         write_atomic(files.join(home, REPORT_NAME), report_bytes)
     else:  # Recorded in the journal first, so that the next run can prove it ours.
         write_owned(home, REPORT_NAME, report_bytes)
-    if settings.release_lock:
-        release_lock(home, settings.release_lock)
+    hold_point("report_written")
+    _clean_up(settings, summary, report)
     return report
+
+
+def _remove_temporaries(target: ShardTarget) -> None:
+    try:
+        remove_folder(target.temp_dir)
+    except STORAGE_ERRORS as err:
+        _log.warning("Could not remove %s (the next run will): %s", target.temp_dir, err)
+
+
+def _clean_up(settings: CommitSettings, summary: InputSummary, report: dict) -> None:
+    """What follows the report, each step harmless to repeat: the temporary folder
+    goes (after a published commit, or after any failure but ``commit_failed``,
+    whose retry needs it), spools outside it go, and the lock is released
+    (``commit_failed`` keeps it: the retry still writes to the output; the
+    launcher releases it when the job ends)."""
+    if report["status"] == "commit_failed":
+        return
+    _remove_temporaries(settings.target)
+    hold_point("temporaries_removed")
+    for spool in summary.spools:  # Spools outside the temporary folder (none on our paths).
+        files.delete_files([spool])
+    if settings.release_lock:
+        release_lock(settings.dataset_output or settings.target.output, settings.release_lock)
+
+
+def _ended_report(settings: CommitSettings) -> dict | None:
+    """This run's report when an earlier attempt of this step already wrote it (and
+    not ``commit_failed``, which a retry tries again), with the published manifest
+    for an ``ok`` one (``manifest_json``); ``None`` when the commit is still to make.
+
+    Raises:
+      RunFailed: when another run holds the output's lock: this run's commit ended
+        (it releases the lock last) or was taken over; it must not touch the output.
+    """
+    target = settings.target
+    home = settings.dataset_output or target.output
+    path = files.join(home, REPORT_NAME)
+    try:
+        report = json.loads(files.read_bytes_if_exists(path) or b"null")
+    except ValueError:
+        report = None
+    if isinstance(report, dict) and report.get("run_id") == target.run_id \
+            and report.get("status") != "commit_failed":
+        if report.get("status") == "ok" and report.get("manifest"):
+            report["manifest_json"] = json.loads(files.read_bytes(report["manifest"]))
+        return report
+    if settings.release_lock and holds_lock(home, settings.release_lock) is False:
+        raise RunFailed(f"the commit of run {target.run_id} into {home} ran again after another "
+                        "run took the output's lock; it changed nothing there")
+    return None
+
+
+def _published_here(target: ShardTarget) -> bool:
+    """Whether ``manifest.json`` holds the manifest this run staged (an earlier attempt
+    of this step published it)."""
+    staged = files.read_bytes_if_exists(files.join(target.temp_dir, MANIFEST_NAME))
+    return staged is not None and staged == files.read_bytes_if_exists(
+        files.join(target.output, MANIFEST_NAME))
+
+
+def _staged_manifest(target: ShardTarget, manifest: dict) -> bytes | None:
+    """The manifest an earlier attempt of this step staged in the temporary folder,
+    when it is ``manifest`` but for its ``created`` time; else ``None``."""
+    staged = files.read_bytes_if_exists(files.join(target.temp_dir, MANIFEST_NAME))
+    try:
+        earlier = json.loads(staged) if staged is not None else None
+    except ValueError:
+        return None
+    if not isinstance(earlier, dict) or {**earlier, "created": manifest["created"]} != json.loads(
+            _json_bytes(manifest)):
+        return None
+    return staged
 
 
 class _CommitFn(beam.DoFn):
@@ -411,6 +514,10 @@ class _CommitFn(beam.DoFn):
         (summary,) = list(grouped["summary"])
         report = finalize(self._settings, list(grouped["results"]), summary)
         _log.info("Run finished: %s", report["status"])
+        if report["status"] != "ok":
+            # After the report: the job ends failed, not done (and a retry of this
+            # step finds the report, or, after commit_failed, tries the commit again).
+            raise RunFailed(_failure_line(report))
         yield report
 
 

@@ -63,7 +63,7 @@ from beam_tfrecords.transforms.io import progress as run_progress
 from beam_tfrecords.transforms.io.commit import stored_object
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
-from beam_tfrecords.transforms.io.gcs import object_crc32c
+from beam_tfrecords.transforms.io.gcs import is_gcs, object_crc32c, object_info
 from beam_tfrecords.transforms.io.helpers import SMALL_FILE_BYTES, ready_helper_pool, verify_range
 from beam_tfrecords.transforms.plan.shards import cut_shards
 from beam_tfrecords.transforms.plan.statistics import image_counts
@@ -297,18 +297,21 @@ def write_shard(spec: ShardSpec, target: ShardTarget, source: RecordSource,
                 attempts: int = _ATTEMPTS) -> ShardResult:
     """Writes one shard under its temporary name; the one writer of every input kind.
 
-    A storage error retries the whole shard (``attempts`` in all, with backoff);
+    A storage error retries the whole shard (``attempts`` in all, with backoff),
+    each attempt under a temporary name of its own (``ShardTarget.attempt_path``);
     bad inputs go to ``OUT/dead_letter/<shard>.jsonl``.
 
     Returns:
       The shard as written (not yet verified). When storage kept failing, a result
       with ``verified=False`` and the error, so the run fails naming the shard.
     """
-    temp = target.temp_path(spec.name)
     final = target.final_path(spec.name)
     error: BaseException | None = None
     started = time.time()
     for attempt in range(1, attempts + 1):
+        # A name of its own for every attempt: nothing an earlier attempt (or another
+        # worker writing the same shard) still sends can land on what this one verifies.
+        temp = target.attempt_path(spec.name, uuid.uuid4().hex[:12])
         try:
             written = _write_once(spec, temp, target.compression, source)
             break
@@ -404,10 +407,23 @@ def storage_crc32c_check(path: str, written_crc32c: str) -> tuple[str | None, st
         stored = object_crc32c(path)
     except FileNotFoundError:
         return None, f"{path} is not in the store"
+    return stored, _crc32c_error(stored, written_crc32c)
+
+
+def _crc32c_error(stored: str | None, written_crc32c: str) -> str:
     if stored is not None and stored != written_crc32c:
-        return stored, (f"GCS reports crc32c {stored} for the object, but {written_crc32c} "
-                        "was written: the object changed or was damaged in storage")
-    return stored, ""
+        return (f"GCS reports crc32c {stored} for the object, but {written_crc32c} "
+                "was written: the object changed or was damaged in storage")
+    return ""
+
+
+def _stored(path: str) -> tuple[StoredObject, str | None]:
+    """The object at ``path`` (see ``stored_object``) and, on GCS, the CRC-32C the
+    store computed of it (hex), from one metadata request."""
+    if is_gcs(path):
+        info = object_info(path)
+        return StoredObject(info.size, generation=info.generation), info.crc32c
+    return stored_object(path), None
 
 
 def _scan_in_pieces(
@@ -487,12 +503,15 @@ class _VerifyShardFn(beam.DoFn):
     Re-reading runs on a background thread, so a shard is checked while the
     writer, fused before this step, writes the next one; results come out as
     checks finish, and all of them by the end of the bundle. A shard whose
-    write already failed passes through unchanged.
+    write already failed passes through unchanged. A ``gs://`` shard is re-read
+    only with ``reread``; otherwise the CRC-32C and size GCS reports (computed by
+    the store from the bytes it received) must equal the writer's.
     """
 
-    def __init__(self, compression: str, helper_processes: int):
+    def __init__(self, compression: str, helper_processes: int, reread: bool = True):
         self._compression = compression
         self._processes = helper_processes
+        self._reread = reread
         self._pool = None
         self._pending: list[concurrent.futures.Future] = []
 
@@ -514,14 +533,21 @@ class _VerifyShardFn(beam.DoFn):
         the check fails."""
         expected = FileDigest(result.records, result.bytes, result.crc32c, result.sha256)
         try:
-            before = stored_object(path)
+            before, stored = _stored(path)
         except FileNotFoundError:
             return None, f"{path} is not in the store", None
         except OSError as err:  # Not a regular file (a link put in its place, ...).
             return None, str(err), None
-        stored, error = storage_crc32c_check(path, result.crc32c)
+        error = _crc32c_error(stored, result.crc32c)
         if error:
             return stored, error, None
+        if stored is not None and not self._reread:
+            # GCS computed this CRC-32C from the bytes it stored; equal to the writer's
+            # (and the size too), the object holds what was written and framed.
+            if before.size != result.bytes:
+                return stored, (f"GCS holds {before.size} bytes for the object, but "
+                                f"{result.bytes} were written"), None
+            return stored, "", before
         many_small = result.records and result.bytes < SMALL_FILE_BYTES * result.records
         helpers = None
         if result.checkpoints and many_small and self._processes > 0:
@@ -591,15 +617,21 @@ class VerifyShards(beam.PTransform):
       compression: ``none`` or ``gzip``.
       helper_processes: helper processes that may check pieces of shards of many
         small records in parallel (0: none).
+      reread: re-read ``gs://`` shards too (default). ``False`` trusts, on GCS, the
+        CRC-32C and size the store reports for the object when they equal the
+        writer's (one metadata request, nothing downloaded); local shards are
+        always re-read.
     """
 
-    def __init__(self, compression: str = "none", helper_processes: int = 0):
+    def __init__(self, compression: str = "none", helper_processes: int = 0, reread: bool = True):
         super().__init__()
         self._compression = compression
         self._processes = helper_processes
+        self._reread = reread
 
     def expand(self, results):
-        return results | "ReRead" >> beam.ParDo(_VerifyShardFn(self._compression, self._processes))
+        return results | "ReRead" >> beam.ParDo(
+            _VerifyShardFn(self._compression, self._processes, self._reread))
 
 
 # --- WriteVerifiedShards: the engine for a user's own pipeline --------------------

@@ -1,33 +1,42 @@
 """The commit protocol of an output folder: one run at a time, shards published by
-rename, ``manifest.json`` last.
+rename, ``manifest.json`` last, every step safe to run again.
 
 A run takes the folder's lock (``OUT/.beam-tfrecords/lock.json``, created only if
 absent: ``O_EXCL`` locally, a generation precondition on GCS), removes what
 killed runs left in ``OUT/.beam-tfrecords/``, and writes every shard under
-``OUT/.beam-tfrecords/tmp-<run_id>/``. Only when every shard verified does
-``publish`` move them to their final names and write the manifest:
+``OUT/.beam-tfrecords/tmp-<run_id>/``, one file per attempt
+(``<shard>.<attempt id>``). Only when every shard verified does ``publish`` move
+them to their final names and write the manifest (see ``publish`` for the steps):
+the manifest and what the commit will remove are staged in the temporary folder;
+the journal records every file about to reach a final name; every shard is
+checked to be the stored object its verification read (``stored_object``: a GCS
+generation; a local file's device, inode, size and times); the moves are made
+(locally a rename right after the ``lstat`` is checked again; on GCS a
+server-side copy of the verified generation, then a delete, many at a time); the
+manifest is published (an atomic rename locally, one object write on GCS); then
+what the old dataset had and the new one has not is removed.
 
-1. the new manifest is staged in the run's temporary folder;
-2. every shard is checked to be the stored object its verification read
-   (``stored_object``: a GCS generation; a local file's device, inode, size and
-   times): one that is not stops the commit here, with nothing published;
-3. the old ``manifest.json`` (if any) is removed, so no manifest ever lists a
-   shard that is being replaced;
-4. each shard is renamed to its final name, only as the object verified (locally
-   a rename right after its ``lstat`` is checked again; on GCS a server-side copy
-   of the verified generation, then a delete of that generation);
-5. the manifest is published: an atomic rename locally, one object write on GCS.
+A runner runs the commit at least once (Dataflow retries a step after a lost
+worker, or an exception), so ``publish`` can run again after a crash anywhere
+in it and ends with the same published dataset: a move whose source is gone and
+whose destination holds the verified size and CRC-32C (the journal's record) was
+made (as Beam's ``FileBasedSink`` treats it); a ``manifest.json`` that already
+holds the new bytes is never touched; a retry staging the same manifest keeps
+the first attempt's decisions and journal record.
 
-A reader that trusts only ``manifest.json`` therefore never sees a partial or
-torn shard. A process killed inside step 4 leaves a folder without a manifest
-(``verify`` fails it) whose final names hold some verified shards; the next
-run, which needs no ``--overwrite`` there, replaces or removes them: before
-step 2, the commit records in the output's journal (``transforms.io.ownership``)
-every file it is about to put at a final name, with its size and checksums, and
-the manifest it replaces, so that the next run can prove those files are this
-product's. Cleanup removes only what is proved so (never a user's file of a
-shard-like name, never a user's ``part-*`` folder), by literal path, and never
-through a symbolic link.
+The old manifest stays until the new one replaces it, unless a move would put
+other bytes where it lists a file (a shard of the same name): then it is removed
+right before those moves, so that no manifest ever lists a file being replaced.
+A reader that trusts only ``manifest.json`` therefore sees the old dataset whole
+or the new one, never a partial or torn shard; in that one case (shard names the
+old dataset used, other bytes), a process killed before the new manifest is
+published leaves no manifest (``verify`` fails the folder) and verified shards at
+final names; a retry of the commit, or the next run, finishes or replaces them.
+Files at final names are this product's by the journal (``transforms.io.ownership``),
+which records them, with their size and checksums, and the manifest replaced,
+before the first move; cleanup removes only what is proved so (never a user's
+file of a shard-like name, never a user's ``part-*`` folder), by literal path, and
+never through a symbolic link.
 
 The lock (``acquire_lock``) names its holder by run id, host, machine id, boot
 id, pid namespace and pid; a gone holder's lock is taken over only with a
@@ -55,10 +64,11 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 
+import google_crc32c
 from apache_beam.io.filesystems import FileSystems
 
 from beam_tfrecords.schemas.elements import StoredObject
-from beam_tfrecords.schemas.inputs import PART_PREFIX
+from beam_tfrecords.schemas.inputs import INPUTS_NAME, PART_PREFIX
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME
 from beam_tfrecords.schemas.shards import WORK_DIR
 from beam_tfrecords.transforms.io import files
@@ -71,11 +81,14 @@ from beam_tfrecords.transforms.io.dataflow_jobs import (
 )
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.gcs import (
+    ObjectInfo,
     copy_generation,
     create_if_absent,
     delete_generation,
     is_gcs,
+    list_objects,
     object_info,
+    parallel,
     read_generation,
     replace_generation,
 )
@@ -84,27 +97,29 @@ from beam_tfrecords.transforms.io.ownership import (
     OutputClaims,
     OutputNotOurs,
     claim_output,
+    commit_journaled,
     file_claim,
     is_shard_like,
     journal_commit,
     remove_tree,
     temporary_folders,
+    write_atomic,
 )
 
 __all__ = [
+    "COMMIT_STATE",
     "LOCK_NAME",
     "OutputBusyError",
     "OutputNotOurs",
     "ShardChangedError",
     "acquire_lock",
+    "holds_lock",
     "new_run_id",
     "publish",
     "record_job",
     "register_part",
     "release_lock",
     "remove_folder",
-    "remove_parts",
-    "remove_stale_shards",
     "remove_stale_temporaries",
     "stored_object",
 ]
@@ -498,24 +513,14 @@ def remove_folder(folder: str) -> None:
                 pass  # The lock, or another run's files, are still there.
 
 
-def remove_stale_shards(output: str, keep: set[str], claims: OutputClaims | None = None) -> list[str]:
-    """Deletes the shard files in ``output`` that are not in ``keep`` and that this
-    product can prove it wrote (``claims``: what ``claim_output`` found before the
-    commit; found now when ``None``); returns their names. A shard-like file it
-    cannot prove stays where it is."""
-    claims = claims if claims is not None else claim_output(output)
-    stale = [files.join(output, name) for name in claims.owned
-             if is_shard_like(name) and files.join(output, name) not in keep]
-    files.delete_files(stale)
-    return [path.rsplit("/", 1)[-1] for path in stale]
-
-
 @dataclasses.dataclass(frozen=True)
 class Published:
-    """What ``publish`` did: the manifest's path and the stale shards removed."""
+    """What ``publish`` did: the manifest's path, and the stale shards and part folders
+    it removed (as its first attempt found them: the same on a retry)."""
 
     manifest_path: str
     removed_stale_shards: tuple[str, ...]
+    removed_parts: tuple[str, ...] = ()
 
 
 def stored_object(path: str) -> StoredObject:
@@ -542,14 +547,82 @@ def stored_object(path: str) -> StoredObject:
                         ctime_ns=st.st_ctime_ns)
 
 
-def _check_verified(path: str, verified: StoredObject | None, after: str) -> None:
-    """Raises ``ShardChangedError`` unless ``path`` still is the object ``verified``."""
+COMMIT_STATE = "commit.json"
+_NOT_PUBLISHED = "nothing was published"
+_MID_COMMIT = "no manifest written; a retry of the commit, or the next run, replaces what is at final names"
+
+
+@dataclasses.dataclass(frozen=True)
+class _CommitState:
+    """What a commit decided before it moved anything, kept beside the staged manifest
+    (``tmp-<run>/commit.json``) so that a retry decides the same: the manifest it
+    publishes (its SHA-256), and what it removes once that is published, as the
+    first attempt found them (a retry would find only what is left)."""
+
+    manifest_sha256: str
+    stale_shards: tuple[str, ...] = ()
+    parts: tuple[str, ...] = ()
+    stale_files: tuple[str, ...] = ()
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(dataclasses.asdict(self), indent=1) + "\n").encode("utf-8", "surrogateescape")
+
+    @classmethod
+    def from_bytes(cls, data: bytes | None) -> _CommitState | None:
+        try:
+            value = json.loads(data.decode("utf-8", "surrogateescape")) if data else None
+            return cls(value["manifest_sha256"], *(tuple(value[k]) for k in ("stale_shards", "parts",
+                                                                             "stale_files")))
+        except (ValueError, TypeError, KeyError):
+            return None
+
+
+def _stage(output: str, temp_dir: str, manifest: bytes, renames: Sequence[tuple[str, str]],
+           claims: OutputClaims, remove_parts: bool, remove_inputs: bool) -> _CommitState:
+    """Stages the manifest and the commit's decisions in the temporary folder, or, on a
+    retry that stages the same manifest, returns what the first attempt decided."""
+    state_path, staged = files.join(temp_dir, COMMIT_STATE), files.join(temp_dir, MANIFEST_NAME)
+    digest = hashlib.sha256(manifest).hexdigest()
+    earlier = _CommitState.from_bytes(files.read_bytes_if_exists(state_path))
+    if earlier is not None and earlier.manifest_sha256 == digest \
+            and files.read_bytes_if_exists(staged) == manifest:
+        return earlier
+    keep = {_relative(output, dst) for _, dst in renames}
+    state = _CommitState(
+        digest,
+        tuple(sorted(n for n in claims.owned if is_shard_like(n) and n not in keep)),
+        tuple(sorted(n.rstrip("/") for n in claims.owned if n.startswith(PART_PREFIX)
+                     and n.endswith("/") and n.count("/") == 1)) if remove_parts else (),
+        (INPUTS_NAME,) if remove_inputs and claims.owns(INPUTS_NAME) and INPUTS_NAME not in keep else ())
+    files.write_bytes(staged, manifest)
+    write_atomic(state_path, state.to_bytes())  # Written after the manifest it names.
+    return state
+
+
+def _relative(output: str, path: str) -> str:
+    prefix = files.join(output, "")
+    return path[len(prefix):] if path.startswith(prefix) else path
+
+
+def holds_lock(output: str, run_id: str) -> bool | None:
+    """Whether ``run_id`` holds the output's lock: ``None`` when there is no lock."""
+    path = _lock_path(output)
+    if not (is_gcs(path) or files.is_local(path)):
+        return None
+    seen = _read_lock(path)
+    return None if seen is None else seen.holder.get("run_id") == run_id
+
+
+def _check_verified(path: str, verified: StoredObject | None, after: str,
+                    now: StoredObject | None = None) -> None:
+    """Raises ``ShardChangedError`` unless ``path`` still is the object ``verified``
+    (``now``: what a listing found there, instead of asking the store again)."""
     name = path.rsplit("/", 1)[-1]
     if verified is None:
         raise ShardChangedError(f"shard {name} has no record of the object its verification read; "
                                 f"nothing is published unverified ({after})")
     try:
-        now = stored_object(path)
+        now = now if now is not None else stored_object(path)
     except OSError as err:
         raise ShardChangedError(f"shard {name} in the temporary folder is not the file that was "
                                 f"verified ({err}): {after}") from err
@@ -560,80 +633,285 @@ def _check_verified(path: str, verified: StoredObject | None, after: str) -> Non
                                 f"after it was verified ({', '.join(changed)} differ): {after}")
 
 
-def _move(src: str, dst: str, verified: StoredObject | None, checked: bool) -> None:
-    """Moves one file of the commit to its final name; a ``checked`` shard only if it
-    is the object ``verified``."""
-    after = "no manifest written; a rerun replaces what is at final names"
-    if files.is_local(src):
-        if checked:
-            # Checked right before the rename. What remains is the window between
-            # this lstat and os.replace (microseconds), open only to someone who can
-            # write to the run's temporary folder, who could as well change a
-            # published shard afterwards (which `verify` finds).
-            _check_verified(src, verified, after)
-        os.replace(src, dst)
-        return
+@dataclasses.dataclass(frozen=True)
+class _Move:
+    """One file of the commit still to move to its final name.
+
+    Attributes:
+      src, dst: its temporary and final paths.
+      verified: the object its verification read (a shard; ``None`` otherwise).
+      checked: a shard: moved only if it is ``verified``.
+      claim: the size and checksum of what goes to ``dst`` (the journal's record).
+      generation: on GCS, the generation to copy (the verified one, for a shard).
+    """
+
+    src: str
+    dst: str
+    verified: StoredObject | None
+    checked: bool
+    claim: Claim | None
+    generation: int = 0
+
+
+def _crc32c_of(path: str) -> str:
+    """The CRC-32C (hex) of a file's bytes, '' when it cannot be read."""
+    crc = google_crc32c.Checksum()
     try:
-        if is_gcs(src):
-            if checked and verified is None:
-                _check_verified(src, verified, after)
-            generation = verified.generation if checked else object_info(src).generation
-            try:
-                copy_generation(src, dst, generation)
+        with files.open_read(path) as stream:
+            for block in iter(lambda: stream.read(4 << 20), b""):
+                crc.update(block)
+    except OSError:
+        return ""
+    return crc.hexdigest().decode()
+
+
+def _holds(dst: str, claim: Claim | None, listed: Mapping[str, ObjectInfo] | None) -> bool:
+    """Whether ``dst`` holds what ``claim`` records (size, then CRC-32C or SHA-256):
+    a move whose source is gone and whose destination holds that was made."""
+    if claim is None:
+        return False
+    if is_gcs(dst):
+        info = (listed or {}).get(dst)
+        if info is None or info.size != claim.size:
+            return False
+        if claim.crc32c:
+            return info.crc32c == claim.crc32c
+    elif files.is_local(dst):
+        try:
+            st = os.lstat(dst)
+        except OSError:
+            return False
+        if not stat.S_ISREG(st.st_mode) or st.st_size != claim.size:
+            return False
+        if claim.crc32c:
+            return _crc32c_of(dst) == claim.crc32c
+    if claim.crc32c:
+        return _crc32c_of(dst) == claim.crc32c
+    data = files.read_bytes_if_exists(dst)
+    return data is not None and len(data) == claim.size and hashlib.sha256(data).hexdigest() == claim.sha256
+
+
+def _pending_moves(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
+                   verified: Mapping[str, StoredObject | None], digests: Mapping[str, Claim]) -> list[_Move]:
+    """The moves still to make, each checked before anything moves: a shard still in
+    the temporary folder must be the object verified; a file whose source is gone
+    must be, by size and checksum, at its final name (a move an earlier attempt of
+    this commit made). On GCS, two listings answer for every file.
+
+    Raises:
+      ShardChangedError: naming the first file that is neither.
+    """
+    gcs = is_gcs(temp_dir)
+    sources = list_objects(temp_dir) if gcs else {}
+    finals: dict[str, ObjectInfo] | None = None
+    moves, problems, made = [], [], 0
+    for src, dst in renames:
+        if src == dst:
+            continue
+        checked, claim = src in verified, digests.get(dst)
+        if gcs:
+            info = sources.get(src)
+            present, now = info is not None, StoredObject(info.size, generation=info.generation) if info else None
+        elif files.is_local(src):
+            present, now = os.path.lexists(src), None
+        else:
+            present, now = files.exists(src), None
+        if present:
+            moves.append(_Move(src, dst, verified.get(src), checked, claim, now.generation if now else 0))
+            if checked:
+                try:
+                    _check_verified(src, verified[src], "", now)
+                except ShardChangedError:
+                    problems.append((src, dst, now, True))
+            continue
+        if gcs and finals is None:
+            finals = list_objects(output, below=False)
+        if _holds(dst, claim, finals):
+            made += 1
+            continue
+        problems.append((src, dst, None, False))
+    if problems:
+        src, dst, now, present = problems[0]
+        after = _MID_COMMIT if made else _NOT_PUBLISHED
+        if present:
+            _check_verified(src, verified[src], after, now)  # Raises, saying what changed.
+        name = src.rsplit("/", 1)[-1]
+        raise ShardChangedError(f"{'shard ' if src in verified else ''}{name} is neither in the "
+                                f"temporary folder nor, as verified, at its final name {dst}: {after}")
+    return moves
+
+
+def _listed_content(manifest: dict | None) -> dict[str, tuple[int | None, str, str]]:
+    """``{path: (size, crc32c, sha256)}`` of what a manifest lists with checksums (its
+    shards and ``inputs.jsonl``)."""
+    found: dict[str, tuple[int | None, str, str]] = {}
+    if not isinstance(manifest, dict):
+        return found
+    for info in (manifest.get("splits") or {}).values():
+        for shard in (info.get("shards") or []) if isinstance(info, dict) else []:
+            if isinstance(shard, dict) and isinstance(shard.get("path"), str):
+                found[shard["path"]] = (shard.get("bytes"), str(shard.get("crc32c") or ""),
+                                        str(shard.get("sha256") or ""))
+    listing = (manifest.get("input") or {}).get("files_list") if isinstance(manifest.get("input"), dict) else None
+    if isinstance(listing, dict) and isinstance(listing.get("path"), str):
+        found[listing["path"]] = (None, "", str(listing.get("sha256") or ""))
+    return found
+
+
+def _replaces_listed(output: str, move: _Move, listed: Mapping[str, tuple[int | None, str, str]]) -> bool:
+    """Whether ``move`` puts other bytes where the published manifest lists a file."""
+    entry = listed.get(_relative(output, move.dst))
+    if entry is None:
+        return False
+    size, crc, sha = entry
+    claim = move.claim
+    same = claim is not None and (size is None or size == claim.size) and (
+        (bool(crc) and crc == claim.crc32c) or (bool(sha) and sha == claim.sha256))
+    return not same
+
+
+def _move_one(move: _Move) -> None:
+    """Moves one file to its final name; a ``checked`` shard only as the object verified.
+
+    Raises:
+      ShardChangedError: the shard is not the object verified.
+      OSError: the store refused (naming both paths).
+    """
+    src, dst = move.src, move.dst
+    hold_point("rename")
+    try:
+        if files.is_local(src):
+            if move.checked:
+                # Checked right before the rename. What remains is the window between
+                # this lstat and os.replace (microseconds), open only to someone who can
+                # write to the run's temporary folder, who could as well change a
+                # published shard afterwards (which `verify` finds).
+                _check_verified(src, move.verified, _MID_COMMIT)
+            os.replace(src, dst)
+        elif is_gcs(src):
+            try:  # The generation listed: for a shard, the one verified (checked before).
+                copy_generation(src, dst, move.generation)
             except FileNotFoundError as err:
                 raise ShardChangedError(f"shard {src.rsplit('/', 1)[-1]} in the temporary folder was "
-                                        f"replaced after it was verified ({err}): {after}") from err
-            delete_generation(src, generation)  # If that fails, the folder's removal takes it.
+                                        f"replaced after it was verified ({err}): {_MID_COMMIT}") from err
+            hold_point("rename_copied")
+            delete_generation(src, move.generation)  # If that fails, the folder's removal takes it.
         else:
             FileSystems.rename([src], [dst])
     except ShardChangedError:
         raise
     except Exception as err:  # The store's error names no object (a GCS batch request).
-        raise OSError(f"cannot move {src} to {dst} ({after}): {type(err).__name__}: {err}") from err
+        raise OSError(f"cannot move {src} to {dst} ({_MID_COMMIT}): {type(err).__name__}: {err}") from err
+
+
+def _move_all(moves: Sequence[_Move]) -> None:
+    """Makes the moves: locally one by one (a rename each), on GCS ``gcs.THREADS`` at a
+    time (a copy of the listed generation and a delete each, through one storage
+    client); every move ends before the first failure is raised."""
+    if not moves:
+        return
+    if not is_gcs(moves[0].src):
+        for move in moves:
+            _move_one(move)
+        return
+    failed = [err for _, err in parallel(_move_one, moves)]
+    if failed:
+        changed = [err for err in failed if isinstance(err, ShardChangedError)]
+        first = (changed or failed)[0]
+        if len(failed) > 1:
+            raise type(first)(f"{first} (and {len(failed) - 1} more moves failed)") from first
+        raise first
 
 
 def _journal_renames(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
                      claims: OutputClaims | None, digests: Mapping[str, Claim] | None) -> OutputClaims:
     """Refuses an output holding files this product cannot prove it wrote; then records,
     before anything moves, what is about to reach a final name (size and checksums,
-    where from) and the manifest it replaces. Returns the claims."""
+    where from) and the manifest it replaces. A retry keeps the first attempt's
+    record. Returns the claims."""
     claims = claims if claims is not None else claim_output(output)
     if claims.refusal():
         raise OutputNotOurs(claims.refusal())
+    run_id = temp_dir.rstrip("/").rsplit("/", 1)[-1].removeprefix("tmp-")
+    if commit_journaled(output, run_id):
+        return claims
     prefix = files.join(output, "")
     recorded = []
     for src, dst in renames:
         if dst.startswith(prefix):
-            claim = (digests or {}).get(dst) or file_claim("", files.read_bytes(src))
+            claim = (digests or {}).get(dst)
+            if claim is None:
+                data = files.read_bytes_if_exists(src)
+                if data is None:
+                    continue  # Moved by an earlier attempt, whose record was pruned since.
+                claim = file_claim("", data)
             recorded.append(dataclasses.replace(claim, path=dst[len(prefix):], source=src[len(prefix):]))
-    run_id = temp_dir.rstrip("/").rsplit("/", 1)[-1].removeprefix("tmp-")
     journal_commit(output, run_id, recorded, claims.manifest)
     return claims
+
+
+def _publish_manifest(output: str, temp_dir: str, manifest: bytes) -> str:
+    """Puts ``manifest`` at ``OUT/manifest.json`` whole: locally a rename of a copy in
+    the temporary folder (the staged one stays, for a retry), on GCS one object write."""
+    path = files.join(output, MANIFEST_NAME)
+    if files.is_local(path):
+        publishing = files.join(temp_dir, MANIFEST_NAME + ".publish")
+        files.write_bytes(publishing, manifest)
+        os.replace(publishing, path)
+    else:
+        files.write_bytes(path, manifest)
+    return path
 
 
 def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
             manifest: bytes, verified: Mapping[str, StoredObject | None] | None = None,
             claims: OutputClaims | None = None,
-            digests: Mapping[str, Claim] | None = None) -> Published:
-    """Moves verified shards to their final names and publishes the manifest.
+            digests: Mapping[str, Claim] | None = None,
+            remove_parts: bool = False, remove_inputs: bool = False) -> Published:
+    """Moves verified shards to their final names, publishes the manifest, then removes
+    what the old dataset had that the new one does not. Safe to run again after a
+    crash or a retry at any point, with the same arguments: it ends with the same
+    published dataset.
+
+    In order:
+
+    1. the manifest and the commit's decisions (what it will remove) are staged in
+       the temporary folder (a retry staging the same manifest keeps the first
+       attempt's decisions); the journal records what will reach a final name;
+    2. every file still in the temporary folder is checked to be the object its
+       verification read, and every file no longer there to be, by size and
+       checksum, at its final name (moved by an earlier attempt); either failing
+       stops the commit here;
+    3. the moves that replace nothing the published manifest lists are made (locally
+       a rename each; on GCS a copy of the verified generation and a delete, many at
+       a time); then, only if some move would put other bytes where the published
+       manifest lists a file, that manifest is removed (no manifest may list a file
+       being replaced) and those moves are made;
+    4. the manifest is published (skipped when ``manifest.json`` already holds these
+       bytes: a finished commit is never unpublished);
+    5. the stale shards, part folders and files decided in step 1 are removed.
+
+    The temporary folder is left for the caller, to remove after its report.
 
     Args:
       output: the output folder.
-      temp_dir: this run's temporary folder (holds the shards; the manifest is
-        staged there).
-      renames: ``(temp_path, final_path)`` of every shard.
+      temp_dir: this run's temporary folder (holds the shards; the manifest and
+        ``commit.json`` are staged there).
+      renames: ``(temp_path, final_path)`` of every shard (and ``inputs.jsonl``).
       manifest: the manifest's bytes.
       verified: ``{temp_path: StoredObject}`` of the shards, as their verification
-        read them. Each is moved only if its temporary file still is that object:
-        all are checked before anything is touched (so a shard replaced after its
-        verification publishes nothing, and the old manifest stays), and each again
-        as it moves (locally its ``lstat`` right before the rename; on GCS the copy
-        names the verified generation). A temporary path not in it (the run's own
-        ``inputs.jsonl``) is moved as it is; one mapped to ``None`` is refused.
+        read them. Each is moved only if its temporary file still is that object
+        (checked before anything moves, and again as it moves: locally its ``lstat``
+        right before the rename; on GCS the copy names the verified generation). A
+        temporary path not in it (the run's own ``inputs.jsonl``) is moved as it
+        is; one mapped to ``None`` is refused.
       claims: what of ``output`` this product wrote, found before the commit
         (``claim_output``; found here when ``None``).
       digests: by final path, the size and checksums of what goes there (the
-        journal records them; a file without one is read and hashed).
+        journal records them, and a retry recognizes a move already made by them).
+      remove_parts: remove the output's part folders once published (a full run).
+      remove_inputs: remove the output's ``inputs.jsonl`` once published (a run
+        that writes none).
 
     Raises:
       OutputNotOurs: the output holds files this product cannot prove it wrote
@@ -641,42 +919,47 @@ def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
       ShardChangedError: a shard is not the object verified (see ``verified``).
       OSError: a move failed (no manifest written).
     """
-    verified = verified or {}
-    manifest_path = files.join(output, MANIFEST_NAME)
-    staged = files.join(temp_dir, MANIFEST_NAME)
-    files.write_bytes(staged, manifest)
+    verified, digests = verified or {}, digests or {}
+    claims = claims if claims is not None else claim_output(output)
+    state = _stage(output, temp_dir, manifest, renames, claims, remove_parts, remove_inputs)
     claims = _journal_renames(output, temp_dir, renames, claims, digests)
     hold_point("before_commit")
-    moves = [(src, dst) for src, dst in renames if src != dst]
-    for src, _ in moves:
-        if src in verified:
-            _check_verified(src, verified[src], "nothing was published")
-    files.delete_files([manifest_path])
-    for number, (src, dst) in enumerate(moves):
-        if number == len(moves) // 2 and number:
-            hold_point("mid_commit")
-        _move(src, dst, verified.get(src), src in verified)
-    hold_point("manifest_staged")
-    if files.is_local(staged):
-        os.replace(staged, manifest_path)
-    else:
-        files.write_bytes(manifest_path, manifest)
-    removed = remove_stale_shards(output, {dst for _, dst in renames}, claims)
-    remove_folder(temp_dir)
-    return Published(manifest_path, tuple(removed))
+    manifest_path = files.join(output, MANIFEST_NAME)
+    if files.read_bytes_if_exists(manifest_path) != manifest:
+        moves = _pending_moves(output, temp_dir, renames, verified, digests)
+        listed = _listed_content(claims.manifest)
+        first = [m for m in moves if not _replaces_listed(output, m, listed)]
+        ordered = first + [m for m in moves if _replaces_listed(output, m, listed)]
+        half = len(ordered) // 2
+        cuts = sorted({0, len(first), half, len(ordered)})
+        for begin, end in zip(cuts, cuts[1:]):
+            if begin == len(first):
+                files.delete_files([manifest_path])
+            if begin == half and begin:
+                hold_point("mid_commit")
+            _move_all(ordered[begin:end])
+        hold_point("manifest_staged")
+        _publish_manifest(output, temp_dir, manifest)
+    hold_point("manifest_published")
+    files.delete_files([files.join(output, name) for name in state.stale_shards + state.stale_files])
+    for part in state.parts:
+        remove_folder(files.join(output, part))
+    return Published(manifest_path, state.stale_shards, state.parts)
 
 
 def register_part(output: str, entry: dict) -> str:
     """Lists a published part in the dataset's ``manifest.json`` (replaced whole:
     an atomic rename locally, one object write on GCS), with the dataset's totals;
-    returns the new manifest's SHA-256.
+    returns the new manifest's SHA-256. Listing the same part again (a retried
+    commit) changes nothing: a manifest that already says so is not written again.
 
     Call only while holding the dataset's lock, after the part's own manifest was
     published: a part the root manifest does not list is not part of the dataset
     (the next incremental run removes such a folder).
     """
     path = files.join(output, MANIFEST_NAME)
-    manifest = json.loads(files.read_text(path))
+    current = files.read_bytes(path)
+    manifest = json.loads(current.decode("utf-8-sig"))
     parts = [p for p in manifest.get("parts", []) if p.get("path") != entry["path"]] + [entry]
     manifest["parts"] = parts
     splits: dict[str, dict] = {}
@@ -689,6 +972,8 @@ def register_part(output: str, entry: dict) -> str:
     manifest["dataset"] = {"parts": len(parts), "records": sum(s["records"] for s in splits.values()),
                            "splits": dict(sorted(splits.items()))}
     data = (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    if data == current:
+        return hashlib.sha256(data).hexdigest()
     if files.is_local(path):
         staged = files.join(output, WORK_DIR, f"{MANIFEST_NAME}.{uuid.uuid4().hex[:8]}")
         files.write_bytes(staged, data)
@@ -696,15 +981,3 @@ def register_part(output: str, entry: dict) -> str:
     else:
         files.write_bytes(path, data)
     return hashlib.sha256(data).hexdigest()
-
-
-def remove_parts(output: str, claims: OutputClaims | None = None) -> list[str]:
-    """Deletes the incremental part folders (``part-NNNNN/``) of ``output`` that this
-    product can prove it wrote (``claims``, found before the commit; found now when
-    ``None``); returns their names (a full run replaces the whole dataset)."""
-    claims = claims if claims is not None else claim_output(output)
-    names = sorted(name.rstrip("/") for name in claims.owned
-                   if name.startswith(PART_PREFIX) and name.endswith("/") and name.count("/") == 1)
-    for name in names:
-        remove_folder(files.join(output, name))
-    return names

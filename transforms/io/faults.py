@@ -21,7 +21,7 @@ import os
 import threading
 import time
 
-__all__ = ["HOOKS_ENV", "POINTS", "announce_hooks", "hold_point", "test_hooks_on"]
+__all__ = ["COMMIT_POINTS", "HOOKS_ENV", "POINTS", "announce_hooks", "hold_point", "test_hooks_on"]
 
 POINTS = (
     "listing",          # inputs being listed or read
@@ -31,9 +31,22 @@ POINTS = (
     "mid_commit",       # some shards moved to their final names, no manifest yet
     "manifest_staged",  # every shard at its final name, manifest not yet published
 )
+# Inside the commit, each of which a retried commit must get past (issue 19;
+# tests/test_dataflow_commit_retry.py stops a commit at each and runs it again):
+COMMIT_POINTS = (
+    "before_commit",        # manifest and decisions staged, journal written, nothing moved
+    "rename",               # before each move (the first of them holds)
+    "rename_copied",        # gs://: a shard copied to its final name, its source not deleted
+    "mid_commit",           # half the moves made
+    "manifest_staged",      # every move made, the new manifest not published
+    "manifest_published",   # the new manifest published, stale files not removed
+    "before_register",      # an incremental part published, not yet listed in the dataset
+    "before_report",        # stale files removed (or a failed run's temporaries), no report
+    "report_written",       # the run report written, temporaries and lock still there
+    "temporaries_removed",  # the temporary folder removed, the lock not released
+)
 # Also, not crash points: ``lock_takeover`` (a gone holder's lock read, not yet taken
-# over) and ``before_register`` (a part published, not yet listed in the dataset),
-# ``dataflow_submit`` (the output locked, the Dataflow job not yet submitted) and
+# over), ``dataflow_submit`` (the output locked, the Dataflow job not yet submitted) and
 # ``lock_record`` (the lock read, the submitted job's id not yet written into it).
 HOOKS_ENV = "BEAM_TFRECORDS_TEST_HOOKS"
 _ENV_POINT = "BEAM_TFRECORDS_HOLD_AT"

@@ -57,6 +57,7 @@ __all__ = [
     "OutputClaims",
     "OutputNotOurs",
     "claim_output",
+    "commit_journaled",
     "file_claim",
     "journal_commit",
     "listed_paths",
@@ -185,6 +186,13 @@ def journal_commit(output: str, run_id: str, claims: Sequence[Claim], replaces: 
     """Records what a commit is about to put at final names (before the first rename),
     and the manifest it replaces (whose files stay ours until they are removed)."""
     _record(output, f"commit-{run_id}", claims, run_id, replaces)
+
+
+def commit_journaled(output: str, run_id: str) -> bool:
+    """Whether the journal holds ``run_id``'s commit record: a retried commit keeps
+    its first attempt's, which names the manifest that attempt found (a retry after
+    the new manifest was published would find only that one)."""
+    return files.exists(files.join(_journal(output), f"commit-{run_id}.json"))
 
 
 def _read_journal(output: str) -> list[tuple[str, list[Claim], dict | None]]:

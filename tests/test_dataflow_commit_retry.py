@@ -1,0 +1,348 @@
+"""Issue 19: the commit step survives retries (a runner runs a step at least once).
+
+One real conversion is planned, its output taken (lock, temporaries) and its
+pipeline run in this process up to the commit step, whose inputs (settings, shard
+results, summary) are kept instead of committed. The output folder as it was then
+is saved, and, for each case, put back (its shards' ``verified_as`` read again:
+a copy has new inodes) into one of three states: a fresh folder; an older dataset
+there whose shards have other names (another size band); an older dataset whose
+shards have the same names and other bytes (other inputs).
+
+Then ``finalize`` runs, is stopped by a crash (an exception no handler catches,
+raised at a hold point: before the first move, before each move, half way, after
+the last, after the manifest, before the report, after it, after the temporaries
+went) and runs again, as the runner would. At the crash, a reader trusting
+``manifest.json`` finds the old dataset whole or the new one whole (or, only where
+new shards replace files of the old one under their names, no manifest at all
+and the old manifest in the journal); after the retry the folder holds exactly
+what an undisturbed commit publishes: the same shards, ``inputs.jsonl`` and
+report, and the manifest the first attempt staged, byte for byte; no lock,
+temporaries or journal are left, and ``verify`` passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import hashlib
+import io
+import json
+import os
+import shutil
+import types
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_tfrecords.cli import main as cli_main
+from beam_tfrecords.pipeline import build_pipeline, convert
+from beam_tfrecords.preflight import plan_run, take_output
+from beam_tfrecords.samples import make_class_folder_sample
+from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.schemas.elements import ShardSpec
+from beam_tfrecords.schemas.shards import WORK_DIR, ShardTarget, shard_name
+from beam_tfrecords.transforms import manifest as commit_step
+from beam_tfrecords.transforms.io import commit
+from beam_tfrecords.transforms.io.commit import publish, stored_object
+from beam_tfrecords.transforms.manifest import RunFailed, finalize
+from beam_tfrecords.transforms.shards import FramedRecords, verify_shard, write_shard
+
+pytestmark = pytest.mark.beam
+
+BIG_BAND = {"shard_min_mb": 1.0, "shard_max_mb": 2.0}  # One shard a split.
+SMALL_BAND = {"shard_min_mb": 0.01, "shard_max_mb": 0.02}  # Several a split.
+STATES = {  # What a reader may find at a crash, by the output's state before the commit.
+    "fresh": {"none", "new"},
+    "other-names": {"old", "new"},
+    "same-names": {"old", "none", "new"},
+}
+AFTER_PUBLISHING = ("manifest_published", "before_report", "report_written", "temporaries_removed")
+
+
+class Crash(BaseException):
+    """A crash at a hold point: nothing of the step catches it (it is no ``Exception``)."""
+
+
+@dataclasses.dataclass
+class Captured:
+    out: str
+    settings: commit_step.CommitSettings
+    results: list
+    summary: object
+    variants: dict[str, str]  # state name -> a saved copy of the output folder
+    old: dict[str, bytes]  # state name -> the old manifest's bytes
+
+
+def _config(root: str, out: str, **band) -> ConvertConfig:
+    return ConvertConfig(input=root, output=out, encode_processes=0, overwrite=True, **band)
+
+
+def _copy_dataset(dataset: str, into: str) -> bytes:
+    """Puts a published dataset's files (not its report) into ``into``; returns its manifest."""
+    for name in os.listdir(dataset):
+        if name != WORK_DIR and name != "run_report.json":
+            src = os.path.join(dataset, name)
+            (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, os.path.join(into, name))
+    with open(os.path.join(dataset, "manifest.json"), "rb") as f:
+        return f.read()
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory) -> Captured:
+    base = tmp_path_factory.mktemp("retry")
+    root, other_root = str(base / "in"), str(base / "in-other")
+    make_class_folder_sample(root, per_class=3, size_range=(24, 48), seed=1)
+    make_class_folder_sample(other_root, per_class=3, size_range=(24, 48), seed=2)
+    out = str(base / "out")
+    plan = plan_run(_config(root, out, **BIG_BAND), PipelineOptions([]))
+    take_output(plan)
+    kept = {}
+
+    def keep(settings, results, summary):
+        kept.update(settings=settings, results=list(results), summary=summary)
+        return {"status": "ok"}  # Nothing committed: the folder stays as the commit finds it.
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(commit_step, "finalize", keep)
+        build_pipeline(plan).run().wait_until_finish()
+    assert len(kept["results"]) == 3 and all(r.verified for r in kept["results"])
+    variants, old = {"fresh": str(base / "fresh")}, {}
+    shutil.copytree(out, variants["fresh"], symlinks=True)
+    for state, source, band in (("other-names", root, SMALL_BAND), ("same-names", other_root, BIG_BAND)):
+        dataset = str(base / f"old-{state}")
+        assert convert(_config(source, dataset, **band)).ok
+        variants[state] = str(base / state)
+        shutil.copytree(out, variants[state], symlinks=True)
+        old[state] = _copy_dataset(dataset, variants[state])
+    return Captured(out, kept["settings"], kept["results"], kept["summary"], variants, old)
+
+
+def _restore(cap: Captured, state: str) -> list:
+    """The output folder as the commit found it, in ``state``; the shard results, each
+    verified as its file there now."""
+    shutil.rmtree(cap.out, ignore_errors=True)
+    shutil.copytree(cap.variants[state], cap.out, symlinks=True)
+    return [dataclasses.replace(r, verified_as=stored_object(r.temp_path)) for r in cap.results]
+
+
+@contextlib.contextmanager
+def crash_at(point: str, nth: int = 1):
+    """Raises ``Crash`` the ``nth`` time the commit step reaches ``point`` (a hold point
+    of ``transforms.io.faults``, stubbed in the two modules of the step)."""
+    seen = []
+
+    def hold(name: str) -> None:
+        if name == point:
+            seen.append(name)
+            if len(seen) == nth:
+                raise Crash(f"{point} #{nth}")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(commit, "hold_point", hold)
+        patch.setattr(commit_step, "hold_point", hold)
+        yield seen
+
+
+class _Later(datetime.datetime):
+    """A clock a year ahead."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return datetime.datetime.now(tz) + datetime.timedelta(days=365)
+
+
+@contextlib.contextmanager
+def _later():
+    """The commit step's clock, a year ahead (a retry runs later than its first attempt)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(commit_step, "datetime", types.SimpleNamespace(datetime=_Later,
+                                                                   timezone=datetime.timezone))
+        yield
+
+
+def _sha(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _files(out: str) -> dict[str, bytes]:
+    """Every file of the output, by relative path (the work folder included)."""
+    found = {}
+    for folder, _, names in os.walk(out):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, out)] = f.read()
+    return found
+
+
+def _published(out: str) -> dict:
+    """What a reader of the dataset gets, ``created`` and the report's manifest digest
+    (which depends on it) left out."""
+    found = _files(out)
+    manifest = json.loads(found.pop("manifest.json"))
+    manifest.pop("created")
+    report = json.loads(found.pop("run_report.json"))
+    report.pop("manifest_sha256")
+    return {"files": {k: hashlib.sha256(v).hexdigest() for k, v in found.items()},
+            "manifest": manifest, "report": report}
+
+
+def _whole(out: str, manifest: dict) -> bool:
+    """Whether every file the manifest lists with a checksum holds those bytes."""
+    for split in manifest["splits"].values():
+        for shard in split["shards"]:
+            path = os.path.join(out, shard["path"])
+            if not os.path.exists(path) or _sha(path) != shard["sha256"]:
+                return False
+    listing = manifest["input"].get("files_list")
+    return not listing or _sha(os.path.join(out, listing["path"])) == listing["sha256"]
+
+
+def _state(out: str, old: bytes | None, new: dict) -> str:
+    """``none``, ``old`` or ``new`` (whole), or ``broken``: what a reader finds."""
+    path = os.path.join(out, "manifest.json")
+    if not os.path.exists(path):
+        return "none"
+    with open(path, "rb") as f:
+        data = f.read()
+    manifest = json.loads(data)
+    if data == old:
+        return "old" if _whole(out, manifest) else "broken"
+    same = {k: v for k, v in manifest.items() if k != "created"} == new
+    return "new" if same and _whole(out, manifest) else "broken"
+
+
+def _verifies(out: str) -> bool:
+    with contextlib.redirect_stdout(io.StringIO()):
+        return cli_main(["verify", out]) == 0
+
+
+def _points(moves: int) -> list[tuple[str, int]]:
+    return [("before_commit", 1), *(("rename", n) for n in range(1, moves + 1)), ("mid_commit", 1),
+            ("manifest_staged", 1), *((point, 1) for point in AFTER_PUBLISHING)]
+
+
+@pytest.mark.parametrize("state", sorted(STATES))
+def test_a_commit_crashed_anywhere_then_run_again_publishes_the_undisturbed_dataset(captured, state):
+    cap = captured
+    undisturbed = finalize(cap.settings, _restore(cap, state), cap.summary)
+    assert undisturbed["status"] == "ok"
+    reference = _published(cap.out)
+    new = reference["manifest"]
+    moves = len(cap.results) + 1  # The shards and inputs.jsonl.
+    staged_path = os.path.join(cap.settings.target.temp_dir, "manifest.json")
+    for point, nth in _points(moves):
+        where = f"{state}, crashed at {point} #{nth}"
+        results = _restore(cap, state)
+        with crash_at(point, nth) as seen, pytest.raises(Crash):
+            finalize(cap.settings, results, cap.summary)
+        assert len(seen) == nth, where
+        # At the crash: the old dataset whole, or the new one (or, where new shards take
+        # the old ones' names, no manifest, with the old one in the journal).
+        found = _state(cap.out, cap.old.get(state), new)
+        assert found in STATES[state], f"{where}: {found}"
+        if point == "before_commit" and state != "fresh":
+            assert found == "old", where
+        if state == "other-names":
+            assert found == ("new" if point in AFTER_PUBLISHING else "old"), where
+        if found == "none" and state == "same-names":
+            journal = os.path.join(cap.out, WORK_DIR, "journal")
+            [record] = [n for n in os.listdir(journal) if n.startswith("commit-")]
+            with open(os.path.join(journal, record), "rb") as f:
+                assert json.dumps(json.load(f)["replaces"]) == json.dumps(json.loads(cap.old[state])), where
+        staged = None
+        if os.path.exists(staged_path):
+            with open(staged_path, "rb") as f:
+                staged = f.read()
+        # Run again, as the runner retries the step: later (another created time).
+        with _later():
+            report = finalize(cap.settings, results, cap.summary)
+        assert report["status"] == "ok", f"{where}: {report}"
+        assert _published(cap.out) == reference, where
+        if staged is not None:  # The retry published what the first attempt staged.
+            with open(os.path.join(cap.out, "manifest.json"), "rb") as f:
+                assert f.read() == staged, where
+        assert not os.path.exists(os.path.join(cap.out, WORK_DIR)), f"{where}: {_files(cap.out).keys()}"
+        assert _verifies(cap.out), where
+
+
+def test_a_commit_run_twice_changes_nothing_the_second_time(captured):
+    cap = captured
+    results = _restore(cap, "same-names")
+    first = finalize(cap.settings, results, cap.summary)
+    published = _files(cap.out)
+    with _later():
+        second = finalize(cap.settings, results, cap.summary)
+    assert first["status"] == "ok" and json.dumps(second) == json.dumps(first)
+    assert _files(cap.out) == published  # Byte for byte: manifest, shards, report.
+    assert _verifies(cap.out)
+
+
+def test_a_retried_commit_that_published_keeps_the_dataset_without_the_report_guard(captured):
+    """Past the publication, a retry that does not find the report (crashed before it)
+    goes through every step again: it leaves the published manifest alone (never
+    removing it first) and publishes nothing else."""
+    cap = captured
+    results = _restore(cap, "other-names")
+    with crash_at("before_report"), pytest.raises(Crash):
+        finalize(cap.settings, results, cap.summary)
+    manifest = os.path.join(cap.out, "manifest.json")
+    before = os.stat(manifest)
+    with crash_at("report_written"), pytest.raises(Crash):
+        finalize(cap.settings, results, cap.summary)
+    after = os.stat(manifest)
+    assert (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns)  # Not rewritten.
+    assert finalize(cap.settings, results, cap.summary)["status"] == "ok"
+    assert _verifies(cap.out)
+
+
+def test_a_failed_commit_raises_after_its_report_and_a_retry_raises_again(captured, tmp_path):
+    """The job must end failed: the commit step raises once its report is written; a
+    retry finds that report and raises again, touching nothing."""
+    cap = captured
+    results = _restore(cap, "other-names")
+    bad = [dataclasses.replace(results[0], verified=False, verify_error="a test's failure"), *results[1:]]
+
+    def run_commit_step() -> None:
+        with beam.Pipeline() as p:
+            summary = p | "Summary" >> beam.Create([cap.summary])
+            _ = p | beam.Create(bad) | commit_step.Commit(cap.settings, summary)
+
+    with pytest.raises(RunFailed, match=r"published nothing \(verification_failed\)"):
+        run_commit_step()
+    with open(os.path.join(cap.out, "run_report.json"), encoding="utf-8") as f:
+        report = json.load(f)
+    assert report["status"] == "verification_failed" and report["run_id"] == cap.settings.target.run_id
+    published = _files(cap.out)
+    with pytest.raises(RunFailed, match=r"published nothing \(verification_failed\)"):
+        run_commit_step()  # The retry: the same report, nothing touched, failed again.
+    assert _files(cap.out) == published
+    assert _state(cap.out, cap.old["other-names"], {}) == "old"  # The old dataset, untouched.
+
+
+def test_each_attempt_writes_its_own_temporary_file_and_the_commit_moves_the_verified_one(tmp_path):
+    """Two attempts at one shard (a retry, or a worker that lost its lease): each writes
+    a file of its own; the verified one is published even after the other attempt,
+    still running, writes its file again."""
+    out = str(tmp_path / "out")
+    target = ShardTarget(out, run_id="attempts")
+    spec = ShardSpec("train", 0, 1, shard_name("train", 0, 1, "none"), 64, (b"record one", b"record two"))
+    lost, kept = (write_shard(spec, target, FramedRecords()) for _ in range(2))
+    assert lost.temp_path != kept.temp_path
+    for result in (lost, kept):
+        folder, name = os.path.split(result.temp_path)
+        assert folder == target.temp_dir and name.startswith(spec.name + ".")
+    assert verify_shard(kept.temp_path, "none")[1] == ""
+    kept = dataclasses.replace(kept, verified=True, verified_as=stored_object(kept.temp_path))
+    with open(kept.temp_path, "rb") as f:
+        verified_bytes = f.read()
+    late = ShardSpec(spec.split, 0, 1, spec.name, 64, (b"late bytes",))
+    with open(lost.temp_path, "wb") as f:  # The lost attempt writes on, to its own name.
+        f.write(FramedRecords().chunks(late).__next__().framed)
+    publish(out, target.temp_dir, [(kept.temp_path, kept.path)], b"{}\n", {kept.temp_path: kept.verified_as})
+    with open(kept.path, "rb") as f:
+        assert f.read() == verified_bytes
+    assert os.path.exists(lost.temp_path)  # Left for the temporary folder's removal.
