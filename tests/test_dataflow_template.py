@@ -89,10 +89,10 @@ def test_metadata_json_is_the_convert_flags(template):
                 action.default if value == param.get("defaultValue") else value)
             assert getattr(args, action.dest) == expected, (name, value)
     # A flag added to convert is a parameter at once (this is what keeps the file complete).
-    parser.add_argument("--reread", action="store_true", help="re-read every shard")
-    (added,) = [p for p in make_metadata.metadata(parser)["parameters"] if p["name"] == "reread"]
+    parser.add_argument("--new_switch", action="store_true", help="a switch added later")
+    (added,) = [p for p in make_metadata.metadata(parser)["parameters"] if p["name"] == "new_switch"]
     assert (added["paramType"], added["helpText"], added["defaultValue"]) == (
-        "BOOLEAN", "Re-read every shard", "false")
+        "BOOLEAN", "A switch added later", "false")
 
 
 @pytest.mark.unit
