@@ -1,0 +1,270 @@
+"""Frozen behaviour: nine kinds of run, each made from inputs written here with fixed
+seeds, publish files whose SHA-256 is pinned below: every shard, ``inputs.jsonl``,
+the dead letters and ``manifest.json`` with what differs from run to run taken out
+(times, run ids, durations, the folder's own path). A change that moves one byte of
+what a user reads fails here, by name; a restructuring must leave this file
+passing unchanged (a deliberate change of output updates the pins in the same
+commit, and says why in its message).
+
+To see the digests of a changed tree: ``GOLDEN_PRINT=1 pytest -s tests/test_golden_outputs.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+
+import pytest
+
+from beam_tfrecords.pipeline import convert
+from beam_tfrecords.samples import make_cifar_sample, make_class_folder_sample, make_csv_manifest_sample
+from beam_tfrecords.schemas.config import ConvertConfig
+
+pytestmark = pytest.mark.beam
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SENSORS_SCHEMA = os.path.join(REPO, "schemas", "examples", "sensors.yaml")
+BAND = {"shard_min_mb": 0.03, "shard_max_mb": 0.06}
+# Inputs carry these modification times (inputs.jsonl records them).
+MTIME = 1_700_000_000
+# Keys whose values differ between two runs of the same inputs (``root_id`` and
+# ``options_fingerprint`` name the folders, which are new for each test; a part's
+# ``manifest_sha256`` is of its manifest as written, which holds them; the part's
+# manifest itself is checked, made stable).
+_VOLATILE = re.compile(r"(^|_)(time|times|created|started|finished|seconds|duration|run_id|date|"
+                       r"host|pid|elapsed|at|root_id|options_fingerprint|manifest_sha256)$|_at$")
+
+
+def _stable(value, root: str):
+    """``value`` without the keys that differ from run to run, and with the run's
+    own folders written as ``<in>``/``<out>``."""
+    if isinstance(value, dict):
+        return {k: _stable(v, root) for k, v in value.items() if not _VOLATILE.search(k)}
+    if isinstance(value, list):
+        return [_stable(v, root) for v in value]
+    if isinstance(value, str):
+        return value.replace(root, "<root>")
+    return value
+
+
+def _digests(out: str, root: str) -> dict[str, str]:
+    """SHA-256 of every published file of ``out`` (the manifest made stable; the work
+    folder and the report are not part of the dataset)."""
+    found = {}
+    for folder, dirs, names in os.walk(out):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in names:
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, out)
+            if name == "run_report.json" or name.endswith(".png"):
+                continue  # The report and the contact sheet are about the run, not the dataset.
+            with open(path, "rb") as f:
+                data = f.read()
+            if name == "manifest.json":
+                data = json.dumps(_stable(json.loads(data), root), sort_keys=True).encode()
+            elif rel.startswith("dead_letter"):
+                data = b"".join(json.dumps(_stable(json.loads(line), root), sort_keys=True).encode() + b"\n"
+                                for line in data.splitlines())
+            found[rel] = hashlib.sha256(data).hexdigest()
+    return dict(sorted(found.items()))
+
+
+def _images_with_bad_files(root: str) -> None:
+    make_class_folder_sample(root, per_class=4, splits=("train", "test"), seed=1)
+    with open(os.path.join(root, "train", "circles", "truncated.jpg"), "wb") as f:
+        f.write(b"\xff\xd8\xff\xe0" + b"\x00" * 40)
+    with open(os.path.join(root, "test", "squares", "empty.png"), "wb") as f:
+        f.write(b"")
+
+
+def _table(root: str) -> str:
+    os.makedirs(root)
+    path = os.path.join(root, "table.csv")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("id,flag,count,score,name\n")
+        for i in range(60):
+            f.write(f"{i},{'true' if i % 3 else 'false'},{i * 7 % 11},{i / 8:.3f},\"row {i}, text\"\n")
+    return path
+
+
+def _sensors(root: str) -> str:
+    os.makedirs(root)
+    path = os.path.join(root, "sensors.csv")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("device,t,site,reading,status\n")
+        for i in range(40):
+            f.write(f"d{i % 5},{40 - i},{'north' if i % 2 else 'south'},{i * 0.25:.2f},{'ok' if i % 4 else 'bad'}\n")
+    return path
+
+
+def _settle(folder: str, mtime: int = MTIME) -> None:
+    """Gives every file below ``folder`` the same modification time."""
+    for here, _, names in os.walk(folder):
+        for name in names:
+            os.utime(os.path.join(here, name), (mtime, mtime))
+
+
+def _run(tmp_path, name: str, settle: bool = True, **options) -> dict[str, str]:
+    out = str(tmp_path / name)
+    if settle:
+        source = options["input"]
+        _settle(os.path.dirname(source) if os.path.isfile(source) else source)
+    result = convert(ConvertConfig(output=out, encode_processes=0, **BAND, **options))
+    assert result.ok, result.report
+    return _digests(out, str(tmp_path))
+
+
+def _class_folders(tmp_path):
+    root = str(tmp_path / "images")
+    _images_with_bad_files(root)
+    return _run(tmp_path, "out", input=root, max_bad_fraction=0.5)
+
+
+def _cifar(tmp_path):
+    root = str(tmp_path / "cifar")
+    make_cifar_sample(root, counts={"train": 12, "test": 4}, seed=2)
+    return _run(tmp_path, "out", input=root)
+
+
+def _csv_manifest(tmp_path):
+    root = str(tmp_path / "manifest")
+    make_csv_manifest_sample(root, n=10, seed=3)
+    return _run(tmp_path, "out", input=os.path.join(root, "manifest.csv"))
+
+
+def _table_ratio_splits(tmp_path):
+    path = _table(str(tmp_path / "table"))
+    return _run(tmp_path, "out", input=path, splits=(("train", 0.75), ("test", 0.25)), key_column="id")
+
+
+def _sequences(tmp_path):
+    path = _sensors(str(tmp_path / "sensors"))
+    return _run(tmp_path, "out", input=path, schema=SENSORS_SCHEMA, sequence_key="device", sequence_order="t")
+
+
+def _gzip(tmp_path):
+    root = str(tmp_path / "images")
+    make_class_folder_sample(root, per_class=3, splits=None, seed=4)
+    return _run(tmp_path, "out", input=root, compression="gzip")
+
+
+def _resized(tmp_path):
+    root = str(tmp_path / "images")
+    make_class_folder_sample(root, per_class=3, splits=("train",), seed=5)
+    return _run(tmp_path, "out", input=root, max_side=48, image_format="jpeg", jpeg_quality=80)
+
+
+def _duplicates_by_content(tmp_path):
+    root = str(tmp_path / "images")
+    make_class_folder_sample(root, per_class=4, splits=None, seed=8)
+    for cls, name in (("circles", "circles_0001.png"), ("squares", "squares_0002.jpg")):
+        with open(os.path.join(root, cls, name), "rb") as f:
+            data = f.read()
+        with open(os.path.join(root, "triangles", "copy_of_" + name), "wb") as f:
+            f.write(data)
+    return _run(tmp_path, "out", input=root, drop_duplicates=True, split_by="content",
+                splits=(("train", 0.7), ("validation", 0.3)))
+
+
+def _incremental_part(tmp_path):
+    root = str(tmp_path / "images")
+    make_class_folder_sample(root, per_class=2, splits=None, classes=("circles", "squares"), seed=6)
+    first = _run(tmp_path, "out", input=root, incremental=True)
+    assert not any(name.startswith("part-") for name in first)
+    make_class_folder_sample(str(tmp_path / "more"), per_class=1, splits=None, classes=("circles", "squares"), seed=7)
+    for cls in ("circles", "squares"):
+        for name in os.listdir(tmp_path / "more" / cls):
+            late = os.path.join(root, cls, "late_" + name)
+            os.rename(tmp_path / "more" / cls / name, late)
+            os.utime(late, (MTIME + 86_400, MTIME + 86_400))
+    return _run(tmp_path, "out", input=root, incremental=True, settle=False)
+
+
+CASES = {
+    "class_folders_with_bad_files": _class_folders,
+    "cifar": _cifar,
+    "csv_image_manifest": _csv_manifest,
+    "table_ratio_splits": _table_ratio_splits,
+    "sequences": _sequences,
+    "gzip": _gzip,
+    "resized": _resized,
+    "incremental_part": _incremental_part,
+    "duplicates_by_content": _duplicates_by_content,
+}
+
+GOLDEN: dict[str, dict[str, str]] = {
+    "cifar": {
+        "inputs.jsonl": "0dccd90448edc1d525a1ec830548eb171c274a910afbef9a9624f59580c36c3d",
+        "manifest.json": "c79d118b4db429fcf4c8a53f2db3904b803d04d16ce31f3225b01c905292ade7",
+        "test-00000-of-00001.tfrecord": "6e997dddb4f5fcaf5e829da4a206da08a4cfd1bdcc0b950acad482d5cb17cda3",
+        "train-00000-of-00001.tfrecord": "edea3e5f1fb424f69aa4437cf30f6cbafcde9c2ef9cc30de1a09098c7b003f95",
+    },
+    "class_folders_with_bad_files": {
+        "dead_letter/test-00002-of-00004.jsonl": "88cd03d635144973086d40bcb97c4939b1fc6246753273a4d0a6553e73a4cfe9",
+        "dead_letter/train-00003-of-00004.jsonl": "ba32056339764a89c63f3af8957f4889794b186c856fa9b53dc0826309228ad3",
+        "inputs.jsonl": "b53dbb55a28ad3be8894e2ce130b321077def0335697ca07f5c9eecbae40f195",
+        "manifest.json": "c736db65852bc08a07638d34c831e75ab46d27f1f5d57e54c30f588ad512046f",
+        "test-00000-of-00004.tfrecord": "89a6b93d34e10c2e4afa3ac3d16622533603f699474462e5144ce3be00e751f2",
+        "test-00001-of-00004.tfrecord": "e4c54572db590cd00349c81e1bf9aed44b2be681e89f1fc3982bbe3119ae36cd",
+        "test-00002-of-00004.tfrecord": "cb7ea29c686cf77e46de06967babe6be346d4803c8229b85be4d0974ed26efb0",
+        "test-00003-of-00004.tfrecord": "91d02815921b3642a85025b5c198ac23f7f37f67d9cb136a9762c78c44c6b828",
+        "train-00000-of-00004.tfrecord": "4d592e3b5742065e31cc8834dc0c52c3fccf51583d7efdcdfefd86865d3369dd",
+        "train-00001-of-00004.tfrecord": "6199b2030ad1f5523969c49d2b80a7216c178a695fd9a422b817573121d09d49",
+        "train-00002-of-00004.tfrecord": "3e98f97ed61f75c0c54a479325d64839a613cc287478d009fa3c102d8e283622",
+        "train-00003-of-00004.tfrecord": "3576c157cebb006d88d8d406bb23f1346a4b504b3f15b153e76b9ac22717c3f5",
+    },
+    "csv_image_manifest": {
+        "inputs.jsonl": "27b2d1164672e34c6eff54cdc5f34fe7c696303a187f25ddb94b790433dbe06c",
+        "manifest.json": "71f71f0b9e41cb2aa64f4b194a94f3aa38b0d14991aa56fd427a383e4ae24ba6",
+        "test-00000-of-00001.tfrecord": "d97986df97d5018ad2de2c15aed9f8d24b92efaf225baf45b2d4571d951b808c",
+        "train-00000-of-00001.tfrecord": "17315ec22b579c87c27c8587b2ad1f9551aaf59856c7c628f637cf75488f7933",
+    },
+    "gzip": {
+        "inputs.jsonl": "56ad74b0c3c251494965d99af8b459e9a59729243cffe85b37151c4cb7b9bef4",
+        "manifest.json": "3a621caa436c6b172b9c7794033bde38e894e3328cdbdc3276b4f59a6a113eeb",
+        "train-00000-of-00002.tfrecord.gz": "43645e8a4146394db6acade307a166a59d96eeff100e3ab3731163a5bacc4d31",
+        "train-00001-of-00002.tfrecord.gz": "6b1439d466bcc64a05ec83557a3a9d9d053851e9cb08c233018714fe19dca32b",
+    },
+    "incremental_part": {
+        "inputs.jsonl": "85facbd473f8eaed87101c697efcd8897f2a9abf7899a4eb878099b24052ec87",
+        "manifest.json": "728da3ee99ce93fdedcb77bd0e4c87c3caf48d82801747ff01a912c0841c015e",
+        "part-00001/inputs.jsonl": "6c245d1998d8c1e287ce0c4434fc2fce308e1122fdd39b85f3220466a04f6224",
+        "part-00001/manifest.json": "32ee0795dbd372fb5813fa3f352d209d5a99db9c16c8b16844fecf446303a5d5",
+        "part-00001/train-00000-of-00001.tfrecord": "d3abaf3e55ad0720c02926b24e4eb9579ca6a5612cb597bb7672fd1179f09b6e",
+        "train-00000-of-00001.tfrecord": "18a1758ba4cb31bfe7ec63320c9910a37e4c720472070aeff64eaa2a4862fd83",
+    },
+    "resized": {
+        "inputs.jsonl": "56382b9d2a1c64c94efa39f87f24d5578623ad0e1fb71978027814d6f7faf5f7",
+        "manifest.json": "8021980e4c19cb01f40e90e72cd00df739320b8902e6e535547df5a28be5f289",
+        "train-00000-of-00001.tfrecord": "fec4f8b6d494d4bb23c9893eadd6836f6c6fdd913bc5187fb50c3f2dfab865f4",
+    },
+    "sequences": {
+        "inputs.jsonl": "07fd53517d12ab7bd7f628a4aadad36a53c6da61017510068ffbb5af06634caf",
+        "manifest.json": "1360062222fd9bfb026bc8f269b397dee223a3437b838d41616d0f5626338774",
+        "train-00000-of-00001.tfrecord": "84006e88aeea050d8d770f27ff961bd5569a157bdacff5b57e4fcc3f999ce2ba",
+    },
+    "table_ratio_splits": {
+        "inputs.jsonl": "f2989d311a9a5e4572170626b215e0d5e43a353e31f2a12edb1d5c0fd6166e48",
+        "manifest.json": "5456f5e487f4e5762f2e8c4832804d8d13b13bdf2f47e93a1cdfebaa282fae71",
+        "test-00000-of-00001.tfrecord": "4f20c9467b123339628a9b72f001b0f993eb47c8e6d6f373b1520647d11fa401",
+        "train-00000-of-00001.tfrecord": "bfe3b363dd32e008a33310a21d53df38b5ac8a99284c3c751dbb7636bc04c0de",
+    },
+    "duplicates_by_content": {
+        "inputs.jsonl": "acaf8c7abda886bda4bc31b8e44051501f73eceef9753adbe806ecdf19176ca1",
+        "manifest.json": "2f80e7727d4baf9e6a5442e77a8211cd21d44402ba3876570506e55f634328fd",
+        "train-00000-of-00003.tfrecord": "b27faab68f7a9fe1f1001f2301df358ce9856a5cc593237edb06ec915b8d0ac0",
+        "train-00001-of-00003.tfrecord": "4a3a0e88e9b95d28f9cb51d4de3ee3fa5f6d978f8c2e3172f96588d372b12ae5",
+        "train-00002-of-00003.tfrecord": "203bd55d34564db16d9e86c0b56fc1eef12b85fb6201347b60c07b4463e248ea",
+        "validation-00000-of-00001.tfrecord": "3a480de8c9bb2a43ffb3086e9f9c3ce414cb09849c9bce71bac1fef34210f40a",
+    },
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_published_files_are_byte_for_byte_as_pinned(tmp_path, case):
+    found = CASES[case](tmp_path)
+    if os.environ.get("GOLDEN_PRINT"):
+        print(f"\n    {case!r}: {json.dumps(found, indent=8)},")
+    assert found == GOLDEN[case]
