@@ -23,10 +23,11 @@ import apache_beam as beam
 
 from beam_tfrecords.schemas.elements import InputSummary, ShardResult
 from beam_tfrecords.schemas.features import FeatureSpec, image_feature_spec
-from beam_tfrecords.schemas.inputs import INPUTS_NAME, UNIT_INPUTS_DIR, complete_inputs, unit_inputs_name
+from beam_tfrecords.schemas.inputs import INPUTS_NAME
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME, ErrorBudget, build_manifest
 from beam_tfrecords.schemas.shards import ShardBand, ShardTarget, clashing_split_names
 from beam_tfrecords.schemas.version import __version__
+from beam_tfrecords.transforms.gather import GatherContents, Gathered, gather_in_process, join_gathered
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.commit import (
     publish,
@@ -35,6 +36,7 @@ from beam_tfrecords.transforms.io.commit import (
     remove_folder,
     remove_parts,
 )
+from beam_tfrecords.transforms.io.contents import stripped
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.fingerprint import (
     published_input,
@@ -45,14 +47,12 @@ from beam_tfrecords.transforms.io.fingerprint import (
 from beam_tfrecords.transforms.io.ownership import (
     Claim,
     claim_output,
-    file_claim,
     prune_journal,
     write_atomic,
     write_owned,
 )
 from beam_tfrecords.transforms.io.progress import split_totals
 from beam_tfrecords.transforms.plan.drift import DriftGate, statistics_and_drift
-from beam_tfrecords.transforms.plan.duplicates import duplicate_report
 from beam_tfrecords.transforms.shards import STORAGE_ERRORS
 
 __all__ = ["Commit", "CommitSettings", "finalize"]
@@ -159,20 +159,14 @@ def _image_notes(results: Sequence[ShardResult]) -> dict:
     return notes
 
 
-def _completed_inputs(settings: CommitSettings, results: Sequence[ShardResult]) -> tuple[bytes, int, str] | None:
-    """The run's ``inputs.jsonl`` (written by the launcher to the temporary folder)
-    with the content hash of every image the run read, its count of input files
-    and its fingerprint (see ``schemas.inputs.complete_inputs``); ``None`` when
-    the launcher wrote none."""
-    data = files.read_bytes_if_exists(files.join(settings.target.temp_dir, INPUTS_NAME))
-    if settings.input_units:
-        data = (data or b"") + b"".join(
-            files.read_bytes(files.join(settings.target.temp_dir, UNIT_INPUTS_DIR, unit_inputs_name(i)))
-            for i in range(settings.input_units))
-    if data is None:
-        return None
-    digests = {filename: source or digest for r in results for digest, filename, source in r.contents}
-    return complete_inputs(data, digests, settings.options_fingerprint)
+def _gathered(settings: CommitSettings, results: Sequence[ShardResult], gathered: Gathered | None) -> Gathered:
+    """What the steps before the commit gathered from the shards' content lists (the
+    duplicates report and the completed ``inputs.jsonl``, see ``transforms.gather``);
+    made here, in this process, for a caller without them."""
+    if gathered is not None:
+        return gathered
+    return gather_in_process(settings.target.temp_dir, settings.input_units,
+                             settings.options_fingerprint, results)
 
 
 def _part_entry(settings: CommitSettings, manifest: dict, manifest_bytes: bytes) -> dict:
@@ -191,9 +185,13 @@ def _part_entry(settings: CommitSettings, manifest: dict, manifest_bytes: bytes)
     }
 
 
-def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: InputSummary) -> dict:
+def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: InputSummary,
+             gathered: Gathered | None = None) -> dict:
     """Publishes the dataset (if every shard was proved and the budget held) and
     writes the run report.
+
+    ``gathered``: the duplicates report and the completed ``inputs.jsonl``
+    (``transforms.gather``); gathered here from the shards' side files when ``None``.
 
     Returns:
       The run report: ``status`` is ``ok``, or, with nothing published,
@@ -261,8 +259,8 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
             {"filename": dropped, "split": split, "copy_of": kept}
             for dropped, split, kept in summary.duplicates_dropped]
         report["duplicates_dropped"] = len(summary.duplicates_dropped)
-    duplicates = duplicate_report(
-        (digest, r.split, filename) for r in results for digest, filename, *_ in r.contents)
+    gathered = _gathered(settings, results, gathered)
+    duplicates = gathered.duplicates
     if duplicates:
         report["duplicates"] = {"groups": duplicates["groups"], "images": duplicates["images"],
                                 "across_splits": duplicates["across_splits"]["groups"],
@@ -303,21 +301,18 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
         report["status"] = "output_exists"
     else:
         relative = [dataclasses.replace(r, path=r.path.rsplit("/", 1)[-1]) for r in results]
-        completed = _completed_inputs(settings, results)
+        completed = gathered.inputs
         renames = [(r.temp_path or r.path, r.path) for r in results]
         # What the commit's journal records of each file it puts at a final name.
         digests = {r.path: Claim(r.path, r.bytes, r.sha256, r.crc32c) for r in results}
         if completed is not None:
-            inputs_bytes, input_count, fingerprint = completed
-            staged_inputs = files.join(target.temp_dir, INPUTS_NAME)
-            files.write_bytes(staged_inputs, inputs_bytes)
-            renames.append((staged_inputs, files.join(target.output, INPUTS_NAME)))
-            digests[renames[-1][1]] = file_claim(INPUTS_NAME, inputs_bytes)
+            renames.append((completed.path, files.join(target.output, INPUTS_NAME)))
+            digests[renames[-1][1]] = Claim(INPUTS_NAME, completed.size, completed.sha256)
             input_json["files_list"] = {
                 "path": INPUTS_NAME, "root": input_json["root"], "root_id": input_json["root_id"],
-                "files": input_count,
-                "sha256": hashlib.sha256(inputs_bytes).hexdigest()}
-            input_json["fingerprint"] = fingerprint
+                "files": completed.files,
+                "sha256": completed.sha256}
+            input_json["fingerprint"] = completed.fingerprint
             input_json["options_fingerprint"] = settings.options_fingerprint
         manifest = build_manifest(
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -401,15 +396,21 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
 
 
 class _CommitFn(beam.DoFn):
-    """``(None, {"results": [ShardResult, ...], "summary": [InputSummary]})`` → the run report."""
+    """``(None, [("result", ShardResult) | ("summary", InputSummary) | a part of what
+    was gathered (see ``transforms.gather``), ...])`` → the run report."""
 
     def __init__(self, settings: CommitSettings):
         self._settings = settings
 
     def process(self, element) -> Iterator[dict]:
-        _, grouped = element
-        (summary,) = list(grouped["summary"])
-        report = finalize(self._settings, list(grouped["results"]), summary)
+        _, values = element
+        results, summaries, parts = [], [], []
+        for kind, value in values:
+            (results if kind == "result" else summaries if kind == "summary" else parts).append((kind, value))
+        (summary,) = [value for _, value in summaries]
+        settings = self._settings
+        gathered = join_gathered(parts, settings.target.temp_dir, settings.options_fingerprint)
+        report = finalize(settings, [value for _, value in results], summary, gathered)
         _log.info("Run finished: %s", report["status"])
         yield report
 
@@ -420,25 +421,38 @@ class Commit(beam.PTransform):
     Args:
       settings: see ``CommitSettings``.
       summary: a PCollection of one ``InputSummary`` (what was read and refused).
+      left_out: a PCollection of the ``image/filename`` s the run left out after the
+        launcher listed them (see ``transforms.gather.GatherContents``), or ``None``.
     """
 
-    def __init__(self, settings: CommitSettings, summary):
+    def __init__(self, settings: CommitSettings, summary, left_out=None):
         super().__init__()
         self._settings = settings
         self._summary = summary
+        self._left_out = left_out
 
     def expand(self, results):
         # One group under one key, never a side input: Beam sizes a side input by
-        # walking every object in it (~1.5 s for the 60,000 content hashes of a
-        # CIFAR-sized run), and the summary's one element makes the group exist
-        # even when there are no shards.
+        # walking every object in it, and the summary's one element makes the group
+        # exist even when there are no shards. Values are tagged by hand (a
+        # CoGroupByKey adds a step per input, which every run pays to build).
+        settings = self._settings
+        # Duplicates and inputs.jsonl, from the shards' content lists, on the workers.
+        gathered = results | "Gather" >> GatherContents(
+            settings.target.temp_dir, settings.input_units, self._summary, self._left_out)
         return (
-            {"results": results | "KeyResults" >> beam.Map(_one_key),
-             "summary": self._summary | "KeySummary" >> beam.Map(_one_key)}
-            | "Collect" >> beam.CoGroupByKey()
+            (results | "KeyResults" >> beam.Map(_tagged_result),
+             self._summary | "KeySummary" >> beam.Map(_tagged, "summary"),
+             gathered)
+            | "All" >> beam.Flatten()
+            | "Collect" >> beam.GroupByKey()
             | "Finish" >> beam.ParDo(_CommitFn(self._settings))
         )
 
 
-def _one_key(value):
-    return None, value
+def _tagged(value, kind: str):
+    return None, (kind, value)
+
+
+def _tagged_result(result: ShardResult):
+    return None, ("result", stripped(result))  # Its content entries went to GatherContents.
