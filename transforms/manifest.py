@@ -395,6 +395,37 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
     return report
 
 
+class _CountsFolded:
+    """Shard results as the commit keeps them: each split's label, image and note
+    counts summed as the results arrive, and carried by the split's first shard's
+    result alone (whatever reads them sums a split's: the manifest's label counts,
+    the statistics, the image notes), so the commit holds a few counts per split,
+    not a thousand classes per shard."""
+
+    _COUNTS = ("label_counts", "image_counts", "note_counts")
+
+    def __init__(self):
+        self._results: list[ShardResult] = []
+        self._totals: dict[str, dict[str, Counter]] = {}
+
+    def add(self, result: ShardResult) -> None:
+        totals = self._totals.setdefault(result.split, {name: Counter() for name in self._COUNTS})
+        for name in self._COUNTS:
+            totals[name].update(dict(getattr(result, name)))
+        self._results.append(dataclasses.replace(result, label_counts=(), image_counts=(), note_counts=()))
+
+    def results(self) -> list[ShardResult]:
+        first: dict[str, int] = {}
+        for number, result in enumerate(self._results):
+            if result.split not in first or result.index < self._results[first[result.split]].index:
+                first[result.split] = number
+        for split, number in first.items():
+            totals = self._totals[split]
+            self._results[number] = dataclasses.replace(
+                self._results[number], **{name: tuple(sorted(totals[name].items())) for name in self._COUNTS})
+        return self._results
+
+
 class _CommitFn(beam.DoFn):
     """``(None, [("result", ShardResult) | ("summary", InputSummary) | a part of what
     was gathered (see ``transforms.gather``), ...])`` → the run report."""
@@ -404,13 +435,16 @@ class _CommitFn(beam.DoFn):
 
     def process(self, element) -> Iterator[dict]:
         _, values = element
-        results, summaries, parts = [], [], []
-        for kind, value in values:
-            (results if kind == "result" else summaries if kind == "summary" else parts).append((kind, value))
+        results, summaries, parts = _CountsFolded(), [], []
+        for kind, value in values:  # A runner may hand a large group a page at a time.
+            if kind == "result":
+                results.add(value)
+            else:
+                (summaries if kind == "summary" else parts).append((kind, value))
         (summary,) = [value for _, value in summaries]
         settings = self._settings
         gathered = join_gathered(parts, settings.target.temp_dir, settings.options_fingerprint)
-        report = finalize(settings, [value for _, value in results], summary, gathered)
+        report = finalize(settings, results.results(), summary, gathered)
         _log.info("Run finished: %s", report["status"])
         yield report
 
