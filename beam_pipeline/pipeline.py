@@ -36,6 +36,7 @@ from beam_tfrecords.transforms.images import (
     SpoolImages,
     add_spool_dead_letters,
     drop_listing,
+    listing_size,
     write_listing,
 )
 from beam_tfrecords.transforms.io import files
@@ -43,7 +44,9 @@ from beam_tfrecords.transforms.io.commit import release_lock, remove_folder
 from beam_tfrecords.transforms.io.faults import announce_hooks
 from beam_tfrecords.transforms.io.helpers import helper_pool
 from beam_tfrecords.transforms.io.ownership import write_owned
+from beam_tfrecords.transforms.listing_plan import PlanListingParts
 from beam_tfrecords.transforms.manifest import Commit, CommitSettings
+from beam_tfrecords.transforms.plan import handoff
 from beam_tfrecords.transforms.plan.layouts import resolve_input
 from beam_tfrecords.transforms.sequences import BuildSequences, PlanSequenceShards
 from beam_tfrecords.transforms.shards import SpoolCopy, VerifyShards, WriteShards
@@ -177,14 +180,17 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
             # if the file still has the digest the job graph carries (a dry run
             # builds the same job, and writes nothing).
             dry = options.view_as(TestOptions).dry_run
-            digest = write_listing(None if dry else plan.listing_path, plan.listing)
+            digest = write_listing(None if dry else plan.listing_path, plan.listing, handoff.PART_ROWS)
+        # A large listing travels as parts, planned without one step holding it all.
+        part_rows = handoff.PART_ROWS
+        in_parts = not config.reshape.active and listing_size(plan.listing) > part_rows
         listing = pipeline | "ListImages" >> ListImages(
             config.input, config.layout, config.labels, config.output, config.encode_processes,
             config.image_column, config.label_column, kept=plan.listing,
             splits=config.splits, split_by=config.split_by, drop_duplicates=config.drop_duplicates,
             vocabulary=plan.vocabulary, only=plan.only, listing_path=plan.listing_path,
             follow_links_outside=config.follow_links_outside, max_file_bytes=config.max_file_bytes,
-            listing_sha256=digest)
+            listing_sha256=digest, part_rows=part_rows if in_parts else 0)
         summary = listing.summary
         source = ImageRecords(config.validate, config.read_threads, config.encode_processes,
                               max_pixels=config.max_pixels, image_bytes=config.image_bytes,
@@ -202,9 +208,10 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
                 | "VerifyShards" >> verify
             )
         else:
+            planner = PlanListingParts if in_parts else PlanImageShards
             results = (
                 listing.refs
-                | "PlanShards" >> PlanImageShards(config.band, config.compression)
+                | "PlanShards" >> planner(config.band, config.compression)
                 | "WriteShards" >> WriteShards(target, source)
                 | "VerifyShards" >> verify
             )

@@ -88,7 +88,7 @@ def run_one(count: int, trace: bool, compact_above: int = -1, workers: bool = Fa
     from beam_tfrecords.transforms.io import files, fingerprint
 
     files.list_files = lambda pattern, limit=None, skipped=None: synthetic_files(count)
-    files.list_stamped = lambda pattern, skipped=None: synthetic_files(count, stamped=True)
+    files.list_stamped = lambda pattern, skipped=None, **_: synthetic_files(count, stamped=True)
     fingerprint._gcs_listing = _fake_gcs_listing(count)  # pylint: disable=protected-access
     if compact_above >= 0 and hasattr(images, "COMPACT_LISTING_REFS"):
         images.COMPACT_LISTING_REFS = compact_above
@@ -266,7 +266,7 @@ def handoff_write(count: int, fmt: str, path: str) -> dict:
     from beam_tfrecords.transforms.io import files
 
     files.list_files = lambda pattern, limit=None, skipped=None: synthetic_files(count)
-    files.list_stamped = lambda pattern, skipped=None: synthetic_files(count, stamped=True)
+    files.list_stamped = lambda pattern, skipped=None, **_: synthetic_files(count, stamped=True)
     listing = images.list_images(ROOT)
     token = images.keep_listing(listing, HANDOFF_ARGS)
     gc.collect()

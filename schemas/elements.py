@@ -19,6 +19,7 @@ __all__ = [
     "ImageRef",
     "ImageRefs",
     "InputSummary",
+    "ListingPart",
     "ShardResult",
     "ShardSpec",
     "SpoolSegments",
@@ -82,6 +83,25 @@ class ImageRefs:
 
     def unpack(self) -> tuple[ImageRef, ...]:
         return pickle.loads(self.packed)
+
+
+@dataclasses.dataclass(frozen=True)
+class ListingPart:
+    """One part of a listing's references, in listing order (a large listing travels
+    as parts, so that a step reads only the part it works on).
+
+    Attributes:
+      index: the part's place in the listing; count: its references.
+      path, sha256: the hand-off file that holds them and its SHA-256, checked
+        before it is parsed (``transforms.plan.handoff``); or
+      refs: the references themselves ('' path).
+    """
+
+    index: int
+    count: int
+    path: str = ""
+    sha256: str = ""
+    refs: ImageRefs | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,6 +40,7 @@ from beam_tfrecords.schemas.elements import (
     ImageRefs,
     ImageSpool,
     InputSummary,
+    ListingPart,
     ShardSpec,
     SpoolSegments,
 )
@@ -60,13 +61,19 @@ from beam_tfrecords.transforms.io.helpers import (
     read_failure,
     ready_helper_pool,
 )
+from beam_tfrecords.transforms.plan import handoff
 from beam_tfrecords.transforms.plan.duplicates import keep_first
 from beam_tfrecords.transforms.plan.handoff import (
     HANDOFF_NAME,
     HandoffError,
     check_digest,
     decode_listing,
+    decode_part,
     encode_listing,
+    encode_part,
+    graph_args,
+    listing_parts,
+    part_name,
 )
 from beam_tfrecords.transforms.plan.layouts import (
     CIFAR_LABELS_FILE,
@@ -79,7 +86,7 @@ from beam_tfrecords.transforms.plan.layouts import (
     resolve_input,
 )
 from beam_tfrecords.transforms.plan.names import check_names
-from beam_tfrecords.transforms.plan.ref_table import PathBuffer, RefTable, shard_cuts
+from beam_tfrecords.transforms.plan.ref_table import PathBuffer, RefTable, concat_tables, shard_cuts
 from beam_tfrecords.transforms.plan.shards import cut_shards, stable_key
 from beam_tfrecords.transforms.plan.splits import split_of
 from beam_tfrecords.transforms.shards import Chunk, RecordSource
@@ -99,10 +106,13 @@ __all__ = [
     "drop_listing",
     "image_shards",
     "input_bytes",
+    "listing_size",
     "pack_refs",
+    "part_refs",
     "keep_listing",
     "list_images",
     "read_labels_text",
+    "record_overheads",
     "plan_image_shards",
     "read_listing",
     "write_listing",
@@ -409,44 +419,96 @@ def _kept(token: str) -> tuple[tuple, Listing]:
     return args, dataclasses.replace(listing, files=None)  # The fingerprint's columns: not needed there.
 
 
-def write_listing(path: str | None, token: str) -> str:
+def write_listing(path: str | None, token: str, part_rows: int | None = None) -> str:
     """Writes the listing kept under ``token`` to ``path`` (the run's temporary
-    folder), for a listing step in another process to read instead of listing
-    again: the run then converts exactly the files the preflight described and
-    ``inputs.jsonl`` records, even when files arrive while it starts.
+    folder) and its parts beside it (``transforms.plan.handoff``), for a listing
+    step in another process to read instead of listing again: the run then
+    converts exactly the files the preflight described and ``inputs.jsonl``
+    records, even when files arrive while it starts.
 
     Returns:
-      The SHA-256 (hex) of what was written, for the job graph: the step reads the
-      file only if it still has it (``read_listing``). With ``path=None`` nothing is
-      written (a dry run builds the same job).
+      The SHA-256 (hex) of the hand-off, for the job graph: the step reads it only
+      if it still has it (``read_listing``), and each part only if it has the
+      digest the hand-off names. With ``path=None`` nothing is written (a dry run
+      builds the same job).
     """
     args, listing = _kept(token)
+    folder = path.rsplit("/", 1)[0] if path is not None else None
+    index = []
+    for number, refs in enumerate(listing_parts(listing.refs, part_rows or handoff.PART_ROWS)):
+        name = part_name(number)
+        index.append((name, len(refs), _written(None if folder is None else files.join(folder, name),
+                                                 lambda sink, refs=refs: encode_part(refs, sink))))
+    return _written(path, lambda sink: encode_listing(args, listing, sink, index))
+
+
+def _written(path: str | None, encode) -> str:
+    """Runs ``encode(sink)`` into ``path`` (or nowhere); returns the SHA-256 of the bytes."""
     if path is None:
         sink = _HashingSink(None)
-        encode_listing(args, listing, sink)
+        encode(sink)
         return sink.sha256.hexdigest()
     with files.open_write(path) as stream:
         sink = _HashingSink(stream)
-        encode_listing(args, listing, sink)
+        encode(sink)
     return sink.sha256.hexdigest()
 
 
 def read_listing(path: str, args: tuple, sha256: str) -> Listing:
-    """The listing ``write_listing`` wrote for the listing arguments ``args``.
+    """The listing ``write_listing`` wrote for the listing arguments ``args``, every
+    part read.
 
     The file's SHA-256 is checked against ``sha256`` (from the job graph) before
-    any of it is parsed.
+    any of it is parsed, and each part's against the digest it names.
 
     Raises:
       HandoffError: when the file is not the one written (another digest), not
-        such a listing, or made for other arguments.
+        such a listing, or made for other arguments; or a part is not the one
+        it names.
     """
+    listing, parts, _ = _read_handoff(path, args, sha256)
+    refs = [part_refs(part) for part in _handed_parts(path, parts)]
+    if refs and all(isinstance(r, RefTable) for r in refs):
+        listing.refs = refs[0] if len(refs) == 1 else concat_tables(refs)
+    else:
+        listing.refs = [ref for part in refs for ref in part]
+    return listing
+
+
+def _read_handoff(path: str, args: tuple, sha256: str):
     data = files.read_bytes(path)
     check_digest(data, sha256, path)
     try:
         return decode_listing(data, args)
     except HandoffError as err:
         raise HandoffError(f"{path}: {err}") from err
+
+
+def _handed_parts(path: str, parts) -> list[ListingPart]:
+    folder = path.rsplit("/", 1)[0]
+    return [ListingPart(number, count, files.join(folder, name), digest)
+            for number, (name, count, digest) in enumerate(parts)]
+
+
+def part_refs(part: ListingPart) -> Sequence[ImageRef]:
+    """The references of a listing part: its own, or its hand-off file's (checked by
+    its digest before it is parsed).
+
+    Raises:
+      HandoffError: when the file is not the one the hand-off names.
+    """
+    if part.refs is not None:
+        return part.refs.unpack()
+    return decode_part(files.read_bytes(part.path), part.sha256, part.path)
+
+
+def listing_size(token: str | None) -> int:
+    """The references a kept listing holds (0 when there is none)."""
+    if not token:
+        return 0
+    with _kept_lock:
+        kept = _kept_listings.get(token)
+    return len(kept[1].refs) if kept else 0
 
 
 def _take_listing(token: str | None, args: tuple) -> Listing | None:
@@ -488,7 +550,8 @@ def _published(root: str, path: str) -> str:
 
 
 class _ListImagesFn(beam.DoFn):
-    """Impulse → one ``ImageRefs`` of all images (main) and one ``InputSummary``
+    """Impulse → one ``ImageRefs`` of all images, or with ``part_rows`` one
+    ``ListingPart`` per part of at most that many (main); and one ``InputSummary``
     (tagged ``summary``)."""
 
     def __init__(self, input_path: str, layout: str, labels_path: str | None, output: str,
@@ -497,14 +560,17 @@ class _ListImagesFn(beam.DoFn):
                  drop_duplicates: bool = False, vocabulary: tuple[str, ...] = (),
                  only: tuple[str, ...] = (), listing_path: str | None = None,
                  follow_links_outside: bool = False, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-                 listing_sha256: str = ""):
+                 listing_sha256: str = "", part_rows: int = 0):
         if listing_path and not listing_sha256:
             raise ValueError("a listing handed over through storage needs its SHA-256")
         self._kept = kept
         self._listing_path = listing_path
         self._listing_sha256 = listing_sha256
+        self._part_rows = part_rows
         self._splits = (tuple(splits), split_by, drop_duplicates, tuple(vocabulary), tuple(only),
                         follow_links_outside, max_file_bytes)
+        if listing_path:  # The names are in the hand-off; the job graph holds their digest.
+            self._splits = graph_args((None,) * 5 + self._splits)[5:]
         self._input = input_path
         self._layout = layout
         self._labels = labels_path
@@ -512,34 +578,41 @@ class _ListImagesFn(beam.DoFn):
         self._output = output
         self._processes = helper_processes
 
-    def process(self, _):
-        hold_point("listing")
-        args = (self._input, self._layout, self._labels, *self._columns, *self._splits)
+    def _listing(self, args: tuple):
+        """``(listing, parts, images, bytes, reused)``: ``parts`` the hand-off's parts when
+        only its index was read (``listing.refs`` is then empty), else ``None``."""
         listing = _take_listing(self._kept, args)
+        if listing is None and self._listing_path and self._part_rows:
+            listing, parts, total = _read_handoff(self._listing_path, args, self._listing_sha256)
+            parts = _handed_parts(self._listing_path, parts)
+            return listing, parts, sum(p.count for p in parts), total, True
         reused = listing is not None
         if listing is None and self._listing_path:
             listing = read_listing(self._listing_path, args, self._listing_sha256)
             reused = True
         listing = listing or list_images(*args)
-        total_bytes = input_bytes(listing.refs)
-        if self._processes > 0 and listing.refs and (
-            total_bytes < SMALL_FILE_BYTES * len(listing.refs)
-        ):
+        return listing, None, len(listing.refs), input_bytes(listing.refs), reused
+
+    def process(self, _):
+        hold_point("listing")
+        args = (self._input, self._layout, self._labels, *self._columns, *self._splits)
+        listing, parts, count, total_bytes, reused = self._listing(args)
+        if self._processes > 0 and count and total_bytes < SMALL_FILE_BYTES * count:
             # Small files: start the shard writers' helper processes while planning runs.
             helper_pool(self._processes)
         _, root, _ = resolve_input(self._input, self._layout)
         dead_path = write_dead_letters(self._output, "listing", listing.dead_letters)
         skipped_path = write_dead_letters(self._output, "skipped", listing.skipped)
         bad = Counter(d.error for d in listing.dead_letters)
-        images = len(listing.refs) + len(listing.dead_letters) + len(listing.duplicates_dropped)
+        images = count + len(listing.dead_letters) + len(listing.duplicates_dropped)
         _log.info(
             "Listed %d images (%d refused, %d other files ignored, %d paths passed over) in "
             "layout %s%s", images, len(listing.dead_letters), listing.ignored, len(listing.skipped),
             listing.layout, " (the preflight's listing)" if reused else "",
         )
-        beam.metrics.Metrics.counter("list", "images").inc(len(listing.refs))
+        beam.metrics.Metrics.counter("list", "images").inc(count)
         beam.metrics.Metrics.counter("list", "dead_letter").inc(len(listing.dead_letters))
-        progress.plan(inputs=len(listing.refs), input_bytes=total_bytes)
+        progress.plan(inputs=count, input_bytes=total_bytes)
         yield beam.pvalue.TaggedOutput(
             SUMMARY_TAG,
             InputSummary(
@@ -557,7 +630,13 @@ class _ListImagesFn(beam.DoFn):
                 duplicates_dropped=tuple(listing.duplicates_dropped),
             ),
         )
-        yield pack_refs(listing.refs)
+        if parts is not None:  # Each part is read where it is used.
+            yield from parts
+        elif self._part_rows:
+            for number, refs in enumerate(listing_parts(listing.refs, self._part_rows)):
+                yield ListingPart(number, len(refs), refs=pack_refs(refs))
+        else:
+            yield pack_refs(listing.refs)
 
 
 def input_bytes(refs: Sequence[ImageRef]) -> int:
@@ -593,9 +672,12 @@ class ListImages(beam.PTransform):
         parsing anything.
       splits, split_by, drop_duplicates, vocabulary, only, follow_links_outside,
         max_file_bytes: see ``list_images``.
+      part_rows: when given, the references come as parts of at most this many
+        (``ListingPart``; a handed-over listing's parts are read where they are
+        used, ``part_refs``), for ``PlanListingParts``.
 
-    Returns a ``DoOutputsTuple``: ``.refs`` holds one ``ImageRefs`` element;
-    ``.summary`` holds one ``InputSummary``.
+    Returns a ``DoOutputsTuple``: ``.refs`` holds one ``ImageRefs`` element (or the
+    ``ListingPart`` s); ``.summary`` holds one ``InputSummary``.
     """
 
     def __init__(self, input_path: str, layout: str, labels_path: str | None, output: str,
@@ -604,12 +686,13 @@ class ListImages(beam.PTransform):
                  splits: tuple = (), split_by: str = "path", drop_duplicates: bool = False,
                  vocabulary: tuple[str, ...] = (), only: tuple[str, ...] = (),
                  listing_path: str | None = None, follow_links_outside: bool = False,
-                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, listing_sha256: str = ""):
+                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, listing_sha256: str = "",
+                 part_rows: int = 0):
         super().__init__()
         self._fn = _ListImagesFn(input_path, layout, labels_path, output, helper_processes,
                                  (image_column, label_column), kept, splits, split_by,
                                  drop_duplicates, vocabulary, only, listing_path,
-                                 follow_links_outside, max_file_bytes, listing_sha256)
+                                 follow_links_outside, max_file_bytes, listing_sha256, part_rows)
 
     def expand(self, pbegin):
         return (
@@ -626,6 +709,13 @@ def _record_overhead(label: int, label_text: str, extra: tuple) -> int:
     return RECORD_OVERHEAD + _VARINT_SLACK + image_example_size(
         0, "jpeg", _TYPICAL_SIDE, _TYPICAL_SIDE, _TYPICAL_CHANNELS, label, label_text, "", extra
     )
+
+
+def record_overheads(vocabulary: Sequence[str]) -> np.ndarray:
+    """Each label's record size less the file's and its name's bytes
+    (``estimated_record_size`` of a folder layout's image), as int64 by label."""
+    return np.array([_record_overhead(label, text, ()) for label, text in enumerate(vocabulary)] or [0],
+                    dtype=np.int64)
 
 
 def estimated_record_size(ref: ImageRef) -> int:
@@ -693,9 +783,7 @@ def _ref_splits(refs: Sequence[ImageRef], band: ShardBand):
 
 def _table_splits(table: RefTable, band: ShardBand):
     """``(split, num_shards, shard -> its refs, shard byte sizes)`` per split of a table."""
-    overhead = np.array([_record_overhead(label, text, ()) for label, text in enumerate(table.vocabulary)]
-                        or [0], dtype=np.int64)
-    planned = overhead[table.labels] + table.sizes + table.name_lengths()
+    planned = record_overheads(table.vocabulary)[table.labels] + table.sizes + table.name_lengths()
     for split, num_shards, order, bounds in shard_cuts(table, band, planned):
         running = np.concatenate(([0], np.cumsum(planned[order])))
         per_shard = running[bounds[1:]] - running[bounds[:-1]]
