@@ -323,6 +323,152 @@ def _handoff(count: int, fmt: str) -> dict:
     return row
 
 
+# --- --cut: the step that plans shards ------------------------------------------------------
+
+
+def _cut_api() -> str:
+    """``parts`` (issue 19: a listing in parts, cut per split from thin columns) or
+    ``element`` (before: the whole listing one element, planned in one step)."""
+    from beam_tfrecords.transforms import images  # pylint: disable=import-outside-toplevel
+
+    return "parts" if hasattr(images, "listing_size") else "element"
+
+
+def cut_setup(count: int, folder: str) -> dict:
+    """Lists ``count`` synthetic files and writes what the planning step receives:
+    the hand-off's parts (or, before, the one ``ImageRefs`` element, pickled)."""
+    # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms import images
+    from beam_tfrecords.transforms.io import files
+
+    files.list_stamped = lambda pattern, skipped=None, **_: synthetic_files(count, stamped=True)
+    listing = images.list_images(ROOT)
+    if _cut_api() == "element":
+        element = images.pack_refs(listing.refs)
+        with open(os.path.join(folder, "element.pickle"), "wb") as f:
+            pickle.dump(element, f, protocol=pickle.HIGHEST_PROTOCOL)
+        return {"api": "element", "element_mb": round(len(element.packed) / 1e6, 1)}
+    token = images.keep_listing(listing, HANDOFF_ARGS)
+    digest = images.write_listing(os.path.join(folder, images.LISTING_NAME), token)
+    images.drop_listing(token)
+    return {"api": "parts", "digest": digest}
+
+
+def cut_measure(folder: str, step: str) -> dict:
+    """One step of the planning, in a fresh process: its peak RSS over its RSS after
+    the imports (``/proc/self/clear_refs``). Before: ``plan`` (the one step: the
+    element unpickled, every spec made and pickled). After: ``thin`` (each part
+    read and its thin columns sent on, one part at a time: a part's worker),
+    ``cut`` (the largest split's cut), ``assign`` (one part sent to its groups,
+    with every split's cut as the side input), ``specs`` (one group's specs)."""
+    # pylint: disable=import-outside-toplevel,protected-access
+    from beam_tfrecords.schemas.shards import ShardBand
+    from beam_tfrecords.transforms import images
+
+    band = ShardBand.from_mb(100, 200)
+    before = _reset_peak()
+    start = time.perf_counter()
+    out: dict = {}
+    if step == "plan":
+        with open(os.path.join(folder, "element.pickle"), "rb") as f:
+            element = pickle.load(f)
+        shards = 0
+        for spec in images.image_shards(element, band, "none"):
+            len(pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL))  # What the graph moves.
+            shards += 1
+        out["shards"] = shards
+    else:
+        from beam_tfrecords.schemas.elements import ListingPart
+        from beam_tfrecords.transforms import listing_plan
+        with open(os.path.join(folder, "parts.json"), encoding="utf-8") as f:
+            parts = [ListingPart(*p) for p in json.load(f)]
+        if step == "thin":
+            worst = 0
+            for part in parts:
+                rss = _memory()[0]
+                for split, thin in listing_plan._thin(part):
+                    with open(os.path.join(folder, f"thin-{split}"), "ab") as f:
+                        pickle.dump(thin, f, protocol=pickle.HIGHEST_PROTOCOL)
+                worst = max(worst, _memory()[1] - rss)
+                _reset_peak()
+            out["part_worker_mb"] = round(worst / 1e6, 1)
+        elif step == "cut":
+            largest = max((n for n in os.listdir(folder) if n.startswith("thin-")),
+                          key=lambda n: os.path.getsize(os.path.join(folder, n)))
+            thins = []
+            with open(os.path.join(folder, largest), "rb") as f:
+                while True:
+                    try:
+                        thins.append(pickle.load(f))
+                    except EOFError:
+                        break
+            cut = listing_plan.cut_split(largest[len("thin-"):], thins, band)
+            del thins
+            cuts = [cut] + [listing_plan.cut_split(n[len("thin-"):], _thins(folder, n), band)
+                            for n in os.listdir(folder) if n.startswith("thin-") and n != largest]
+            with open(os.path.join(folder, "cuts.pickle"), "wb") as f:
+                pickle.dump(cuts, f, protocol=pickle.HIGHEST_PROTOCOL)
+            out.update(split=cut.split, split_rows=int(sum(len(s) for s in cut.shards.values())),
+                       shards=sum(c.num_shards for c in cuts))
+        else:
+            with open(os.path.join(folder, "cuts.pickle"), "rb") as f:
+                cuts = pickle.load(f)
+            pieces = list(listing_plan._AssignFn().process(parts[0], cuts))
+            if step == "specs":
+                group = pieces[0][0]
+                del pieces
+                members = [piece for part in parts for key, piece in listing_plan._AssignFn().process(part, cuts)
+                           if key == group]
+                before = _reset_peak()
+                start = time.perf_counter()
+                specs = list(listing_plan._ShardSpecsFn("none").process((group, members), cuts))
+                out["group_specs"] = len(specs)
+            else:
+                out["pieces"] = len(pieces)
+    out[f"{step}_s"] = round(time.perf_counter() - start, 1)
+    out[f"{step}_mb"] = round((_memory()[1] - before) / 1e6, 1)
+    return out
+
+
+def _thins(folder: str, name: str) -> list:
+    thins = []
+    with open(os.path.join(folder, name), "rb") as f:
+        while True:
+            try:
+                thins.append(pickle.load(f))
+            except EOFError:
+                return thins
+
+
+def _cut(count: int) -> dict:
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    env = {**os.environ}
+    env.setdefault("PYTHONPATH", os.path.dirname(REPO))
+
+    def run(*args) -> dict:
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), *args, "--one", str(count)],
+                             check=True, capture_output=True, text=True, env=env, cwd=REPO)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    row = {"refs": count}
+    with tempfile.TemporaryDirectory() as folder:
+        row.update(run("--cut_step", "setup", folder))
+        if row["api"] == "element":
+            row.update(run("--cut_step", "plan", folder))
+            return row
+        from beam_tfrecords.transforms import images  # pylint: disable=import-outside-toplevel
+        from beam_tfrecords.transforms.plan.handoff import decode_listing
+        with open(os.path.join(folder, images.LISTING_NAME), "rb") as f:
+            _, parts, _ = decode_listing(f.read(), HANDOFF_ARGS)
+        with open(os.path.join(folder, "parts.json"), "w", encoding="utf-8") as f:
+            json.dump([(i, n, os.path.join(folder, name), digest) for i, (name, n, digest) in enumerate(parts)], f)
+        row["parts"] = len(parts)
+        for step in ("thin", "cut", "assign", "specs"):
+            row.update(run("--cut_step", step, folder))
+    return row
+
+
 # --- --commit: the commit worker (transforms.manifest finalize) ----------------------------
 
 COMMIT_RECORDS_PER_SHARD = 1360  # A 150 MB shard of ~110 KB images.
@@ -559,6 +705,11 @@ def main(argv=None) -> int:
                         "lists in side files, gathered on the workers first; or, with the code before "
                         "issue 19, in the results); peak RSS over the process's RSS after its imports")
     parser.add_argument("--commit_step", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--cut", action="store_true",
+                        help="measure the step that plans shards: before, the whole listing as one "
+                        "element planned in one step; after, the listing in parts, each split cut from "
+                        "thin columns (and a part's and a group's step beside it)")
+    parser.add_argument("--cut_step", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--handoff_write", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--handoff_read", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
@@ -569,6 +720,20 @@ def main(argv=None) -> int:
         fn = {"setup": lambda: commit_setup(args.one, folder), "gather": lambda: commit_gather(folder),
               "commit": lambda: commit_measure(folder)}[step]
         print(json.dumps(fn()))
+        return 0
+    if args.cut_step:
+        step, folder = args.cut_step
+        print(json.dumps(cut_setup(args.one, folder) if step == "setup" else cut_measure(folder, step)))
+        return 0
+    if args.cut:
+        rows = []
+        for count in (int(s) for s in args.sizes.split(",")):
+            row = _cut(count)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(rows, f, indent=1)
         return 0
     if args.commit:
         rows = []
