@@ -106,6 +106,7 @@ __all__ = [
     "drop_listing",
     "image_shards",
     "input_bytes",
+    "joined_parts",
     "listing_size",
     "pack_refs",
     "part_refs",
@@ -140,7 +141,7 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
                 drop_duplicates: bool = False, vocabulary: tuple[str, ...] = (),
                 only: tuple[str, ...] = (), follow_links_outside: bool = False,
                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, *,
-                held: HeldImages | None = None) -> Listing:
+                held: HeldImages | None = None, contents_on_workers: bool = False) -> Listing:
     """Lists and labels the images that ``input_path`` names.
 
     Args:
@@ -165,6 +166,9 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
         adds to already holds: they win over copies, and a new file holding one
         of their contents is left out as a copy (not given to the listing step:
         the preflight, which lists with it, hands its listing over).
+      contents_on_workers: read no file here: the pipeline's ``HashImages`` step
+        picks splits by content and drops copies on the workers (``held`` is then
+        not used; a split by content is left to it, ``split_source`` says so).
 
     Raises:
       ValueError: when the labels file or CSV manifest cannot be used, when two
@@ -182,7 +186,11 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
         raise ValueError(f"--splits: the input already names its splits "
                          f"({listing.split_source}); use one or the other")
     contents = None
-    if (splits and split_by == "content") or drop_duplicates:
+    if contents_on_workers and splits and split_by == "content":
+        # Each image's split is picked from its bytes by the pipeline's HashImages step.
+        listing.split_source = "--splits, by content (on the workers)"
+        splits = ()
+    if ((splits and split_by == "content") or drop_duplicates) and not contents_on_workers:
         if isinstance(listing.refs, RefTable):  # Every file is read anyway.
             listing.refs = listing.refs.by_filename()
         contents = _contents(listing, max_file_bytes)
@@ -197,7 +205,7 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
             refs.append(dataclasses.replace(ref, split=split, key=stable_key(split, ref.filename)))
         listing.refs = refs
         listing.split_source = f"--splits, by {'content' if split_by == 'content' else 'path'}"
-    if drop_duplicates:
+    if drop_duplicates and not contents_on_workers:
         _drop_copies(listing, contents, held or HeldImages())
     return listing
 
@@ -502,6 +510,16 @@ def part_refs(part: ListingPart) -> Sequence[ImageRef]:
     return decode_part(files.read_bytes(part.path), part.sha256, part.path)
 
 
+def joined_parts(parts: Sequence[ListingPart]) -> ImageRefs:
+    """Listing parts as one element of all their references, in part order (for a
+    step that needs them all: ``SpoolImages``)."""
+    refs = [part_refs(part) for part in sorted(parts, key=lambda p: p.index)]
+    tables = [r for r in refs if len(r)]
+    if tables and all(isinstance(r, RefTable) for r in tables):
+        return pack_refs(tables[0] if len(tables) == 1 else concat_tables(tables))
+    return ImageRefs.pack([ref for part in refs for ref in part])
+
+
 def listing_size(token: str | None) -> int:
     """The references a kept listing holds (0 when there is none)."""
     if not token:
@@ -560,13 +578,14 @@ class _ListImagesFn(beam.DoFn):
                  drop_duplicates: bool = False, vocabulary: tuple[str, ...] = (),
                  only: tuple[str, ...] = (), listing_path: str | None = None,
                  follow_links_outside: bool = False, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-                 listing_sha256: str = "", part_rows: int = 0):
+                 listing_sha256: str = "", part_rows: int = 0, contents_on_workers: bool = False):
         if listing_path and not listing_sha256:
             raise ValueError("a listing handed over through storage needs its SHA-256")
         self._kept = kept
         self._listing_path = listing_path
         self._listing_sha256 = listing_sha256
         self._part_rows = part_rows
+        self._contents_on_workers = contents_on_workers
         self._splits = (tuple(splits), split_by, drop_duplicates, tuple(vocabulary), tuple(only),
                         follow_links_outside, max_file_bytes)
         if listing_path:  # The names are in the hand-off; the job graph holds their digest.
@@ -590,7 +609,7 @@ class _ListImagesFn(beam.DoFn):
         if listing is None and self._listing_path:
             listing = read_listing(self._listing_path, args, self._listing_sha256)
             reused = True
-        listing = listing or list_images(*args)
+        listing = listing or list_images(*args, contents_on_workers=self._contents_on_workers)
         return listing, None, len(listing.refs), input_bytes(listing.refs), reused
 
     def process(self, _):
@@ -675,6 +694,8 @@ class ListImages(beam.PTransform):
       part_rows: when given, the references come as parts of at most this many
         (``ListingPart``; a handed-over listing's parts are read where they are
         used, ``part_refs``), for ``PlanListingParts``.
+      contents_on_workers: a listing made by this step leaves splits by content
+        and dropping copies to the pipeline's ``HashImages`` step (see ``list_images``).
 
     Returns a ``DoOutputsTuple``: ``.refs`` holds one ``ImageRefs`` element (or the
     ``ListingPart`` s); ``.summary`` holds one ``InputSummary``.
@@ -687,12 +708,13 @@ class ListImages(beam.PTransform):
                  vocabulary: tuple[str, ...] = (), only: tuple[str, ...] = (),
                  listing_path: str | None = None, follow_links_outside: bool = False,
                  max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, listing_sha256: str = "",
-                 part_rows: int = 0):
+                 part_rows: int = 0, contents_on_workers: bool = False):
         super().__init__()
         self._fn = _ListImagesFn(input_path, layout, labels_path, output, helper_processes,
                                  (image_column, label_column), kept, splits, split_by,
                                  drop_duplicates, vocabulary, only, listing_path,
-                                 follow_links_outside, max_file_bytes, listing_sha256, part_rows)
+                                 follow_links_outside, max_file_bytes, listing_sha256, part_rows,
+                                 contents_on_workers)
 
     def expand(self, pbegin):
         return (
