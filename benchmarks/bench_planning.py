@@ -395,13 +395,7 @@ def cut_measure(folder: str, step: str) -> dict:
         elif step == "cut":
             largest = max((n for n in os.listdir(folder) if n.startswith("thin-")),
                           key=lambda n: os.path.getsize(os.path.join(folder, n)))
-            thins = []
-            with open(os.path.join(folder, largest), "rb") as f:
-                while True:
-                    try:
-                        thins.append(pickle.load(f))
-                    except EOFError:
-                        break
+            thins = _thins(folder, largest)
             cut = listing_plan.cut_split(largest[len("thin-"):], thins, band)
             del thins
             cuts = [cut] + [listing_plan.cut_split(n[len("thin-"):], _thins(folder, n), band)

@@ -63,7 +63,6 @@ PIECE_BYTES = 32 << 20
 # Duplicates are found in this many content-hash buckets (a bucket holds 1/64 of the
 # records: ~160,000 at 10M, ~30 MB).
 BUCKETS = 64
-_COPY_BYTES = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,19 +344,6 @@ def _ordered(done: Sequence[_DonePiece]) -> bool:
     return True
 
 
-def _stream(path: str, start: int, end: int) -> Iterator[bytes]:
-    """Bytes ``[start, end)`` of ``path``, a block at a time."""
-    with files.open_read(path) as stream:
-        stream.seek(start)
-        left = end - start
-        while left > 0:
-            block = stream.read(min(_COPY_BYTES, left))
-            if not block:
-                raise OSError(f"{path} ends before byte {end}")
-            left -= len(block)
-            yield block
-
-
 def _lines(path: str, start: int, end: int) -> Iterator[bytes]:
     """The lines in bytes ``[start, end)`` of ``path``, one at a time."""
     with files.open_read(path) as stream:
@@ -393,8 +379,8 @@ def join_gathered(parts: Iterable[tuple[str, object]], temp_dir: str, options_fi
     line_ranges = [(p.path, 0, p.lines_size) for p in done]
     token_ranges = [(p.path, p.lines_size, p.size) for p in done]
     if _ordered(done):
-        lines = (block for r in line_ranges for block in _stream(*r))
-        tokens = (block for r in token_ranges for block in _stream(*r))
+        lines = (block for r in line_ranges for block in files.read_range(*r))
+        tokens = (block for r in token_ranges for block in files.read_range(*r))
     else:
         lines = _merged(line_ranges, _line_key)
         tokens = _merged(token_ranges, _token_path)

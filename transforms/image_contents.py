@@ -26,14 +26,11 @@ from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.io.filesystem import BeamIOError
 
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef, InputSummary, ListingPart
-from beam_tfrecords.transforms.images import pack_refs, part_refs
+from beam_tfrecords.transforms.images import content_key, pack_refs, part_refs
 from beam_tfrecords.transforms.io import progress
-from beam_tfrecords.transforms.io.bounded_read import InputRefused, sha256_input
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
-from beam_tfrecords.transforms.io.helpers import read_failure
 from beam_tfrecords.transforms.plan.ref_table import RefTable
 from beam_tfrecords.transforms.plan.shards import stable_key
 from beam_tfrecords.transforms.plan.splits import split_of
@@ -67,15 +64,6 @@ class ContentsOutcome:
     bytes_left_out: int = 0
 
 
-def _content(ref: ImageRef, max_file_bytes: int) -> str | DeadLetter:
-    try:
-        return sha256_input(ref.path, ref.size, max_file_bytes)
-    except InputRefused as refused:
-        return DeadLetter(ref.filename, "read", refused.reason, refused.message)
-    except (OSError, BeamIOError) as err:
-        return DeadLetter(ref.filename, "read", "read_error", read_failure(err))
-
-
 def _bucket(digest: str) -> int:
     return zlib.crc32(digest.encode("ascii", "replace")) % BUCKETS
 
@@ -101,7 +89,7 @@ class _HashPartFn(beam.DoFn):
         refs = part_refs(part)
         by_bucket: dict[int, list] = {}
         dead = []
-        contents = self._pool.map(lambda ref: (ref, _content(ref, self._max_file_bytes)), refs)
+        contents = self._pool.map(lambda ref: (ref, content_key(ref, self._max_file_bytes)), refs)
         for row, (ref, content) in enumerate(contents):
             if isinstance(content, DeadLetter):
                 dead.append(row)

@@ -104,6 +104,7 @@ __all__ = [
     "plan_spooled_images",
     "estimated_record_size",
     "drop_listing",
+    "content_key",
     "image_shards",
     "input_bytes",
     "joined_parts",
@@ -267,7 +268,9 @@ def _too_large(ref: ImageRef, max_file_bytes: int) -> DeadLetter:
                       f"than --max_file_bytes ({max_file_bytes:,}); not read")
 
 
-def _content_key(ref: ImageRef, max_file_bytes: int) -> str | DeadLetter:
+def content_key(ref: ImageRef, max_file_bytes: int) -> str | DeadLetter:
+    """The SHA-256 of an image's bytes, or the dead letter of a file that cannot be
+    read to hash (stage ``read``)."""
     try:
         return sha256_input(ref.path, ref.size, max_file_bytes)
     except InputRefused as refused:
@@ -280,7 +283,7 @@ def _contents(listing: Listing, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) ->
     """The SHA-256 of every listed image (read a block at a time, with 16 threads);
     images that cannot be read move from the listing to its dead letters."""
     with concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="hash-image") as pool:
-        digests = list(pool.map(functools.partial(_content_key, max_file_bytes=max_file_bytes),
+        digests = list(pool.map(functools.partial(content_key, max_file_bytes=max_file_bytes),
                                 listing.refs))
     refs, contents = [], []
     for ref, digest in zip(listing.refs, digests):

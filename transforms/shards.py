@@ -200,19 +200,14 @@ class SpoolCopy(RecordSource):
         extras = segments.extras
         for number, (spool, begin, end, records) in enumerate(segments.segments):
             labels, notes, contents, images = extras[number] if extras else ((), (), (), ())
-            with files.open_read(spool) as source:
-                source.seek(begin)
-                left = end - begin
-                while left > 0:
-                    block = source.read(min(_COPY_BYTES, left))
-                    if not block:
-                        raise OSError(f"{spool} ends before byte {end}")
-                    left -= len(block)
-                    if left:
-                        yield Chunk(block, 0)
-                    else:
-                        yield Chunk(block, records, (), tuple(labels), records, tuple(notes),
-                                    tuple(contents), tuple(images))
+            last = None  # The segment's last block carries its records' counts.
+            for block in files.read_range(spool, begin, end, _COPY_BYTES):
+                if last is not None:
+                    yield Chunk(last, 0)
+                last = block
+            if last is not None:
+                yield Chunk(last, records, (), tuple(labels), records, tuple(notes),
+                            tuple(contents), tuple(images))
 
 
 class _Progress:

@@ -44,6 +44,7 @@ __all__ = [
     "open_write",
     "read_bytes",
     "read_bytes_if_exists",
+    "read_range",
     "read_text",
     "read_text_if_exists",
     "write_bytes",
@@ -69,6 +70,23 @@ def open_read(path: str):
     if is_local(path):
         return open(path, "rb")  # noqa: SIM115 - the caller closes it.
     return FileSystems.open(path, compression_type=_RAW)
+
+
+def read_range(path: str, start: int, end: int, block: int = 1 << 20) -> Iterator[bytes]:
+    """Bytes ``[start, end)`` of ``path``, at most ``block`` at a time.
+
+    Raises:
+      OSError: when the file ends before ``end``.
+    """
+    with open_read(path) as stream:
+        stream.seek(start)
+        left = end - start
+        while left > 0:
+            data = stream.read(min(block, left))
+            if not data:
+                raise OSError(f"{path} ends before byte {end}")
+            left -= len(data)
+            yield data
 
 
 def open_write(path: str):
