@@ -43,6 +43,7 @@ from beam_tfrecords.preflight import (
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME
 from beam_tfrecords.schemas.shards import WORK_DIR
+from beam_tfrecords.transforms.image_contents import HashImages, add_contents_outcome
 from beam_tfrecords.transforms.images import (
     ImageRecords,
     ListImages,
@@ -50,6 +51,8 @@ from beam_tfrecords.transforms.images import (
     SpoolImages,
     add_spool_dead_letters,
     drop_listing,
+    joined_parts,
+    listing_size,
     write_listing,
 )
 from beam_tfrecords.transforms.io import files, progress
@@ -66,7 +69,9 @@ from beam_tfrecords.transforms.io.dataflow_jobs import (
 from beam_tfrecords.transforms.io.faults import announce_hooks, hold_point
 from beam_tfrecords.transforms.io.helpers import helper_pool
 from beam_tfrecords.transforms.io.ownership import write_owned
+from beam_tfrecords.transforms.listing_plan import PlanListingParts
 from beam_tfrecords.transforms.manifest import Commit, CommitSettings
+from beam_tfrecords.transforms.plan import handoff
 from beam_tfrecords.transforms.plan.layouts import resolve_input
 from beam_tfrecords.transforms.sequences import BuildSequences, PlanSequenceShards
 from beam_tfrecords.transforms.shards import SpoolCopy, VerifyShards, WriteShards
@@ -164,6 +169,7 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
         carried.progress_seconds = progress.interval()
     pipeline = beam.Pipeline(runner=_local_runner(options), options=options)
     verify = VerifyShards(config.compression, config.encode_processes, reread=config.reread)
+    left_out = None  # Files the listing named that hashing on the workers left out.
     if plan.is_table:
         schema = plan.schema
         spool_dir = files.join(target.temp_dir, "spool")
@@ -206,22 +212,35 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
             # if the file still has the digest the job graph carries (a dry run
             # builds the same job, and writes nothing).
             dry = options.view_as(TestOptions).dry_run
-            digest = write_listing(None if dry else plan.listing_path, plan.listing)
+            digest = write_listing(None if dry else plan.listing_path, plan.listing, handoff.PART_ROWS)
+        # A large listing travels as parts, planned without one step holding it all;
+        # images hashed on the workers travel as parts too.
+        part_rows = handoff.PART_ROWS
+        in_parts = plan.contents_on_workers or (
+            not config.reshape.active and listing_size(plan.listing) > part_rows)
         listing = pipeline | "ListImages" >> ListImages(
             config.input, config.layout, config.labels, config.output, config.encode_processes,
             config.image_column, config.label_column, kept=plan.listing,
             splits=config.splits, split_by=config.split_by, drop_duplicates=config.drop_duplicates,
             vocabulary=plan.vocabulary, only=plan.only, listing_path=plan.listing_path,
             follow_links_outside=config.follow_links_outside, max_file_bytes=config.max_file_bytes,
-            listing_sha256=digest)
-        summary = listing.summary
+            listing_sha256=digest, part_rows=part_rows if in_parts else 0,
+            contents_on_workers=plan.contents_on_workers)
+        refs, summary = listing.refs, listing.summary
+        if plan.contents_on_workers:
+            hashing = HashImages(config.output, config.splits if config.split_by == "content" else (),
+                                 config.drop_duplicates, config.max_file_bytes)
+            refs = refs | "HashImages" >> hashing
+            summary, left_out = add_contents_outcome(summary, hashing.outcome), hashing.left_out
         source = ImageRecords(config.validate, config.read_threads, config.encode_processes,
                               max_pixels=config.max_pixels, image_bytes=config.image_bytes,
                               reshape=config.reshape, max_file_bytes=config.max_file_bytes)
         if config.reshape.active:
             # Resized or re-encoded records are sized only once encoded: encode to
             # spools first, then cut shards by exact sizes.
-            specs, spools = listing.refs | "SpoolImages" >> SpoolImages(
+            if in_parts:
+                refs = refs | "CollectParts" >> beam.combiners.ToList() | "JoinParts" >> beam.Map(joined_parts)
+            specs, spools = refs | "SpoolImages" >> SpoolImages(
                 source, files.join(target.temp_dir, "spool"), config.output, config.band,
                 config.compression)
             summary = add_spool_dead_letters(summary, spools)
@@ -231,13 +250,14 @@ def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
                 | "VerifyShards" >> verify
             )
         else:
+            planner = PlanListingParts if in_parts else PlanImageShards
             results = (
-                listing.refs
-                | "PlanShards" >> PlanImageShards(config.band, config.compression)
+                refs
+                | "PlanShards" >> planner(config.band, config.compression)
                 | "WriteShards" >> WriteShards(target, source)
                 | "VerifyShards" >> verify
             )
-    _ = results | "WriteManifest" >> Commit(_commit_settings(plan), summary)
+    _ = results | "WriteManifest" >> Commit(_commit_settings(plan), summary, left_out)
     return pipeline
 
 

@@ -211,6 +211,8 @@ class RunPlan:
       output_claims: the output folder sorted into what this product wrote, what
         it did not (refused), and what it leaves alone (see
         ``transforms.io.ownership``); ``None`` until ``plan_run`` looked.
+      contents_on_workers: ``--drop_duplicates`` or ``--split_by content`` hash the
+        images on the workers (``contents_on_workers``), not here.
     """
 
     config: ConvertConfig
@@ -232,6 +234,7 @@ class RunPlan:
     hand_over: bool = False
     units: UnitsToList | None = None
     output_claims: OutputClaims | None = None
+    contents_on_workers: bool = False
 
     @property
     def is_table(self) -> bool:
@@ -621,14 +624,31 @@ def _counts(counter: Counter, order=None) -> str:
     return shown + (f", ... and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
 
 
-def _describe_images(config: ConvertConfig, listing: Listing) -> list[str]:
-    """The plan of an image input, from its listing."""
+def contents_on_workers(config: ConvertConfig) -> bool:
+    """Whether ``--drop_duplicates`` and ``--split_by content`` hash the images on the
+    workers (``transforms.image_contents``): always, but for ``--drop_duplicates``
+    with ``--skip_unchanged`` or ``--incremental``, where what changed is decided
+    on the launcher from the files left once copies are dropped (the launcher
+    hashes the images then, as before)."""
+    hashing = config.drop_duplicates or bool(config.splits and config.split_by == "content")
+    scheduled = config.skip_unchanged or config.incremental
+    return hashing and not (config.drop_duplicates and scheduled)
+
+
+def _describe_images(config: ConvertConfig, listing: Listing, on_workers: bool = False) -> list[str]:
+    """The plan of an image input, from its listing (``on_workers``: before its images
+    are hashed on the workers, so splits by content and copies are not known yet)."""
     refs = listing.refs
     layout = {"class_folders": "class folders", "cifar": "CIFAR (<split>/<id>_<class>.<ext>)",
               "csv": "CSV image manifest"}.get(listing.layout, listing.layout)
     table = isinstance(refs, RefTable)  # A large listing, as columns: counted without objects.
     splits = Counter(refs.split_counts() if table else (ref.split for ref in refs))
-    lines = [f"  images: {len(refs):,} in layout {layout}; splits: {_counts(splits) or 'none'}"
+    shown = _counts(splits) or "none"
+    if on_workers and config.splits and config.split_by == "content":
+        shown = (", ".join(f"{name} {share:g}" for name, share in config.splits)
+                 + " of the images; each picked from its bytes as the workers hash it, so the counts "
+                 "are known at the end")
+    lines = [f"  images: {len(refs):,} in layout {layout}; splits: {shown}"
              + (f" (from {listing.split_source})" if listing.split_source else "")]
     if listing.layout == "class_folders":
         source = "folder names"
@@ -657,6 +677,9 @@ def _describe_images(config: ConvertConfig, listing: Listing) -> list[str]:
     features = [name for name, _, _ in IMAGE_FEATURE_SPEC.entries()] + list(listing.extra_features)
     lines.append(f"  features: {', '.join(features)}")
     left = []
+    if on_workers and config.drop_duplicates:
+        left.append("copies of other images (--drop_duplicates): found as the workers hash the "
+                    "images, so not counted here; the summary at the end counts them")
     if listing.duplicates_dropped:
         dropped = len(listing.duplicates_dropped)
         left.append(f"{dropped:,} cop{'ies' if dropped != 1 else 'y'} of other images "
@@ -1010,8 +1033,10 @@ def _plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
         args = (config.input, config.layout, config.labels, config.image_column, config.label_column,
                 config.splits, config.split_by, config.drop_duplicates, vocabulary)
         reading = (config.follow_links_outside, config.max_file_bytes)
+        on_workers = contents_on_workers(config)
         try:
-            listing = list_images(*args, (), *reading, held=_held_images(config, dataset, root))
+            listing = list_images(*args, (), *reading, held=_held_images(config, dataset, root),
+                                  contents_on_workers=on_workers)
         except ValueError as err:
             text = str(err)
             raise ConvertError(text if text.startswith(config.input) else
@@ -1029,11 +1054,12 @@ def _plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
             # A plain run writes its inputs.jsonl from the listing's columns (take_output):
             # no entry object per file.
             config, target = _as_part(config, target, None)
-            inputs = tuple(_describe_images(config, listing))
+            inputs = tuple(_describe_images(config, listing, on_workers))
             token = keep_listing(listing, (*args, (), *reading))
             return RunPlan(config, target, inputs=inputs, listing=token, role_files=roles,
                            dataset_output=dataset_output, vocabulary=vocabulary,
-                           input_table=columns, input_rows=rows, hand_over=hand_over)
+                           input_table=columns, input_rows=rows, hand_over=hand_over,
+                           contents_on_workers=on_workers)
         paths, names = [], []
         for ref in listing.refs:  # One pass: a large listing makes its objects as it goes.
             paths.append((ref.path, ref.size))
@@ -1077,12 +1103,13 @@ def _plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
         if only:
             entries = [e for e in entries if e.path in set(only)]
         config, target = _as_part(config, target, update)
-        inputs = tuple(_update_lines(update) + _describe_images(config, listing))
+        inputs = tuple(_update_lines(update) + _describe_images(config, listing, on_workers))
         token = None if update is not None and update.action == "skip" else keep_listing(
             listing, (*args, only, *reading))
         return RunPlan(config, target, inputs=inputs, listing=token, input_files=tuple(entries),
                        role_files=roles, update=update, dataset_output=dataset_output,
-                       vocabulary=vocabulary, only=only, hand_over=hand_over)
+                       vocabulary=vocabulary, only=only, hand_over=hand_over,
+                       contents_on_workers=on_workers)
     found = table_inputs(config.input)
     if given_layout == "table":
         why, hint = "--layout table", ""

@@ -88,7 +88,7 @@ def run_one(count: int, trace: bool, compact_above: int = -1, workers: bool = Fa
     from beam_tfrecords.transforms.io import files, fingerprint
 
     files.list_files = lambda pattern, limit=None, skipped=None: synthetic_files(count)
-    files.list_stamped = lambda pattern, skipped=None: synthetic_files(count, stamped=True)
+    files.list_stamped = lambda pattern, skipped=None, **_: synthetic_files(count, stamped=True)
     fingerprint._gcs_listing = _fake_gcs_listing(count)  # pylint: disable=protected-access
     if compact_above >= 0 and hasattr(images, "COMPACT_LISTING_REFS"):
         images.COMPACT_LISTING_REFS = compact_above
@@ -266,7 +266,7 @@ def handoff_write(count: int, fmt: str, path: str) -> dict:
     from beam_tfrecords.transforms.io import files
 
     files.list_files = lambda pattern, limit=None, skipped=None: synthetic_files(count)
-    files.list_stamped = lambda pattern, skipped=None: synthetic_files(count, stamped=True)
+    files.list_stamped = lambda pattern, skipped=None, **_: synthetic_files(count, stamped=True)
     listing = images.list_images(ROOT)
     token = images.keep_listing(listing, HANDOFF_ARGS)
     gc.collect()
@@ -323,6 +323,361 @@ def _handoff(count: int, fmt: str) -> dict:
     return row
 
 
+# --- --cut: the step that plans shards ------------------------------------------------------
+
+
+def _cut_api() -> str:
+    """``parts`` (issue 19: a listing in parts, cut per split from thin columns) or
+    ``element`` (before: the whole listing one element, planned in one step)."""
+    from beam_tfrecords.transforms import images  # pylint: disable=import-outside-toplevel
+
+    return "parts" if hasattr(images, "listing_size") else "element"
+
+
+def cut_setup(count: int, folder: str) -> dict:
+    """Lists ``count`` synthetic files and writes what the planning step receives:
+    the hand-off's parts (or, before, the one ``ImageRefs`` element, pickled)."""
+    # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms import images
+    from beam_tfrecords.transforms.io import files
+
+    files.list_stamped = lambda pattern, skipped=None, **_: synthetic_files(count, stamped=True)
+    listing = images.list_images(ROOT)
+    if _cut_api() == "element":
+        element = images.pack_refs(listing.refs)
+        with open(os.path.join(folder, "element.pickle"), "wb") as f:
+            pickle.dump(element, f, protocol=pickle.HIGHEST_PROTOCOL)
+        return {"api": "element", "element_mb": round(len(element.packed) / 1e6, 1)}
+    token = images.keep_listing(listing, HANDOFF_ARGS)
+    digest = images.write_listing(os.path.join(folder, images.LISTING_NAME), token)
+    images.drop_listing(token)
+    return {"api": "parts", "digest": digest}
+
+
+def cut_measure(folder: str, step: str) -> dict:
+    """One step of the planning, in a fresh process: its peak RSS over its RSS after
+    the imports (``/proc/self/clear_refs``). Before: ``plan`` (the one step: the
+    element unpickled, every spec made and pickled). After: ``thin`` (each part
+    read and its thin columns sent on, one part at a time: a part's worker),
+    ``cut`` (the largest split's cut), ``assign`` (one part sent to its groups,
+    with every split's cut as the side input), ``specs`` (one group's specs)."""
+    # pylint: disable=import-outside-toplevel,protected-access
+    from beam_tfrecords.schemas.shards import ShardBand
+    from beam_tfrecords.transforms import images
+
+    band = ShardBand.from_mb(100, 200)
+    before = _reset_peak()
+    start = time.perf_counter()
+    out: dict = {}
+    if step == "plan":
+        with open(os.path.join(folder, "element.pickle"), "rb") as f:
+            element = pickle.load(f)
+        shards = 0
+        for spec in images.image_shards(element, band, "none"):
+            len(pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL))  # What the graph moves.
+            shards += 1
+        out["shards"] = shards
+    else:
+        from beam_tfrecords.schemas.elements import ListingPart
+        from beam_tfrecords.transforms import listing_plan
+        with open(os.path.join(folder, "parts.json"), encoding="utf-8") as f:
+            parts = [ListingPart(*p) for p in json.load(f)]
+        if step == "thin":
+            worst = 0
+            for part in parts:
+                rss = _memory()[0]
+                for split, thin in listing_plan._thin(part):
+                    with open(os.path.join(folder, f"thin-{split}"), "ab") as f:
+                        pickle.dump(thin, f, protocol=pickle.HIGHEST_PROTOCOL)
+                worst = max(worst, _memory()[1] - rss)
+                _reset_peak()
+            out["part_worker_mb"] = round(worst / 1e6, 1)
+        elif step == "cut":
+            largest = max((n for n in os.listdir(folder) if n.startswith("thin-")),
+                          key=lambda n: os.path.getsize(os.path.join(folder, n)))
+            thins = _thins(folder, largest)
+            cut = listing_plan.cut_split(largest[len("thin-"):], thins, band)
+            del thins
+            cuts = [cut] + [listing_plan.cut_split(n[len("thin-"):], _thins(folder, n), band)
+                            for n in os.listdir(folder) if n.startswith("thin-") and n != largest]
+            with open(os.path.join(folder, "cuts.pickle"), "wb") as f:
+                pickle.dump(cuts, f, protocol=pickle.HIGHEST_PROTOCOL)
+            out.update(split=cut.split, split_rows=int(sum(len(s) for s in cut.shards.values())),
+                       shards=sum(c.num_shards for c in cuts))
+        else:
+            with open(os.path.join(folder, "cuts.pickle"), "rb") as f:
+                cuts = pickle.load(f)
+            pieces = list(listing_plan._AssignFn().process(parts[0], cuts))
+            if step == "specs":
+                group = pieces[0][0]
+                del pieces
+                members = [piece for part in parts for key, piece in listing_plan._AssignFn().process(part, cuts)
+                           if key == group]
+                before = _reset_peak()
+                start = time.perf_counter()
+                specs = list(listing_plan._ShardSpecsFn("none").process((group, members), cuts))
+                out["group_specs"] = len(specs)
+            else:
+                out["pieces"] = len(pieces)
+    out[f"{step}_s"] = round(time.perf_counter() - start, 1)
+    out[f"{step}_mb"] = round((_memory()[1] - before) / 1e6, 1)
+    return out
+
+
+def _thins(folder: str, name: str) -> list:
+    thins = []
+    with open(os.path.join(folder, name), "rb") as f:
+        while True:
+            try:
+                thins.append(pickle.load(f))
+            except EOFError:
+                return thins
+
+
+def _cut(count: int) -> dict:
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    env = {**os.environ}
+    env.setdefault("PYTHONPATH", os.path.dirname(REPO))
+
+    def run(*args) -> dict:
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), *args, "--one", str(count)],
+                             check=True, capture_output=True, text=True, env=env, cwd=REPO)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    row = {"refs": count}
+    with tempfile.TemporaryDirectory() as folder:
+        row.update(run("--cut_step", "setup", folder))
+        if row["api"] == "element":
+            row.update(run("--cut_step", "plan", folder))
+            return row
+        from beam_tfrecords.transforms import images  # pylint: disable=import-outside-toplevel
+        from beam_tfrecords.transforms.plan.handoff import decode_listing
+        with open(os.path.join(folder, images.LISTING_NAME), "rb") as f:
+            _, parts, _ = decode_listing(f.read(), HANDOFF_ARGS)
+        with open(os.path.join(folder, "parts.json"), "w", encoding="utf-8") as f:
+            json.dump([(i, n, os.path.join(folder, name), digest) for i, (name, n, digest) in enumerate(parts)], f)
+        row["parts"] = len(parts)
+        for step in ("thin", "cut", "assign", "specs"):
+            row.update(run("--cut_step", step, folder))
+    return row
+
+
+# --- --commit: the commit worker (transforms.manifest finalize) ----------------------------
+
+COMMIT_RECORDS_PER_SHARD = 1360  # A 150 MB shard of ~110 KB images.
+COMMIT_COPY_EVERY = 1000  # One record in this many holds the content of the one before it.
+
+
+def _commit_api() -> str:
+    """``side_files`` (issue 19: content lists in side files, gathered on the workers)
+    or ``inline`` (before: every record's entry in its ShardResult)."""
+    import dataclasses  # pylint: disable=import-outside-toplevel
+
+    from beam_tfrecords.schemas.elements import ShardResult  # pylint: disable=import-outside-toplevel
+
+    return "side_files" if "contents_path" in {f.name for f in dataclasses.fields(ShardResult)} else "inline"
+
+
+def commit_setup(count: int, folder: str) -> dict:
+    """Writes what a run's commit finds of ``count`` synthetic images in ``folder``: the
+    launcher's ``inputs.jsonl`` (one line per image, path order), one tiny temporary
+    shard per ~150 MB of images (with the ``StoredObject`` its verification read),
+    each shard's content entries (in side files, or in the results, by the API of
+    the code run), and the pickled ``ShardResult`` s and ``InputSummary``."""
+    # pylint: disable=import-outside-toplevel
+    import hashlib
+
+    import numpy as np
+
+    from beam_tfrecords.schemas.elements import InputSummary, ShardResult
+    from beam_tfrecords.schemas.inputs import INPUTS_NAME, file_line
+    from beam_tfrecords.schemas.shards import ShardTarget, shard_name
+    from beam_tfrecords.transforms.io import files
+    from beam_tfrecords.transforms.io.commit import stored_object
+
+    api = _commit_api()
+    target = ShardTarget(os.path.join(folder, "out"), "none", "bench")
+    os.makedirs(target.temp_dir)
+    rng = np.random.default_rng(0)
+    names = [name for name, _ in SPLITS]
+    split = np.searchsorted(np.cumsum([share for _, share in SPLITS]), rng.random(count), side="right")
+    split = np.minimum(split, len(SPLITS) - 1)
+    classes = rng.integers(0, CLASSES, count)
+    sizes = np.clip(rng.lognormal(np.log(110_000), 0.6, count), 2_000, 20_000_000).astype(np.int64)
+    rank = np.argsort(np.argsort(names))  # Split names in sorted order: test, train, val.
+    order = np.lexsort((np.arange(count), classes, rank[split]))
+
+    def filename(i: int) -> str:
+        return f"{names[split[i]]}/class_{classes[i]:04d}/img_{i:09d}.jpg"
+
+    def content(i: int) -> str:
+        source = i - 1 if i and i % COMMIT_COPY_EVERY == 0 else i
+        return hashlib.sha256(b"%d" % source).hexdigest()
+
+    with open(files.join(target.temp_dir, INPUTS_NAME), "w", encoding="utf-8") as out:
+        for start in range(0, count, BLOCK):
+            out.write("".join(file_line(filename(i), int(sizes[i]), generation=str(1_763_800_000_000_000 + i),
+                                        crc32c=f"{i * 2654435761 & 0xFFFFFFFF:08x}")
+                              for i in order[start:start + BLOCK].tolist()))
+    results = []
+    for code, name in enumerate(names):
+        members = rng.permutation(np.flatnonzero(split == code))
+        shards = max(1, -(-len(members) // COMMIT_RECORDS_PER_SHARD))
+        for index, rows in enumerate(np.array_split(members, shards)):
+            rows = rows.tolist()
+            shard = shard_name(name, index, shards, "none")
+            temp = target.temp_path(shard)
+            with open(temp, "wb") as f:
+                f.write(b"x")
+            entries = [(content(i), filename(i), "") for i in rows]
+            labels: dict = {}
+            for i in rows:
+                labels[f"class_{classes[i]:04d}"] = labels.get(f"class_{classes[i]:04d}", 0) + 1
+            fields = dict(label_counts=tuple(sorted(labels.items())),
+                          image_counts=(("format/jpeg", len(rows)), ("mode/RGB", len(rows))))
+            if api == "side_files":
+                from beam_tfrecords.transforms.io.contents import write_contents
+                path, digest, n = write_contents(target.temp_dir, shard, entries)
+                fields.update(contents_path=path, contents_sha256=digest, contents_count=n)
+                if not path:
+                    fields["contents"] = tuple(entries)
+            else:
+                fields["contents"] = tuple(entries)
+            size = int(sizes[rows].sum())
+            results.append(ShardResult(name, index, shards, target.final_path(shard), len(rows), 1,
+                                       "00000000", hashlib.sha256(b"x").hexdigest(), size, verified=True,
+                                       temp_path=temp, verified_as=stored_object(temp), **fields))
+    summary = InputSummary(root=ROOT, layout="class_folders", input_files=count,
+                           input_bytes=int(sizes.sum()), ignored_files=0,
+                           vocabulary=tuple(f"class_{c:04d}" for c in range(CLASSES)))
+    with open(os.path.join(folder, "results.pickle"), "wb") as f:
+        pickle.dump((target, summary, len(results)), f, protocol=pickle.HIGHEST_PROTOCOL)
+        for result in results:  # One at a time, as a shuffle hands a group's values.
+            pickle.dump(result, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return {"api": api, "shards": len(results), "inputs_mb": round(os.path.getsize(
+        files.join(target.temp_dir, INPUTS_NAME)) / 1e6, 1),
+        "results_mb": round(os.path.getsize(os.path.join(folder, "results.pickle")) / 1e6, 1)}
+
+
+def _stored_results(folder: str):
+    """``(target, summary, results)``: the results an iterator over the file, one
+    unpickled at a time (as Dataflow's shuffle hands a large group, a page at a time)."""
+    stream = open(os.path.join(folder, "results.pickle"), "rb")  # noqa: SIM115 - closed at the end.
+    target, summary, count = pickle.load(stream)
+
+    def results():
+        with stream:
+            for _ in range(count):
+                yield pickle.load(stream)
+
+    return target, summary, results()
+
+
+def commit_gather(folder: str) -> dict:
+    """What the gathering workers do (``transforms.gather``), one element after
+    another, the shuffle between them spilled to disk: each shard's entries read
+    and sent to their content-hash bucket and ``inputs.jsonl`` piece, then each
+    bucket and piece processed. The peak is that of the largest element (one
+    worker's), not of all of them: each is processed with the others on disk."""
+    # pylint: disable=import-outside-toplevel,protected-access
+    from beam_tfrecords.transforms import gather
+
+    target, _, results = _stored_results(folder)
+    results = list(results)
+    before = _reset_peak()
+    start = time.perf_counter()
+    spill = os.path.join(folder, "shuffle")
+    os.makedirs(spill)
+    read = gather._ReadContentsFn(target.temp_dir, 0)
+    keys = {}
+    for key, value in gather._pieces(None, target.temp_dir, 0):
+        keys.setdefault(key, len(keys))
+        with open(os.path.join(spill, str(keys[key])), "ab") as f:
+            pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
+    for result in results:
+        for key, value in read.process(result):
+            keys.setdefault(key, len(keys))
+            with open(os.path.join(spill, str(keys[key])), "ab") as f:
+                pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
+    del results
+    read_s = time.perf_counter() - start
+    _reset_peak()  # The first element's peak is its own, not the sending's above.
+    parts, worst = [], 0
+    fn = gather._GatherFn(target.temp_dir)
+    for key, number in keys.items():
+        values = []
+        with open(os.path.join(spill, str(number)), "rb") as f:
+            while True:
+                try:
+                    values.append(pickle.load(f))
+                except EOFError:
+                    break
+        rss = _memory()[0]
+        parts.extend(value for _, value in fn.process((key, values)))
+        del values
+        worst = max(worst, _memory()[1] - rss)
+        _reset_peak()
+    with open(os.path.join(folder, "parts.pickle"), "wb") as f:
+        pickle.dump(parts, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return {"gather_read_s": round(read_s, 1), "gather_s": round(time.perf_counter() - start, 1),
+            "gather_keys": len(keys), "gather_element_peak_mb": round(worst / 1e6, 1),
+            "gather_base_mb": round(before / 1e6, 1)}
+
+
+def commit_measure(folder: str) -> dict:
+    """The commit worker: receives every ``ShardResult`` (and, with side files, the
+    gathered parts), then ``finalize`` publishes the dataset. Peak RSS over the
+    process's RSS after its imports, and wall time."""
+    # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.schemas.shards import ShardBand
+    from beam_tfrecords.transforms import manifest
+
+    api = _commit_api()
+    before = _reset_peak()
+    start = time.perf_counter()
+    target, summary, results = _stored_results(folder)
+    settings = manifest.CommitSettings(target, ShardBand.from_mb(100, 200), 0.01,
+                                       options_fingerprint="bench", input_root=ROOT)
+    if api == "side_files":  # What _CommitFn does with its group's values.
+        from beam_tfrecords.transforms.io.contents import stripped
+        folded = manifest._CountsFolded()  # pylint: disable=protected-access
+        for result in results:
+            folded.add(stripped(result))  # As KeyResults sends it.
+        with open(os.path.join(folder, "parts.pickle"), "rb") as f:
+            parts = pickle.load(f)
+        gathered = manifest.join_gathered(parts, target.temp_dir, settings.options_fingerprint)
+        report = manifest.finalize(settings, folded.results(), summary, gathered)
+    else:  # The code before issue 19: list(grouped["results"]), then finalize.
+        report = manifest.finalize(settings, list(results), summary)
+    seconds = time.perf_counter() - start
+    peak = _memory()[1] - before
+    assert report["status"] == "ok", report["status"]
+    manifest_json = report["manifest_json"]
+    return {"commit_s": round(seconds, 1), "commit_peak_mb": round(peak / 1e6, 1),
+            "commit_base_mb": round(before / 1e6, 1), "records": report["records"],
+            "duplicate_groups": manifest_json.get("duplicates", {}).get("groups", 0),
+            "input_files": manifest_json["input"]["files_list"]["files"]}
+
+
+def _commit(count: int) -> dict:
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    env = {**os.environ}
+    env.setdefault("PYTHONPATH", os.path.dirname(REPO))
+    row = {"refs": count}
+    with tempfile.TemporaryDirectory() as folder:
+        for step in ("setup", "gather", "commit"):
+            if step == "gather" and row.get("api") == "inline":
+                continue
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--commit_step", step, folder,
+                                  "--one", str(count)], check=True, capture_output=True, text=True,
+                                 env=env, cwd=REPO)
+            row.update(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert row["records"] == count, row
+    return row
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100000,1000000,10000000")
@@ -340,11 +695,55 @@ def main(argv=None) -> int:
                         help="measure the listing hand-off to the workers (written by the launcher, "
                         "read by the listing step): the pickle of before issue 18 against the Arrow "
                         "file with its digest check")
+    parser.add_argument("--commit", action="store_true",
+                        help="measure the commit worker: finalize of synthetic ShardResults (content "
+                        "lists in side files, gathered on the workers first; or, with the code before "
+                        "issue 19, in the results); peak RSS over the process's RSS after its imports")
+    parser.add_argument("--commit_step", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--cut", action="store_true",
+                        help="measure the step that plans shards: before, the whole listing as one "
+                        "element planned in one step; after, the listing in parts, each split cut from "
+                        "thin columns (and a part's and a group's step beside it)")
+    parser.add_argument("--cut_step", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--handoff_write", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--handoff_read", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--json", default="", help="also write the results here")
     args = parser.parse_args(argv)
+    if args.commit_step:
+        step, folder = args.commit_step
+        fn = {"setup": lambda: commit_setup(args.one, folder), "gather": lambda: commit_gather(folder),
+              "commit": lambda: commit_measure(folder)}[step]
+        print(json.dumps(fn()))
+        return 0
+    if args.cut_step:
+        step, folder = args.cut_step
+        print(json.dumps(cut_setup(args.one, folder) if step == "setup" else cut_measure(folder, step)))
+        return 0
+    if args.cut:
+        rows = []
+        for count in (int(s) for s in args.sizes.split(",")):
+            row = _cut(count)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(rows, f, indent=1)
+        return 0
+    if args.commit:
+        rows = []
+        print(f"{'refs':>11} {'api':>10} {'shards':>6} {'commit s':>8} {'commit MB':>9} "
+              f"{'gather s':>8} {'largest gather element MB':>25}", flush=True)
+        for count in (int(s) for s in args.sizes.split(",")):
+            row = _commit(count)
+            rows.append(row)
+            print(f"{count:>11,} {row['api']:>10} {row['shards']:>6} {row['commit_s']:>8} "
+                  f"{row['commit_peak_mb']:>9} {row.get('gather_s', '-'):>8} "
+                  f"{row.get('gather_element_peak_mb', '-'):>25}", flush=True)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(rows, f, indent=1)
+        return 0
     if args.handoff_write:
         print(json.dumps(handoff_write(args.one, *args.handoff_write)))
         return 0

@@ -14,10 +14,12 @@ from collections.abc import Sequence
 
 __all__ = [
     "DEAD_LETTER_STAGES",
+    "CompletedInputs",
     "DeadLetter",
     "ImageRef",
     "ImageRefs",
     "InputSummary",
+    "ListingPart",
     "ShardResult",
     "ShardSpec",
     "SpoolSegments",
@@ -87,6 +89,25 @@ class ImageRefs:
 
     def unpack(self) -> tuple[ImageRef, ...]:
         return pickle.loads(self.packed)
+
+
+@dataclasses.dataclass(frozen=True)
+class ListingPart:
+    """One part of a listing's references, in listing order (a large listing travels
+    as parts, so that a step reads only the part it works on).
+
+    Attributes:
+      index: the part's place in the listing; count: its references.
+      path, sha256: the hand-off file that holds them and its SHA-256, checked
+        before it is parsed (``transforms.plan.handoff``); or
+      refs: the references themselves ('' path).
+    """
+
+    index: int
+    count: int
+    path: str = ""
+    sha256: str = ""
+    refs: ImageRefs | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,9 +252,15 @@ class ShardResult:
       label_counts: ``((label_text, count), ...)`` of records written.
       note_counts: ``((note, count), ...)`` of records a manifest counts apart
         (images converted to PNG, 16-bit PNGs; see ``Chunk.notes``).
-      contents: for images, ``(sha256 hex, image/filename, sha256 of the file's bytes or '' when
-        the same)`` of every record, in
-        order (the commit finds duplicates and cross-split copies from them).
+      contents, contents_path, contents_sha256, contents_count: for images,
+        ``(sha256 hex, image/filename, sha256 of the file's bytes or '' when the
+        same)`` of every record, in order: in ``contents`` when the shard holds a
+        few (at most ``transforms.io.contents.INLINE_ENTRIES``), else in a side file
+        in the run's temporary folder (``contents_path``, its SHA-256; see
+        ``transforms.io.contents``); ``contents_count`` entries either way. The
+        steps before the commit find duplicates and complete ``inputs.jsonl`` from
+        them; the commit sees the results without them, so no step holds every
+        record's entry.
       bad_counts: ``((reason, count), ...)`` of inputs sent to the dead letter.
       dead_letter_path: the shard's dead-letter file, '' when none.
       verified: whether the re-read matched, record by record and byte by byte.
@@ -268,12 +295,34 @@ class ShardResult:
     storage_crc32c: str = ""
     temp_path: str = ""
     note_counts: tuple[tuple[str, int], ...] = ()
-    contents: tuple[tuple[str, str, str], ...] = ()
     # Images: ``(("format/jpeg", n), ("mode/RGB", n), ("width/32", n), ...)`` of the
     # records written (see ``transforms.plan.statistics.image_counts``).
     image_counts: tuple[tuple[str, int], ...] = ()
     write_span: tuple[float, float] = ()
     verified_as: StoredObject | None = None
+    contents: tuple[tuple[str, str, str], ...] = ()
+    contents_path: str = ""
+    contents_sha256: str = ""
+    contents_count: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletedInputs:
+    """The run's ``inputs.jsonl`` with every converted image's content hash, staged
+    in the run's temporary folder for the commit to publish (see
+    ``transforms.gather``).
+
+    Attributes:
+      path: the staged file; size, sha256: its bytes and their SHA-256 (hex).
+      files: entries without a role (input files).
+      fingerprint: the input fingerprint of the entries (``schemas.inputs``).
+    """
+
+    path: str
+    size: int
+    sha256: str
+    files: int
+    fingerprint: str
 
 
 @dataclasses.dataclass(frozen=True)

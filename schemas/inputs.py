@@ -32,17 +32,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 
 __all__ = [
     "FINGERPRINT_MODES",
     "INPUTS_NAME",
+    "CompletedLines",
     "InputFile",
+    "InputsFingerprint",
     "PART_PREFIX",
     "RECORD_SHAPING_EXCLUDED",
     "SKIPPED_EXIT_STATUS",
     "UNIT_INPUTS_DIR",
     "complete_inputs",
+    "complete_lines",
     "decode_inputs",
     "encode_inputs",
     "encode_inputs_chunks",
@@ -195,84 +198,167 @@ def complete_inputs(data: bytes, digests: Mapping[str, str], options_digest: str
     ``encode_inputs`` of the completed entries, the count of files without a
     role, and ``input_fingerprint`` of the completed entries. No ``InputFile``
     is made per line, and lines in ``encode_inputs``' order (as runs write them)
-    stream through (the commit of a run over millions of files).
+    stream through. A run's commit completes its file in pieces instead
+    (``complete_lines`` on each, then ``InputsFingerprint`` over them in order).
 
     Raises:
       ValueError: naming the line that is not an entry.
     """
+    part = complete_lines(data, digests, source=source)
+    if part.in_order:
+        fingerprint = InputsFingerprint(options_digest)
+        fingerprint.add_files(part.file_tokens)
+        return part.lines, part.files, fingerprint.finish(part.role_tokens)
+    return _complete_sorted(data, digests, options_digest, source)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletedLines:
+    """Lines of ``inputs.jsonl`` completed with content hashes (``complete_lines``).
+
+    Attributes:
+      lines: the completed lines, in the order given (UTF-8).
+      file_tokens: the fingerprint's token line of each file without a role, in
+        that order (what ``InputsFingerprint.add_files`` takes).
+      role_tokens: the tokens of the files with a role (hashed after the files).
+      files: lines of files without a role.
+      first_key, last_key: the sort key ``(no role, role, path)`` of the first and
+        last line (``None`` without lines).
+      in_order: whether the lines are in ``encode_inputs``' order.
+    """
+
+    lines: bytes
+    file_tokens: bytes
+    role_tokens: tuple
+    files: int
+    first_key: tuple | None
+    last_key: tuple | None
+    in_order: bool
+
+
+def _completed_line(line: str, digests: Mapping[str, str], number: int, source: str):
+    """``(sort key, completed line, fingerprint token)`` of one line of ``inputs.jsonl``."""
     try:
-        return _complete(data, digests, options_digest, source, in_order=True)
-    except _OutOfOrder:
-        return _complete(data, digests, options_digest, source, in_order=False)
+        value = json.loads(line)
+        if not isinstance(value, Mapping) or not isinstance(value.get("path"), str):
+            raise ValueError(f"not an input file entry: {value!r}")
+        path, role = value["path"], str(value.get("role", ""))
+        out: dict = {"path": path}
+        if role:
+            out["role"] = role
+        out["size"] = size = int(value["size"])
+        mtime_ns = int(value.get("mtime_ns", 0))
+        if mtime_ns:
+            out["mtime_ns"] = mtime_ns
+        generation = str(value.get("generation", ""))
+        if generation:
+            out["generation"] = generation
+        sha256 = digests[path] if not role and path in digests else str(value.get("sha256", ""))
+        if sha256:
+            out["sha256"] = sha256
+        crc32c = str(value.get("crc32c", ""))
+        if crc32c:
+            out["crc32c"] = crc32c
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{source} line {number}: {err}") from None
+    content = f"sha256:{sha256}" if sha256 else f"crc32c:{crc32c}" if crc32c else ""
+    token = [role, path, size, content or f"mtime_ns:{mtime_ns}:generation:{generation}"]
+    return (role == "", role, path), _LINE_ENCODER.encode(out) + "\n", token
 
 
-class _OutOfOrder(Exception):
-    pass
+def complete_lines(data: bytes, digests: Mapping[str, str], excluded: Container[str] = frozenset(),
+                   source: str = INPUTS_NAME, first_line: int = 1, sort: bool = False) -> CompletedLines:
+    """Completes lines of ``inputs.jsonl`` (all of it, or a piece that starts at line
+    ``first_line``) with the content hashes of ``digests``, leaving out the files
+    (without a role) named in ``excluded`` (images the run left out after the
+    listing: copies dropped on the workers, files it could not read to hash).
+    With ``sort``, lines not in ``encode_inputs``' order are sorted (``in_order``
+    is then true).
 
-
-def _complete(data: bytes, digests: Mapping[str, str], options_digest: str, source: str,
-              in_order: bool) -> tuple[bytes, int, str]:
-    loads, encode = json.loads, _LINE_ENCODER.encode
+    Raises:
+      ValueError: naming the line that is not an entry.
+    """
     dumps = _FINGERPRINT_ENCODER.encode
-    digest = hashlib.sha256(options_digest.encode())
-    lines: list = []  # In order: the lines; else (no role, role, path, line) to sort.
-    tokens: list = []  # In order: role files' tokens only (they are hashed after the files).
+    lines: list[str] = []
     chunks: list[bytes] = []
-    last: tuple = ()
-    files = 0
-    for number, line in enumerate(data.decode("utf-8").split("\n"), 1):
+    tokens: list[str] = []
+    token_chunks: list[bytes] = []
+    roles: list = []
+    first = last = None
+    in_order, files = True, 0
+    for number, line in enumerate(data.decode("utf-8").split("\n"), first_line):
         if not line.strip():
             continue
-        try:
-            value = loads(line)
-            if not isinstance(value, Mapping) or not isinstance(value.get("path"), str):
-                raise ValueError(f"not an input file entry: {value!r}")
-            path, role = value["path"], str(value.get("role", ""))
-            out: dict = {"path": path}
-            if role:
-                out["role"] = role
-            out["size"] = size = int(value["size"])
-            mtime_ns = int(value.get("mtime_ns", 0))
-            if mtime_ns:
-                out["mtime_ns"] = mtime_ns
-            generation = str(value.get("generation", ""))
-            if generation:
-                out["generation"] = generation
-            sha256 = digests[path] if not role and path in digests else str(value.get("sha256", ""))
-            if sha256:
-                out["sha256"] = sha256
-            crc32c = str(value.get("crc32c", ""))
-            if crc32c:
-                out["crc32c"] = crc32c
-        except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"{source} line {number}: {err}") from None
-        content = f"sha256:{sha256}" if sha256 else f"crc32c:{crc32c}" if crc32c else ""
-        token = [role, path, size, content or f"mtime_ns:{mtime_ns}:generation:{generation}"]
-        files += not role
-        key = (role == "", role, path)
-        if in_order:
-            if key < last:
-                raise _OutOfOrder()
-            last = key
-            lines.append(encode(out) + "\n")
-            if len(lines) >= 65536:  # Held as UTF-8, a block at a time.
-                chunks.append("".join(lines).encode("utf-8"))
-                lines = []
-            if role:
-                tokens.append(token)
-            else:  # Files in path order come before the role files in the fingerprint.
-                digest.update(dumps(token).encode() + b"\n")
+        key, text, token = _completed_line(line, digests, number, source)
+        if key[0] and key[2] in excluded:
+            continue
+        if last is not None and key < last:
+            if sort:
+                return _sorted_lines(data, digests, excluded, source, first_line)
+            in_order = False
+        first = key if first is None else first
+        last = key
+        lines.append(text)
+        if len(lines) >= 65536:  # Held as UTF-8, a block at a time.
+            chunks.append("".join(lines).encode("utf-8"))
+            lines = []
+        if key[0]:
+            files += 1
+            tokens.append(dumps(token) + "\n")
+            if len(tokens) >= 65536:
+                token_chunks.append("".join(tokens).encode("utf-8"))
+                tokens = []
         else:
-            lines.append((*key, encode(out) + "\n"))
-            tokens.append(token)
-    if not in_order:
-        lines.sort(key=lambda item: item[:3])
-        lines = [item[3] for item in lines]
-    tokens.sort(key=lambda token: (token[0], token[1]))
-    for token in tokens:
-        digest.update(dumps(token).encode() + b"\n")
+            roles.append(token)
     chunks.append("".join(lines).encode("utf-8"))
-    return b"".join(chunks), files, digest.hexdigest()
+    token_chunks.append("".join(tokens).encode("utf-8"))
+    return CompletedLines(b"".join(chunks), b"".join(token_chunks), tuple(roles), files, first, last,
+                          in_order)
+
+
+def _sorted_lines(data: bytes, digests: Mapping[str, str], excluded: Container[str], source: str,
+                  first_line: int) -> CompletedLines:
+    """``complete_lines`` of lines not in order: all of them parsed, then sorted."""
+    items = []
+    for number, line in enumerate(data.decode("utf-8").split("\n"), first_line):
+        if line.strip():
+            key, text, token = _completed_line(line, digests, number, source)
+            if not (key[0] and key[2] in excluded):
+                items.append((key, text, token))
+    items.sort(key=lambda item: item[0])
+    dumps = _FINGERPRINT_ENCODER.encode
+    file_tokens = "".join(dumps(token) + "\n" for key, _, token in items if key[0])
+    return CompletedLines("".join(text for _, text, _ in items).encode("utf-8"), file_tokens.encode("utf-8"),
+                          tuple(token for key, _, token in items if not key[0]),
+                          sum(1 for key, _, _ in items if key[0]), items[0][0] if items else None,
+                          items[-1][0] if items else None, True)
+
+
+class InputsFingerprint:
+    """``input_fingerprint``, made streaming from completed pieces in order: the
+    files' tokens first (in path order, as ``complete_lines`` gives them), then
+    the role files' tokens, sorted."""
+
+    def __init__(self, options_digest: str):
+        self._digest = hashlib.sha256(options_digest.encode())
+
+    def add_files(self, file_tokens: bytes) -> None:
+        self._digest.update(file_tokens)
+
+    def finish(self, role_tokens) -> str:
+        dumps = _FINGERPRINT_ENCODER.encode
+        for token in sorted(role_tokens, key=lambda token: (token[0], token[1])):
+            self._digest.update(dumps(token).encode() + b"\n")
+        return self._digest.hexdigest()
+
+
+def _complete_sorted(data: bytes, digests: Mapping[str, str], options_digest: str,
+                     source: str) -> tuple[bytes, int, str]:
+    """``complete_inputs`` of lines not in ``encode_inputs``' order: sorted first."""
+    part = _sorted_lines(data, digests, frozenset(), source, 1)
+    fingerprint = InputsFingerprint(options_digest)
+    fingerprint.add_files(part.file_tokens)
+    return part.lines, part.files, fingerprint.finish(part.role_tokens)
 
 
 def options_fingerprint(options: Mapping[str, object], run_control: Iterable[str]) -> str:

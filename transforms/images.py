@@ -40,6 +40,7 @@ from beam_tfrecords.schemas.elements import (
     ImageRefs,
     ImageSpool,
     InputSummary,
+    ListingPart,
     ShardSpec,
     SpoolSegments,
 )
@@ -61,13 +62,19 @@ from beam_tfrecords.transforms.io.helpers import (
     read_failure,
     ready_helper_pool,
 )
+from beam_tfrecords.transforms.plan import handoff
 from beam_tfrecords.transforms.plan.duplicates import keep_first
 from beam_tfrecords.transforms.plan.handoff import (
     HANDOFF_NAME,
     HandoffError,
     check_digest,
     decode_listing,
+    decode_part,
     encode_listing,
+    encode_part,
+    graph_args,
+    listing_parts,
+    part_name,
 )
 from beam_tfrecords.transforms.plan.layouts import (
     CIFAR_LABELS_FILE,
@@ -80,7 +87,7 @@ from beam_tfrecords.transforms.plan.layouts import (
     resolve_input,
 )
 from beam_tfrecords.transforms.plan.names import check_names
-from beam_tfrecords.transforms.plan.ref_table import PathBuffer, RefTable, shard_cuts
+from beam_tfrecords.transforms.plan.ref_table import PathBuffer, RefTable, concat_tables, shard_cuts
 from beam_tfrecords.transforms.plan.shards import cut_shards, stable_key
 from beam_tfrecords.transforms.plan.splits import split_of
 from beam_tfrecords.transforms.shards import Chunk, RecordSource
@@ -98,12 +105,17 @@ __all__ = [
     "plan_spooled_images",
     "estimated_record_size",
     "drop_listing",
+    "content_key",
     "image_shards",
     "input_bytes",
+    "joined_parts",
+    "listing_size",
     "pack_refs",
+    "part_refs",
     "keep_listing",
     "list_images",
     "read_labels_text",
+    "record_overheads",
     "plan_image_shards",
     "read_listing",
     "write_listing",
@@ -131,7 +143,7 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
                 drop_duplicates: bool = False, vocabulary: tuple[str, ...] = (),
                 only: tuple[str, ...] = (), follow_links_outside: bool = False,
                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, *,
-                held: HeldImages | None = None) -> Listing:
+                held: HeldImages | None = None, contents_on_workers: bool = False) -> Listing:
     """Lists and labels the images that ``input_path`` names.
 
     Args:
@@ -156,6 +168,9 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
         adds to already holds: they win over copies, and a new file holding one
         of their contents is left out as a copy (not given to the listing step:
         the preflight, which lists with it, hands its listing over).
+      contents_on_workers: read no file here: the pipeline's ``HashImages`` step
+        picks splits by content and drops copies on the workers (``held`` is then
+        not used; a split by content is left to it, ``split_source`` says so).
 
     Raises:
       ValueError: when the labels file or CSV manifest cannot be used, when two
@@ -173,7 +188,11 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
         raise ValueError(f"--splits: the input already names its splits "
                          f"({listing.split_source}); use one or the other")
     contents = None
-    if (splits and split_by == "content") or drop_duplicates:
+    if contents_on_workers and splits and split_by == "content":
+        # Each image's split is picked from its bytes by the pipeline's HashImages step.
+        listing.split_source = "--splits, by content (on the workers)"
+        splits = ()
+    if ((splits and split_by == "content") or drop_duplicates) and not contents_on_workers:
         if isinstance(listing.refs, RefTable):  # Every file is read anyway.
             listing.refs = listing.refs.by_filename()
         contents = _contents(listing, max_file_bytes)
@@ -188,7 +207,7 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
             refs.append(dataclasses.replace(ref, split=split, key=stable_key(split, ref.filename)))
         listing.refs = refs
         listing.split_source = f"--splits, by {'content' if split_by == 'content' else 'path'}"
-    if drop_duplicates:
+    if drop_duplicates and not contents_on_workers:
         _drop_copies(listing, contents, held or HeldImages())
     return listing
 
@@ -250,7 +269,9 @@ def _too_large(ref: ImageRef, max_file_bytes: int) -> DeadLetter:
                       f"than --max_file_bytes ({max_file_bytes:,}); not read")
 
 
-def _content_key(ref: ImageRef, max_file_bytes: int) -> str | DeadLetter:
+def content_key(ref: ImageRef, max_file_bytes: int) -> str | DeadLetter:
+    """The SHA-256 of an image's bytes, or the dead letter of a file that cannot be
+    read to hash (stage ``read``)."""
     try:
         return sha256_input(ref.path, ref.size, max_file_bytes, ref.generation, ref.crc32c)
     except InputRefused as refused:
@@ -263,7 +284,7 @@ def _contents(listing: Listing, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) ->
     """The SHA-256 of every listed image (read a block at a time, with 16 threads);
     images that cannot be read move from the listing to its dead letters."""
     with concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="hash-image") as pool:
-        digests = list(pool.map(functools.partial(_content_key, max_file_bytes=max_file_bytes),
+        digests = list(pool.map(functools.partial(content_key, max_file_bytes=max_file_bytes),
                                 listing.refs))
     refs, contents = [], []
     for ref, digest in zip(listing.refs, digests):
@@ -446,44 +467,106 @@ def _kept(token: str) -> tuple[tuple, Listing]:
     return args, dataclasses.replace(listing, files=None)  # The fingerprint's columns: not needed there.
 
 
-def write_listing(path: str | None, token: str) -> str:
+def write_listing(path: str | None, token: str, part_rows: int | None = None) -> str:
     """Writes the listing kept under ``token`` to ``path`` (the run's temporary
-    folder), for a listing step in another process to read instead of listing
-    again: the run then converts exactly the files the preflight described and
-    ``inputs.jsonl`` records, even when files arrive while it starts.
+    folder) and its parts beside it (``transforms.plan.handoff``), for a listing
+    step in another process to read instead of listing again: the run then
+    converts exactly the files the preflight described and ``inputs.jsonl``
+    records, even when files arrive while it starts.
 
     Returns:
-      The SHA-256 (hex) of what was written, for the job graph: the step reads the
-      file only if it still has it (``read_listing``). With ``path=None`` nothing is
-      written (a dry run builds the same job).
+      The SHA-256 (hex) of the hand-off, for the job graph: the step reads it only
+      if it still has it (``read_listing``), and each part only if it has the
+      digest the hand-off names. With ``path=None`` nothing is written (a dry run
+      builds the same job).
     """
     args, listing = _kept(token)
+    folder = path.rsplit("/", 1)[0] if path is not None else None
+    index = []
+    for number, refs in enumerate(listing_parts(listing.refs, part_rows or handoff.PART_ROWS)):
+        name = part_name(number)
+        index.append((name, len(refs), _written(None if folder is None else files.join(folder, name),
+                                                 lambda sink, refs=refs: encode_part(refs, sink))))
+    return _written(path, lambda sink: encode_listing(args, listing, sink, index))
+
+
+def _written(path: str | None, encode) -> str:
+    """Runs ``encode(sink)`` into ``path`` (or nowhere); returns the SHA-256 of the bytes."""
     if path is None:
         sink = _HashingSink(None)
-        encode_listing(args, listing, sink)
+        encode(sink)
         return sink.sha256.hexdigest()
     with files.open_write(path) as stream:
         sink = _HashingSink(stream)
-        encode_listing(args, listing, sink)
+        encode(sink)
     return sink.sha256.hexdigest()
 
 
 def read_listing(path: str, args: tuple, sha256: str) -> Listing:
-    """The listing ``write_listing`` wrote for the listing arguments ``args``.
+    """The listing ``write_listing`` wrote for the listing arguments ``args``, every
+    part read.
 
     The file's SHA-256 is checked against ``sha256`` (from the job graph) before
-    any of it is parsed.
+    any of it is parsed, and each part's against the digest it names.
 
     Raises:
       HandoffError: when the file is not the one written (another digest), not
-        such a listing, or made for other arguments.
+        such a listing, or made for other arguments; or a part is not the one
+        it names.
     """
+    listing, parts, _ = _read_handoff(path, args, sha256)
+    refs = [part_refs(part) for part in _handed_parts(path, parts)]
+    if refs and all(isinstance(r, RefTable) for r in refs):
+        listing.refs = refs[0] if len(refs) == 1 else concat_tables(refs)
+    else:
+        listing.refs = [ref for part in refs for ref in part]
+    return listing
+
+
+def _read_handoff(path: str, args: tuple, sha256: str):
     data = files.read_bytes(path)
     check_digest(data, sha256, path)
     try:
         return decode_listing(data, args)
     except HandoffError as err:
         raise HandoffError(f"{path}: {err}") from err
+
+
+def _handed_parts(path: str, parts) -> list[ListingPart]:
+    folder = path.rsplit("/", 1)[0]
+    return [ListingPart(number, count, files.join(folder, name), digest)
+            for number, (name, count, digest) in enumerate(parts)]
+
+
+def part_refs(part: ListingPart) -> Sequence[ImageRef]:
+    """The references of a listing part: its own, or its hand-off file's (checked by
+    its digest before it is parsed).
+
+    Raises:
+      HandoffError: when the file is not the one the hand-off names.
+    """
+    if part.refs is not None:
+        return part.refs.unpack()
+    return decode_part(files.read_bytes(part.path), part.sha256, part.path)
+
+
+def joined_parts(parts: Sequence[ListingPart]) -> ImageRefs:
+    """Listing parts as one element of all their references, in part order (for a
+    step that needs them all: ``SpoolImages``)."""
+    refs = [part_refs(part) for part in sorted(parts, key=lambda p: p.index)]
+    tables = [r for r in refs if len(r)]
+    if tables and all(isinstance(r, RefTable) for r in tables):
+        return pack_refs(tables[0] if len(tables) == 1 else concat_tables(tables))
+    return ImageRefs.pack([ref for part in refs for ref in part])
+
+
+def listing_size(token: str | None) -> int:
+    """The references a kept listing holds (0 when there is none)."""
+    if not token:
+        return 0
+    with _kept_lock:
+        kept = _kept_listings.get(token)
+    return len(kept[1].refs) if kept else 0
 
 
 def _take_listing(token: str | None, args: tuple) -> Listing | None:
@@ -525,7 +608,8 @@ def _published(root: str, path: str) -> str:
 
 
 class _ListImagesFn(beam.DoFn):
-    """Impulse → one ``ImageRefs`` of all images (main) and one ``InputSummary``
+    """Impulse → one ``ImageRefs`` of all images, or with ``part_rows`` one
+    ``ListingPart`` per part of at most that many (main); and one ``InputSummary``
     (tagged ``summary``)."""
 
     def __init__(self, input_path: str, layout: str, labels_path: str | None, output: str,
@@ -534,14 +618,18 @@ class _ListImagesFn(beam.DoFn):
                  drop_duplicates: bool = False, vocabulary: tuple[str, ...] = (),
                  only: tuple[str, ...] = (), listing_path: str | None = None,
                  follow_links_outside: bool = False, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-                 listing_sha256: str = ""):
+                 listing_sha256: str = "", part_rows: int = 0, contents_on_workers: bool = False):
         if listing_path and not listing_sha256:
             raise ValueError("a listing handed over through storage needs its SHA-256")
         self._kept = kept
         self._listing_path = listing_path
         self._listing_sha256 = listing_sha256
+        self._part_rows = part_rows
+        self._contents_on_workers = contents_on_workers
         self._splits = (tuple(splits), split_by, drop_duplicates, tuple(vocabulary), tuple(only),
                         follow_links_outside, max_file_bytes)
+        if listing_path:  # The names are in the hand-off; the job graph holds their digest.
+            self._splits = graph_args((None,) * 5 + self._splits)[5:]
         self._input = input_path
         self._layout = layout
         self._labels = labels_path
@@ -549,34 +637,41 @@ class _ListImagesFn(beam.DoFn):
         self._output = output
         self._processes = helper_processes
 
-    def process(self, _):
-        hold_point("listing")
-        args = (self._input, self._layout, self._labels, *self._columns, *self._splits)
+    def _listing(self, args: tuple):
+        """``(listing, parts, images, bytes, reused)``: ``parts`` the hand-off's parts when
+        only its index was read (``listing.refs`` is then empty), else ``None``."""
         listing = _take_listing(self._kept, args)
+        if listing is None and self._listing_path and self._part_rows:
+            listing, parts, total = _read_handoff(self._listing_path, args, self._listing_sha256)
+            parts = _handed_parts(self._listing_path, parts)
+            return listing, parts, sum(p.count for p in parts), total, True
         reused = listing is not None
         if listing is None and self._listing_path:
             listing = read_listing(self._listing_path, args, self._listing_sha256)
             reused = True
-        listing = listing or list_images(*args)
-        total_bytes = input_bytes(listing.refs)
-        if self._processes > 0 and listing.refs and (
-            total_bytes < SMALL_FILE_BYTES * len(listing.refs)
-        ):
+        listing = listing or list_images(*args, contents_on_workers=self._contents_on_workers)
+        return listing, None, len(listing.refs), input_bytes(listing.refs), reused
+
+    def process(self, _):
+        hold_point("listing")
+        args = (self._input, self._layout, self._labels, *self._columns, *self._splits)
+        listing, parts, count, total_bytes, reused = self._listing(args)
+        if self._processes > 0 and count and total_bytes < SMALL_FILE_BYTES * count:
             # Small files: start the shard writers' helper processes while planning runs.
             helper_pool(self._processes)
         _, root, _ = resolve_input(self._input, self._layout)
         dead_path = write_dead_letters(self._output, "listing", listing.dead_letters)
         skipped_path = write_dead_letters(self._output, "skipped", listing.skipped)
         bad = Counter(d.error for d in listing.dead_letters)
-        images = len(listing.refs) + len(listing.dead_letters) + len(listing.duplicates_dropped)
+        images = count + len(listing.dead_letters) + len(listing.duplicates_dropped)
         _log.info(
             "Listed %d images (%d refused, %d other files ignored, %d paths passed over) in "
             "layout %s%s", images, len(listing.dead_letters), listing.ignored, len(listing.skipped),
             listing.layout, " (the preflight's listing)" if reused else "",
         )
-        beam.metrics.Metrics.counter("list", "images").inc(len(listing.refs))
+        beam.metrics.Metrics.counter("list", "images").inc(count)
         beam.metrics.Metrics.counter("list", "dead_letter").inc(len(listing.dead_letters))
-        progress.plan(inputs=len(listing.refs), input_bytes=total_bytes)
+        progress.plan(inputs=count, input_bytes=total_bytes)
         yield beam.pvalue.TaggedOutput(
             SUMMARY_TAG,
             InputSummary(
@@ -594,7 +689,13 @@ class _ListImagesFn(beam.DoFn):
                 duplicates_dropped=tuple(listing.duplicates_dropped),
             ),
         )
-        yield pack_refs(listing.refs)
+        if parts is not None:  # Each part is read where it is used.
+            yield from parts
+        elif self._part_rows:
+            for number, refs in enumerate(listing_parts(listing.refs, self._part_rows)):
+                yield ListingPart(number, len(refs), refs=pack_refs(refs))
+        else:
+            yield pack_refs(listing.refs)
 
 
 def input_bytes(refs: Sequence[ImageRef]) -> int:
@@ -630,9 +731,14 @@ class ListImages(beam.PTransform):
         parsing anything.
       splits, split_by, drop_duplicates, vocabulary, only, follow_links_outside,
         max_file_bytes: see ``list_images``.
+      part_rows: when given, the references come as parts of at most this many
+        (``ListingPart``; a handed-over listing's parts are read where they are
+        used, ``part_refs``), for ``PlanListingParts``.
+      contents_on_workers: a listing made by this step leaves splits by content
+        and dropping copies to the pipeline's ``HashImages`` step (see ``list_images``).
 
-    Returns a ``DoOutputsTuple``: ``.refs`` holds one ``ImageRefs`` element;
-    ``.summary`` holds one ``InputSummary``.
+    Returns a ``DoOutputsTuple``: ``.refs`` holds one ``ImageRefs`` element (or the
+    ``ListingPart`` s); ``.summary`` holds one ``InputSummary``.
     """
 
     def __init__(self, input_path: str, layout: str, labels_path: str | None, output: str,
@@ -641,12 +747,14 @@ class ListImages(beam.PTransform):
                  splits: tuple = (), split_by: str = "path", drop_duplicates: bool = False,
                  vocabulary: tuple[str, ...] = (), only: tuple[str, ...] = (),
                  listing_path: str | None = None, follow_links_outside: bool = False,
-                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, listing_sha256: str = ""):
+                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, listing_sha256: str = "",
+                 part_rows: int = 0, contents_on_workers: bool = False):
         super().__init__()
         self._fn = _ListImagesFn(input_path, layout, labels_path, output, helper_processes,
                                  (image_column, label_column), kept, splits, split_by,
                                  drop_duplicates, vocabulary, only, listing_path,
-                                 follow_links_outside, max_file_bytes, listing_sha256)
+                                 follow_links_outside, max_file_bytes, listing_sha256, part_rows,
+                                 contents_on_workers)
 
     def expand(self, pbegin):
         return (
@@ -663,6 +771,13 @@ def _record_overhead(label: int, label_text: str, extra: tuple) -> int:
     return RECORD_OVERHEAD + _VARINT_SLACK + image_example_size(
         0, "jpeg", _TYPICAL_SIDE, _TYPICAL_SIDE, _TYPICAL_CHANNELS, label, label_text, "", extra
     )
+
+
+def record_overheads(vocabulary: Sequence[str]) -> np.ndarray:
+    """Each label's record size less the file's and its name's bytes
+    (``estimated_record_size`` of a folder layout's image), as int64 by label."""
+    return np.array([_record_overhead(label, text, ()) for label, text in enumerate(vocabulary)] or [0],
+                    dtype=np.int64)
 
 
 def estimated_record_size(ref: ImageRef) -> int:
@@ -730,9 +845,7 @@ def _ref_splits(refs: Sequence[ImageRef], band: ShardBand):
 
 def _table_splits(table: RefTable, band: ShardBand):
     """``(split, num_shards, shard -> its refs, shard byte sizes)`` per split of a table."""
-    overhead = np.array([_record_overhead(label, text, ()) for label, text in enumerate(table.vocabulary)]
-                        or [0], dtype=np.int64)
-    planned = overhead[table.labels] + table.sizes + table.name_lengths()
+    planned = record_overheads(table.vocabulary)[table.labels] + table.sizes + table.name_lengths()
     for split, num_shards, order, bounds in shard_cuts(table, band, planned):
         running = np.concatenate(([0], np.cumsum(planned[order])))
         per_shard = running[bounds[1:]] - running[bounds[:-1]]

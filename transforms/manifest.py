@@ -33,10 +33,11 @@ import apache_beam as beam
 
 from beam_tfrecords.schemas.elements import InputSummary, ShardResult
 from beam_tfrecords.schemas.features import FeatureSpec, image_feature_spec
-from beam_tfrecords.schemas.inputs import INPUTS_NAME, UNIT_INPUTS_DIR, complete_inputs, unit_inputs_name
+from beam_tfrecords.schemas.inputs import INPUTS_NAME
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME, ErrorBudget, build_manifest
 from beam_tfrecords.schemas.shards import ShardBand, ShardTarget, clashing_split_names
 from beam_tfrecords.schemas.version import __version__
+from beam_tfrecords.transforms.gather import GatherContents, Gathered, gather_in_process, join_gathered
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.commit import (
     holds_lock,
@@ -45,6 +46,7 @@ from beam_tfrecords.transforms.io.commit import (
     release_lock,
     remove_folder,
 )
+from beam_tfrecords.transforms.io.contents import stripped
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.fingerprint import (
     published_input,
@@ -55,21 +57,17 @@ from beam_tfrecords.transforms.io.fingerprint import (
 from beam_tfrecords.transforms.io.ownership import (
     Claim,
     claim_output,
-    file_claim,
     prune_journal,
     write_atomic,
     write_owned,
 )
 from beam_tfrecords.transforms.io.progress import split_totals
 from beam_tfrecords.transforms.plan.drift import DriftGate, statistics_and_drift
-from beam_tfrecords.transforms.plan.duplicates import duplicate_report
 from beam_tfrecords.transforms.shards import STORAGE_ERRORS
 
 __all__ = ["Commit", "CommitSettings", "RunFailed", "finalize"]
 
 _log = logging.getLogger(__name__)
-# The run's inputs.jsonl, completed by the commit, staged beside the launcher's.
-_COMPLETED_INPUTS = f"{INPUTS_NAME}.completed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,20 +179,14 @@ def _image_notes(results: Sequence[ShardResult]) -> dict:
     return notes
 
 
-def _completed_inputs(settings: CommitSettings, results: Sequence[ShardResult]) -> tuple[bytes, int, str] | None:
-    """The run's ``inputs.jsonl`` (written by the launcher to the temporary folder)
-    with the content hash of every image the run read, its count of input files
-    and its fingerprint (see ``schemas.inputs.complete_inputs``); ``None`` when
-    the launcher wrote none."""
-    data = files.read_bytes_if_exists(files.join(settings.target.temp_dir, INPUTS_NAME))
-    if settings.input_units:
-        data = (data or b"") + b"".join(
-            files.read_bytes(files.join(settings.target.temp_dir, UNIT_INPUTS_DIR, unit_inputs_name(i)))
-            for i in range(settings.input_units))
-    if data is None:
-        return None
-    digests = {filename: source or digest for r in results for digest, filename, source in r.contents}
-    return complete_inputs(data, digests, settings.options_fingerprint)
+def _gathered(settings: CommitSettings, results: Sequence[ShardResult], gathered: Gathered | None) -> Gathered:
+    """What the steps before the commit gathered from the shards' content lists (the
+    duplicates report and the completed ``inputs.jsonl``, see ``transforms.gather``);
+    made here, in this process, for a caller without them."""
+    if gathered is not None:
+        return gathered
+    return gather_in_process(settings.target.temp_dir, settings.input_units,
+                             settings.options_fingerprint, results)
 
 
 def _part_entry(settings: CommitSettings, manifest: dict, manifest_bytes: bytes) -> dict:
@@ -213,9 +205,13 @@ def _part_entry(settings: CommitSettings, manifest: dict, manifest_bytes: bytes)
     }
 
 
-def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: InputSummary) -> dict:
+def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: InputSummary,
+             gathered: Gathered | None = None) -> dict:
     """Publishes the dataset (if every shard was proved and the budget held) and
     writes the run report.
+
+    ``gathered``: the duplicates report and the completed ``inputs.jsonl``
+    (``transforms.gather``); gathered here from the shards' side files when ``None``.
 
     Returns:
       The run report: ``status`` is ``ok``, or, with nothing published,
@@ -288,8 +284,8 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
             {"filename": dropped, "split": split, "copy_of": kept}
             for dropped, split, kept in summary.duplicates_dropped]
         report["duplicates_dropped"] = len(summary.duplicates_dropped)
-    duplicates = duplicate_report(
-        (digest, r.split, filename) for r in results for digest, filename, *_ in r.contents)
+    gathered = _gathered(settings, results, gathered)
+    duplicates = gathered.duplicates
     if duplicates:
         report["duplicates"] = {"groups": duplicates["groups"], "images": duplicates["images"],
                                 "across_splits": duplicates["across_splits"]["groups"],
@@ -330,22 +326,18 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
         report["status"] = "output_exists"
     else:
         relative = [dataclasses.replace(r, path=r.path.rsplit("/", 1)[-1]) for r in results]
-        completed = _completed_inputs(settings, results)
+        completed = gathered.inputs
         renames = [(r.temp_path or r.path, r.path) for r in results]
         # What the commit's journal records of each file it puts at a final name.
         digests = {r.path: Claim(r.path, r.bytes, r.sha256, r.crc32c) for r in results}
         if completed is not None:
-            inputs_bytes, input_count, fingerprint = completed
-            # Beside the launcher's inputs.jsonl, which a retry completes again.
-            staged_inputs = files.join(target.temp_dir, _COMPLETED_INPUTS)
-            files.write_bytes(staged_inputs, inputs_bytes)
-            renames.append((staged_inputs, files.join(target.output, INPUTS_NAME)))
-            digests[renames[-1][1]] = file_claim(INPUTS_NAME, inputs_bytes)
+            renames.append((completed.path, files.join(target.output, INPUTS_NAME)))
+            digests[renames[-1][1]] = Claim(INPUTS_NAME, completed.size, completed.sha256)
             input_json["files_list"] = {
                 "path": INPUTS_NAME, "root": input_json["root"], "root_id": input_json["root_id"],
-                "files": input_count,
-                "sha256": hashlib.sha256(inputs_bytes).hexdigest()}
-            input_json["fingerprint"] = fingerprint
+                "files": completed.files,
+                "sha256": completed.sha256}
+            input_json["fingerprint"] = completed.fingerprint
             input_json["options_fingerprint"] = settings.options_fingerprint
         manifest = build_manifest(
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -503,16 +495,56 @@ def _staged_manifest(target: ShardTarget, manifest: dict) -> bytes | None:
     return staged
 
 
+class _CountsFolded:
+    """Shard results as the commit keeps them: each split's label, image and note
+    counts summed as the results arrive, and carried by the split's first shard's
+    result alone (whatever reads them sums a split's: the manifest's label counts,
+    the statistics, the image notes), so the commit holds a few counts per split,
+    not a thousand classes per shard."""
+
+    _COUNTS = ("label_counts", "image_counts", "note_counts")
+
+    def __init__(self):
+        self._results: list[ShardResult] = []
+        self._totals: dict[str, dict[str, Counter]] = {}
+
+    def add(self, result: ShardResult) -> None:
+        totals = self._totals.setdefault(result.split, {name: Counter() for name in self._COUNTS})
+        for name in self._COUNTS:
+            totals[name].update(dict(getattr(result, name)))
+        self._results.append(dataclasses.replace(result, label_counts=(), image_counts=(), note_counts=()))
+
+    def results(self) -> list[ShardResult]:
+        first: dict[str, int] = {}
+        for number, result in enumerate(self._results):
+            if result.split not in first or result.index < self._results[first[result.split]].index:
+                first[result.split] = number
+        for split, number in first.items():
+            totals = self._totals[split]
+            self._results[number] = dataclasses.replace(
+                self._results[number], **{name: tuple(sorted(totals[name].items())) for name in self._COUNTS})
+        return self._results
+
+
 class _CommitFn(beam.DoFn):
-    """``(None, {"results": [ShardResult, ...], "summary": [InputSummary]})`` → the run report."""
+    """``(None, [("result", ShardResult) | ("summary", InputSummary) | a part of what
+    was gathered (see ``transforms.gather``), ...])`` → the run report."""
 
     def __init__(self, settings: CommitSettings):
         self._settings = settings
 
     def process(self, element) -> Iterator[dict]:
-        _, grouped = element
-        (summary,) = list(grouped["summary"])
-        report = finalize(self._settings, list(grouped["results"]), summary)
+        _, values = element
+        results, summaries, parts = _CountsFolded(), [], []
+        for kind, value in values:  # A runner may hand a large group a page at a time.
+            if kind == "result":
+                results.add(value)
+            else:
+                (summaries if kind == "summary" else parts).append((kind, value))
+        (summary,) = [value for _, value in summaries]
+        settings = self._settings
+        gathered = join_gathered(parts, settings.target.temp_dir, settings.options_fingerprint)
+        report = finalize(settings, results.results(), summary, gathered)
         _log.info("Run finished: %s", report["status"])
         if report["status"] != "ok":
             # After the report: the job ends failed, not done (and a retry of this
@@ -527,25 +559,38 @@ class Commit(beam.PTransform):
     Args:
       settings: see ``CommitSettings``.
       summary: a PCollection of one ``InputSummary`` (what was read and refused).
+      left_out: a PCollection of the ``image/filename`` s the run left out after the
+        launcher listed them (see ``transforms.gather.GatherContents``), or ``None``.
     """
 
-    def __init__(self, settings: CommitSettings, summary):
+    def __init__(self, settings: CommitSettings, summary, left_out=None):
         super().__init__()
         self._settings = settings
         self._summary = summary
+        self._left_out = left_out
 
     def expand(self, results):
         # One group under one key, never a side input: Beam sizes a side input by
-        # walking every object in it (~1.5 s for the 60,000 content hashes of a
-        # CIFAR-sized run), and the summary's one element makes the group exist
-        # even when there are no shards.
+        # walking every object in it, and the summary's one element makes the group
+        # exist even when there are no shards. Values are tagged by hand (a
+        # CoGroupByKey adds a step per input, which every run pays to build).
+        settings = self._settings
+        # Duplicates and inputs.jsonl, from the shards' content lists, on the workers.
+        gathered = results | "Gather" >> GatherContents(
+            settings.target.temp_dir, settings.input_units, self._summary, self._left_out)
         return (
-            {"results": results | "KeyResults" >> beam.Map(_one_key),
-             "summary": self._summary | "KeySummary" >> beam.Map(_one_key)}
-            | "Collect" >> beam.CoGroupByKey()
+            (results | "KeyResults" >> beam.Map(_tagged_result),
+             self._summary | "KeySummary" >> beam.Map(_tagged, "summary"),
+             gathered)
+            | "All" >> beam.Flatten()
+            | "Collect" >> beam.GroupByKey()
             | "Finish" >> beam.ParDo(_CommitFn(self._settings))
         )
 
 
-def _one_key(value):
-    return None, value
+def _tagged(value, kind: str):
+    return None, (kind, value)
+
+
+def _tagged_result(result: ShardResult):
+    return None, ("result", stripped(result))  # Its content entries went to GatherContents.

@@ -61,6 +61,7 @@ from beam_tfrecords.transforms.codec.tfrecord import (
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io import progress as run_progress
 from beam_tfrecords.transforms.io.commit import stored_object
+from beam_tfrecords.transforms.io.contents import write_contents
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.gcs import is_gcs, object_crc32c, object_info
@@ -199,19 +200,14 @@ class SpoolCopy(RecordSource):
         extras = segments.extras
         for number, (spool, begin, end, records) in enumerate(segments.segments):
             labels, notes, contents, images = extras[number] if extras else ((), (), (), ())
-            with files.open_read(spool) as source:
-                source.seek(begin)
-                left = end - begin
-                while left > 0:
-                    block = source.read(min(_COPY_BYTES, left))
-                    if not block:
-                        raise OSError(f"{spool} ends before byte {end}")
-                    left -= len(block)
-                    if left:
-                        yield Chunk(block, 0)
-                    else:
-                        yield Chunk(block, records, (), tuple(labels), records, tuple(notes),
-                                    tuple(contents), tuple(images))
+            last = None  # The segment's last block carries its records' counts.
+            for block in files.read_range(spool, begin, end, _COPY_BYTES):
+                if last is not None:
+                    yield Chunk(last, 0)
+                last = block
+            if last is not None:
+                yield Chunk(last, records, (), tuple(labels), records, tuple(notes),
+                            tuple(contents), tuple(images))
 
 
 class _Progress:
@@ -314,6 +310,9 @@ def write_shard(spec: ShardSpec, target: ShardTarget, source: RecordSource,
         temp = target.attempt_path(spec.name, uuid.uuid4().hex[:12])
         try:
             written = _write_once(spec, temp, target.compression, source)
+            # The records' content entries go to a side file; the result carries its digest.
+            contents_path, contents_sha256, contents_count = write_contents(
+                target.temp_dir, spec.name, written.contents)
             break
         except STORAGE_ERRORS as err:
             run_progress.write_failed()
@@ -348,13 +347,16 @@ def write_shard(spec: ShardSpec, target: ShardTarget, source: RecordSource,
         planned_bytes=spec.planned_bytes,
         label_counts=tuple(sorted(written.labels.items())),
         note_counts=tuple(sorted(written.notes.items())),
-        contents=tuple(written.contents),
         image_counts=tuple(sorted(written.images.items())),
         bad_counts=tuple(sorted(Counter(d.error for d in written.dead).items())),
         dead_letter_path=dead_path,
         checkpoints=() if compressed else (spec.checkpoints or written.checkpoints),
         temp_path=temp,
         write_span=(started, time.time()),
+        contents=() if contents_path else tuple(written.contents),
+        contents_path=contents_path,
+        contents_sha256=contents_sha256,
+        contents_count=contents_count,
     )
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "open_write",
     "read_bytes",
     "read_bytes_if_exists",
+    "read_range",
     "read_text",
     "read_text_if_exists",
     "write_bytes",
@@ -72,6 +73,23 @@ def open_read(path: str):
     if _gcs.is_gcs(path):
         return _gcs.open_object(path)
     return FileSystems.open(path, compression_type=_RAW)
+
+
+def read_range(path: str, start: int, end: int, block: int = 1 << 20) -> Iterator[bytes]:
+    """Bytes ``[start, end)`` of ``path``, at most ``block`` at a time.
+
+    Raises:
+      OSError: when the file ends before ``end``.
+    """
+    with open_read(path) as stream:
+        stream.seek(start)
+        left = end - start
+        while left > 0:
+            data = stream.read(min(block, left))
+            if not data:
+                raise OSError(f"{path} ends before byte {end}")
+            left -= len(data)
+            yield data
 
 
 def open_write(path: str):

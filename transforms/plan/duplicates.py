@@ -7,16 +7,17 @@ every record carries, so the report costs no extra read. Pure Python.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import heapq
+from collections.abc import Iterable, Iterator
 
-__all__ = ["LISTED_GROUPS", "duplicate_report", "keep_first"]
+__all__ = ["LISTED_GROUPS", "DuplicateTally", "content_groups", "duplicate_report", "keep_first"]
 
 # Groups listed in the manifest per kind (all are counted).
 LISTED_GROUPS = 1000
 
 
 def duplicate_report(records: Iterable[tuple[str, str, str]]) -> dict:
-    """The duplicates among ``(sha256, split, filename)`` of every record.
+    """The duplicates among ``(sha256, split, filename)`` of every record, in one process.
 
     Returns:
       ``{}`` when every content is unique; else ``{"groups", "images",
@@ -24,8 +25,18 @@ def duplicate_report(records: Iterable[tuple[str, str, str]]) -> dict:
       ``{"sha256", "files": [{"split", "filename"}, ...]}``, files and groups
       sorted) whose copies sit in more than one split, and those within one
       split, at most ``LISTED_GROUPS`` of each (``"listed"`` says how many).
+      ``DuplicateTally`` makes the same report from groups found elsewhere.
     """
-    seen: dict[str, tuple[str, str] | list[tuple[str, str]]] = {}
+    tally = DuplicateTally()
+    for digest, files in content_groups(records):
+        tally.add(digest, files)
+    return tally.report()
+
+
+def content_groups(records: Iterable[tuple[str, str, str]]) -> Iterator[tuple[str, list[tuple[str, str]]]]:
+    """``(sha256, [(split, filename), ...])`` of each content that more than one of
+    the ``(sha256, split, filename)`` records holds (in the order first seen)."""
+    seen: dict[str, tuple[str, str]] = {}
     groups: dict[str, list[tuple[str, str]]] = {}
     for digest, split, filename in records:
         first = seen.get(digest)
@@ -35,21 +46,65 @@ def duplicate_report(records: Iterable[tuple[str, str, str]]) -> dict:
             groups[digest].append((split, filename))
         else:
             groups[digest] = [first, (split, filename)]
-    if not groups:
-        return {}
-    across, within = [], []
-    for digest, files in sorted(groups.items(), key=lambda item: sorted(item[1])):
-        entry = {"sha256": digest,
-                 "files": [{"split": s, "filename": f} for s, f in sorted(files)]}
-        (across if len({s for s, _ in files}) > 1 else within).append(entry)
-    return {
-        "groups": len(groups),
-        "images": sum(len(files) for files in groups.values()),
-        "across_splits": {"groups": len(across), "listed": min(len(across), LISTED_GROUPS),
-                          "list": across[:LISTED_GROUPS]},
-        "within_split": {"groups": len(within), "listed": min(len(within), LISTED_GROUPS),
-                         "list": within[:LISTED_GROUPS]},
-    }
+    yield from groups.items()
+
+
+class DuplicateTally:
+    """The duplicates report built from groups of copies, one group at a time and
+    in any order (groups found on many workers are tallied, and tallies merged):
+    every group is counted; only the first ``LISTED_GROUPS`` of each kind, in the
+    report's order, are kept."""
+
+    def __init__(self):
+        self.groups = self.images = self.across = self.within = 0
+        # (sort key, sha256, files) of the groups listed so far, the smallest kept.
+        self.across_list: list = []
+        self.within_list: list = []
+
+    def add(self, digest: str, files: Iterable[tuple[str, str]]) -> None:
+        """Counts one group (``files``: ``(split, filename)`` of its two or more copies)."""
+        files = sorted(files)
+        self.groups += 1
+        self.images += len(files)
+        entry = (files, digest)
+        if len({split for split, _ in files}) > 1:
+            self.across += 1
+            self.across_list.append(entry)
+            self.across_list = _trimmed(self.across_list)
+        else:
+            self.within += 1
+            self.within_list.append(entry)
+            self.within_list = _trimmed(self.within_list)
+
+    def merge(self, other: DuplicateTally) -> DuplicateTally:
+        """Adds ``other``'s groups to this tally (and returns it)."""
+        self.groups += other.groups
+        self.images += other.images
+        self.across += other.across
+        self.within += other.within
+        self.across_list = _trimmed(self.across_list + other.across_list)
+        self.within_list = _trimmed(self.within_list + other.within_list)
+        return self
+
+    def report(self) -> dict:
+        """The report ``duplicate_report`` describes (``{}`` without groups)."""
+        if not self.groups:
+            return {}
+
+        def section(count: int, entries: list) -> dict:
+            listed = [{"sha256": digest, "files": [{"split": s, "filename": f} for s, f in files]}
+                      for files, digest in sorted(entries)[:LISTED_GROUPS]]
+            return {"groups": count, "listed": min(count, LISTED_GROUPS), "list": listed}
+
+        return {"groups": self.groups, "images": self.images,
+                "across_splits": section(self.across, self.across_list),
+                "within_split": section(self.within, self.within_list)}
+
+
+def _trimmed(kept: list) -> list:
+    """``kept``, cut to its ``LISTED_GROUPS`` smallest once it holds more than twice
+    that (so adding one at a time stays cheap)."""
+    return heapq.nsmallest(LISTED_GROUPS, kept) if len(kept) > 2 * LISTED_GROUPS else kept
 
 
 def keep_first(items: Iterable[tuple[str, str, object]]) -> tuple[list, list[tuple[object, object]]]:

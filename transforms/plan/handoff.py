@@ -4,22 +4,26 @@ On a runner whose steps run elsewhere (Dataflow, the multi-process DirectRunner)
 the launcher writes its listing to the run's temporary folder on the output, and
 the listing step reads it there instead of listing again. That folder is storage
 other people may be able to write to, so what is handed over is plain data,
-never code: an Arrow IPC file (``HANDOFF_NAME``), read with nothing but Arrow's
-and JSON's parsers.
+never code: Arrow IPC files, read with nothing but Arrow's and JSON's parsers.
 
-- Its schema's metadata holds one JSON header under ``beam-tfrecords``: format
-  and version, the listing's arguments, and every field of the ``Listing`` but
-  the references (layout, vocabulary, dead letters, skipped paths, ...).
-- Its one record batch holds the references: for a ``RefTable`` its columns as
-  they are (``filename`` is the blob and offsets of relative paths, as one
-  ``large_binary`` column, not copied), for a list of ``ImageRef`` one row each
-  (strings as UTF-8 with ``surrogatepass``, so names that are not UTF-8 come back
-  as they were; extra features as JSON).
+- The hand-off (``HANDOFF_NAME``): its schema's metadata holds one JSON header
+  under ``beam-tfrecords``: format and version, the listing's arguments
+  (``graph_args``), and every field of the ``Listing`` but the references
+  (layout, vocabulary, dead letters, skipped paths, ...); its one record batch is
+  the index of the parts: each part's file name, reference count and SHA-256.
+- The parts (``part_name``, beside it): the references in order, at most
+  ``PART_ROWS`` in each, one record batch per file: for a ``RefTable`` its
+  columns as they are (``filename`` is the blob and offsets of relative paths,
+  as one ``large_binary`` column, not copied), for a list of ``ImageRef`` one row
+  each (strings as UTF-8 with ``surrogatepass``, so names that are not UTF-8 come
+  back as they were; extra features as JSON). A step that works on one part reads
+  that file alone.
 
-The launcher puts the file's SHA-256 into the job graph (the listing step's
-arguments), and the step checks it (``check_digest``) before it parses a byte: a
-file changed or replaced after the launcher wrote it is refused, whatever it
-holds. The hand-off of a 1M-image listing is ~70 MB (``benchmarks/bench_planning.py
+The launcher puts the hand-off's SHA-256 into the job graph (the listing step's
+arguments), and the step checks it (``check_digest``) before it parses a byte;
+the hand-off holds each part's SHA-256, checked before the part is parsed
+(``decode_part``): a file changed or replaced after the launcher wrote it is
+refused, whatever it holds. The hand-off of a 1M-image listing is ~70 MB (``benchmarks/bench_planning.py
 --handoff`` measures writing and reading it against the pickle it replaced).
 """
 
@@ -28,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +41,8 @@ from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
 from beam_tfrecords.transforms.plan.layouts import Listing
 from beam_tfrecords.transforms.plan.ref_table import RefTable
 
-__all__ = ["HANDOFF_NAME", "HandoffError", "check_digest", "decode_listing", "encode_listing"]
+__all__ = ["HANDOFF_NAME", "PART_ROWS", "HandoffError", "check_digest", "decode_listing", "decode_part",
+           "encode_listing", "encode_part", "graph_args", "listing_parts", "part_name"]
 
 HANDOFF_NAME = "listing.arrow"
 _FORMAT = "beam-tfrecords listing"
@@ -57,9 +62,31 @@ class HandoffError(ValueError):
     """A listing hand-off that is not the one the launcher wrote, or not one at all."""
 
 
+# Where the listing's arguments hold ``only`` (an incremental run's files to convert).
+_ONLY = 9
+
+
+def graph_args(args: Sequence) -> tuple:
+    """The listing's arguments as the job graph carries them when the listing is
+    handed over: ``only`` (an incremental run's new and changed files, maybe
+    millions of names, against Dataflow's ~10 MB job graph) replaced by one
+    ``sha256:<hex>`` of its names; the names are in the hand-off itself (the
+    listing holds only those files), which the graph's digest of it vouches for."""
+    args = tuple(args)
+    if len(args) <= _ONLY or not args[_ONLY] or _is_only_digest(args[_ONLY]):
+        return args
+    names = "\n".join(sorted(args[_ONLY])).encode("utf-8", _TEXT)
+    return (*args[:_ONLY], ("sha256:" + hashlib.sha256(names).hexdigest(),), *args[_ONLY + 1:])
+
+
+def _is_only_digest(only) -> bool:
+    return len(only) == 1 and isinstance(only[0], str) and only[0].startswith("sha256:")
+
+
 def _plain(args: Sequence) -> list:
-    """The listing's arguments as JSON gives them back (tuples become lists)."""
-    return json.loads(json.dumps(list(args)))
+    """The listing's arguments as the hand-off records them (``graph_args``) and JSON
+    gives them back (tuples become lists)."""
+    return json.loads(json.dumps(list(graph_args(args))))
 
 
 def _letter(letter: DeadLetter) -> list[str]:
@@ -113,10 +140,35 @@ def _list_batch(refs: Sequence[ImageRef]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, names=[name for name, _ in _LIST_COLUMNS])
 
 
-def encode_listing(args: Sequence, listing: Listing, sink) -> None:
-    """Writes ``listing`` (made with the listing arguments ``args``) to ``sink``, a
-    binary stream, as the hand-off file (``Listing.files`` is not written)."""
-    refs = listing.refs
+# A hand-off holds its references in parts of at most this many (each a file of its
+# own, ~20 MB for a folder layout's), so that a step reads only the part it works on.
+PART_ROWS = 250_000
+_PART_FORMAT = "beam-tfrecords listing part"
+_INDEX_COLUMNS = (("name", pa.large_binary()), ("count", pa.int64()), ("sha256", pa.large_binary()))
+
+
+def part_name(index: int) -> str:
+    """The file name of a hand-off's part ``index`` (beside the hand-off)."""
+    return f"listing-{index:05d}.arrow"
+
+
+def listing_parts(refs: Sequence[ImageRef], rows: int = PART_ROWS) -> Iterator[Sequence[ImageRef]]:
+    """A listing's references cut into parts of at most ``rows``, in order (a
+    ``RefTable`` into tables of its rows, a list into lists), one made at a time;
+    one part at least."""
+    n = len(refs)
+    bounds = list(range(0, n, rows)) + [n] if n else [0, 0]
+    for start, end in zip(bounds, bounds[1:]):
+        if (start, end) == (0, n):
+            yield refs
+        elif isinstance(refs, RefTable):
+            yield refs.rows(np.arange(start, end))
+        else:
+            yield list(refs[start:end])
+
+
+def encode_part(refs: Sequence[ImageRef], sink) -> None:
+    """Writes one part of a listing's references to ``sink`` (a binary stream)."""
     if isinstance(refs, RefTable):
         batch = _table_batch(refs)
         meta = {"kind": "table", "root": refs.root, "split_names": list(refs.split_names),
@@ -124,6 +176,25 @@ def encode_listing(args: Sequence, listing: Listing, sink) -> None:
     else:
         batch = _list_batch(list(refs))
         meta = {"kind": "list"}
+    header = json.dumps({"format": _PART_FORMAT, "version": _VERSION, "refs": meta}).encode("ascii")
+    with pa.ipc.new_file(sink, batch.schema.with_metadata({_KEY: header})) as writer:
+        writer.write_batch(batch)
+
+
+def encode_listing(args: Sequence, listing: Listing, sink, parts: Sequence[tuple[str, int, str]]) -> None:
+    """Writes the hand-off of ``listing`` (made with the listing arguments ``args``) to
+    ``sink``, a binary stream: every field of the listing but its references, and
+    the index of the parts that hold them (``(file name, references, SHA-256)``
+    each, written with ``encode_part``; the hand-off's digest vouches for theirs).
+    ``Listing.files`` is not written."""
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([name.encode("utf-8") for name, _, _ in parts], type=pa.large_binary()),
+         pa.array([count for _, count, _ in parts], type=pa.int64()),
+         pa.array([digest.encode("ascii") for _, _, digest in parts], type=pa.large_binary())],
+        names=[name for name, _ in _INDEX_COLUMNS])
+    refs = listing.refs
+    meta = {"kind": "table" if isinstance(refs, RefTable) else "list",
+            "bytes": int(refs.sizes.sum()) if isinstance(refs, RefTable) else sum(r.size for r in refs)}
     schema = batch.schema.with_metadata({_KEY: _header(args, listing, meta)})
     with pa.ipc.new_file(sink, schema) as writer:
         writer.write_batch(batch)
@@ -191,36 +262,74 @@ def _refs(batch: pa.RecordBatch) -> list[ImageRef]:
             for i in range(batch.num_rows)]
 
 
-def decode_listing(data, args: Sequence) -> Listing:
-    """The listing a hand-off file holds (check its digest first: ``check_digest``).
+def _one_batch(data, expected) -> tuple[dict, pa.RecordBatch]:
+    reader = pa.ipc.open_file(pa.py_buffer(data))
+    header = json.loads((reader.schema.metadata or {})[_KEY])
+    if reader.num_record_batches != 1:
+        raise HandoffError(f"{reader.num_record_batches} record batches, expected 1")
+    batch = reader.get_batch(0)
+    if expected is not None and [(f.name, f.type) for f in batch.schema] != list(expected):
+        raise HandoffError("its columns are not a listing's")
+    return header, batch
+
+
+def _refused(err: Exception) -> HandoffError:
+    return HandoffError(f"not a listing hand-off: {type(err).__name__}: "
+                        f"{str(err).splitlines()[0][:200] if str(err) else ''}")
+
+
+def decode_listing(data, args: Sequence) -> tuple[Listing, list[tuple[str, int, str]], int]:
+    """The listing a hand-off holds, without its references; the index of its parts
+    ``(file name, references, SHA-256)``; and the bytes of the images it lists
+    (check the hand-off's digest first: ``check_digest``; each part's is checked
+    when it is read: ``decode_part``).
 
     Raises:
       HandoffError: when ``data`` is not such a file, or was made for arguments
         other than ``args``.
     """
     try:
-        reader = pa.ipc.open_file(pa.py_buffer(data))
-        header = json.loads((reader.schema.metadata or {})[_KEY])
+        header, batch = _one_batch(data, _INDEX_COLUMNS)
         if header.get("format") != _FORMAT or header.get("version") != _VERSION:
             raise HandoffError("not a listing hand-off of this version")
         if header["args"] != _plain(args):
             raise HandoffError("it holds the listing of other options than this step's")
-        meta = header["refs"]
-        expected = {"table": _TABLE_COLUMNS, "list": _LIST_COLUMNS}[meta["kind"]]
-        if reader.num_record_batches != 1:
-            raise HandoffError(f"{reader.num_record_batches} record batches, expected 1")
-        batch = reader.get_batch(0)
-        if [(f.name, f.type) for f in batch.schema] != list(expected):
-            raise HandoffError("its columns are not a listing's")
-        refs = _table(batch, meta) if meta["kind"] == "table" else _refs(batch)
-        return Listing(
-            layout=str(header["layout"]), refs=refs, vocabulary=[str(v) for v in header["vocabulary"]],
+        names, counts, digests = (batch.column(name).to_pylist() for name, _ in _INDEX_COLUMNS)
+        parts = [(name.decode("utf-8"), int(count), digest.decode("ascii"))
+                 for name, count, digest in zip(names, counts, digests)]
+        if any("/" in name or not name.startswith("listing-") for name, _, _ in parts):
+            raise HandoffError("a part's name is not a part's")
+        listing = Listing(
+            layout=str(header["layout"]), refs=[], vocabulary=[str(v) for v in header["vocabulary"]],
             ignored=int(header["ignored"]), dead_letters=_letters(header["dead_letters"]),
             extra_features={str(k): str(v) for k, v in header["extra_features"].items()},
             skipped=_letters(header["skipped"]), split_source=str(header["split_source"]),
             duplicates_dropped=[tuple(str(x) for x in d) for d in header["duplicates_dropped"]])
+        return listing, parts, int(header["refs"]["bytes"])
     except HandoffError:
         raise
     except (pa.ArrowException, KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
-        raise HandoffError(f"not a listing hand-off: {type(err).__name__}: "
-                           f"{str(err).splitlines()[0][:200] if str(err) else ''}") from err
+        raise _refused(err) from err
+
+
+def decode_part(data, expected_sha256: str, where: str) -> list[ImageRef] | RefTable:
+    """The references one part of a hand-off holds, its SHA-256 checked first.
+
+    Raises:
+      HandoffError: when its digest is not ``expected_sha256`` (from the hand-off's
+        index), or it is not a part.
+    """
+    check_digest(data, expected_sha256, where)
+    try:
+        header, batch = _one_batch(data, None)
+        if header.get("format") != _PART_FORMAT or header.get("version") != _VERSION:
+            raise HandoffError("not a listing part of this version")
+        meta = header["refs"]
+        expected = {"table": _TABLE_COLUMNS, "list": _LIST_COLUMNS}[meta["kind"]]
+        if [(f.name, f.type) for f in batch.schema] != list(expected):
+            raise HandoffError("its columns are not a listing's")
+        return _table(batch, meta) if meta["kind"] == "table" else _refs(batch)
+    except HandoffError as err:
+        raise HandoffError(f"{where}: {err}") from err
+    except (pa.ArrowException, KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+        raise HandoffError(f"{where}: {_refused(err)}") from err

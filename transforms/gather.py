@@ -1,0 +1,484 @@
+"""What the commit needs of every record, gathered on the workers, so that the
+commit itself holds counts, not contents.
+
+Every image record has a content entry (its image's SHA-256, its
+``image/filename``, the file's own SHA-256 when that differs), which its shard's
+writer put in a side file (``transforms.io.contents``). From those files:
+
+- **Duplicates**: each shard's entries are sent, a batch per hash bucket (a
+  range of content hashes), to the worker that holds that bucket; it finds the
+  contents held more than once and tallies them (``plan.duplicates.DuplicateTally``:
+  every group counted, the first ``LISTED_GROUPS`` of each kind listed); the
+  tallies are merged into the one report the commit publishes.
+- **inputs.jsonl**: the launcher's file (and, for a listing made on the workers,
+  each unit's) is cut into pieces at line ends, in order; each file's content
+  hash is sent to the piece that holds its line (pieces are ranges of paths), a
+  worker completes each piece (``schemas.inputs.complete_lines``), and one step
+  joins the pieces in order into the staged file while computing its SHA-256 and
+  the input fingerprint (``InputsFingerprint``), a block at a time.
+
+The commit receives one ``Gathered``: the duplicates report and the staged
+``inputs.jsonl`` (path, size, digest, file count, fingerprint). No step holds
+every record's entry. ``gather_in_process`` gives the same from the side files
+in one process (for a caller of ``finalize`` without the pipeline).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import hashlib
+import heapq
+import json
+import logging
+import threading
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from beam_tfrecords.schemas.elements import CompletedInputs, ShardResult
+from beam_tfrecords.schemas.inputs import (
+    INPUTS_NAME,
+    UNIT_INPUTS_DIR,
+    InputsFingerprint,
+    complete_inputs,
+    complete_lines,
+    unit_inputs_name,
+)
+from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io.contents import shard_contents
+from beam_tfrecords.transforms.plan.duplicates import DuplicateTally, content_groups, duplicate_report
+
+__all__ = ["COMPLETED_INPUTS", "GatherContents", "Gathered", "gather_in_process", "input_pieces", "join_gathered"]
+
+_log = logging.getLogger(__name__)
+# The completed inputs.jsonl, staged in the run's temporary folder (the launcher's
+# own file there is never overwritten: a retried piece reads it again).
+COMPLETED_INPUTS = "inputs.completed.jsonl"
+_PIECES_DIR = "inputs-completed"
+# inputs.jsonl is completed in pieces of about this many bytes (~250,000 lines).
+PIECE_BYTES = 32 << 20
+# Duplicates are found in this many content-hash buckets (a bucket holds 1/64 of the
+# records: ~160,000 at 10M, ~30 MB).
+BUCKETS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Gathered:
+    """What the commit learns of every record.
+
+    Attributes:
+      duplicates: the duplicates report (``plan.duplicates.duplicate_report``; ``{}``
+        when every content is unique).
+      inputs: the completed ``inputs.jsonl``, staged; ``None`` when the run has none.
+    """
+
+    duplicates: dict
+    inputs: CompletedInputs | None
+
+
+
+@dataclasses.dataclass(frozen=True)
+class _Piece:
+    """Consecutive lines of the run's ``inputs.jsonl`` sources: ``ranges`` of
+    ``(source, start, end)`` (bytes, at line ends), in order; ``first_key``: the
+    sort key of its first line (``None`` when it has none)."""
+
+    index: int
+    ranges: tuple[tuple[str, int, int], ...]
+    first_key: tuple | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _DonePiece:
+    """A completed piece, sorted, in a file of its own (``path``): its lines
+    (``lines_size`` bytes), then its files' fingerprint tokens; and what the join
+    checks and adds up."""
+
+    index: int
+    path: str
+    lines_size: int
+    size: int
+    role_tokens: tuple
+    files: int
+    first_key: tuple | None
+    last_key: tuple | None
+
+
+def _sources(temp_dir: str, input_units: int) -> list[tuple[str, int]]:
+    """``(path, size)`` of the run's ``inputs.jsonl`` sources, in order: the launcher's
+    (when it wrote one), then each listing unit's (found with one listing).
+
+    Raises:
+      FileNotFoundError: naming a listing unit's file that is not there.
+    """
+    launcher = files.join(temp_dir, INPUTS_NAME)
+    found = [(launcher, _size(launcher))] if files.exists(launcher) else []
+    if input_units:
+        sizes = dict(files.list_under(files.join(temp_dir, UNIT_INPUTS_DIR)))
+        for unit in range(input_units):
+            path = files.join(temp_dir, UNIT_INPUTS_DIR, unit_inputs_name(unit))
+            if path not in sizes:
+                raise FileNotFoundError(f"{path}: a listing unit's inputs.jsonl lines are missing")
+            found.append((path, sizes[path]))
+    return found
+
+
+def _size(path: str) -> int:
+    return FileSystems.get_filesystem(path).metadata(path).size_in_bytes
+
+
+def _line_key(line: bytes) -> tuple | None:
+    """The sort key ``(no role, role, path)`` of a line; ``None`` for a blank or bad line
+    (that piece's completion names it)."""
+    try:
+        value = json.loads(line)
+        role = str(value.get("role", ""))
+        return role == "", role, str(value["path"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _line_ranges(path: str, size: int, piece_bytes: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of ``path`` cut at line ends into ranges of about ``piece_bytes``
+    (a small file is one range, and is not read)."""
+    bounds = [0]
+    if size > piece_bytes:
+        with files.open_read(path) as stream:
+            for offset in range(piece_bytes, size, piece_bytes):
+                if offset <= bounds[-1]:
+                    continue
+                stream.seek(offset - 1)
+                stream.readline()  # To the end of the line that holds byte offset - 1.
+                if stream.tell() < size:
+                    bounds.append(stream.tell())
+    return list(zip(bounds, bounds[1:] + [size]))
+
+
+def _first_key(ranges: Sequence[tuple[str, int, int]]) -> tuple | None:
+    """The sort key of the first line of ``ranges`` (one short read, usually)."""
+    for source, start, end in ranges:
+        if start == end:
+            continue
+        with files.open_read(source) as stream:
+            stream.seek(start)
+            while stream.tell() < end:
+                line = stream.readline()
+                if line.strip():
+                    return _line_key(line)  # None for a bad line: its completion names it.
+    return None
+
+
+def input_pieces(temp_dir: str, input_units: int, piece_bytes: int = PIECE_BYTES) -> list[_Piece]:
+    """The run's ``inputs.jsonl`` sources (the launcher's file, then each listing
+    unit's), in order, as pieces of about ``piece_bytes``: a large file cut at line
+    ends, small ones taken together, each piece with its first line's key (one
+    listing, and a few short reads per piece)."""
+    groups: list[list[tuple[str, int, int]]] = [[]]
+    held = 0
+    for source, size in _sources(temp_dir, input_units):
+        for start, end in _line_ranges(source, size, piece_bytes):
+            if groups[-1] and held + end - start > piece_bytes:
+                groups.append([])
+                held = 0
+            groups[-1].append((source, start, end))
+            held += end - start
+    return [_Piece(index, tuple(ranges), _first_key(ranges))
+            for index, ranges in enumerate(groups) if ranges]
+
+
+_found_pieces: dict[tuple[str, int], list[_Piece]] = {}
+_found_lock = threading.Lock()
+
+
+def _run_pieces(temp_dir: str, input_units: int) -> list[_Piece]:
+    """``input_pieces`` of a run, found once per worker process (its files do not
+    change once every file was listed)."""
+    key = (temp_dir, input_units)
+    with _found_lock:
+        if key not in _found_pieces:
+            if len(_found_pieces) > 8:
+                _found_pieces.clear()
+            _found_pieces[key] = input_pieces(temp_dir, input_units)
+        return _found_pieces[key]
+
+
+def _router(pieces: Sequence[_Piece]):
+    """``filename -> piece index``: the piece whose path range holds the file's line."""
+    keyed = [(p.first_key, p.index) for p in sorted(pieces, key=lambda p: p.index) if p.first_key]
+    keys = [key for key, _ in keyed]
+    if not keyed:
+        return lambda _: -1
+
+    def route(filename: str) -> int:
+        return keyed[max(0, bisect.bisect_right(keys, (True, "", filename)) - 1)][1]
+
+    return route
+
+
+def _bucket(digest: str) -> int:
+    return zlib.crc32(digest.encode("ascii", "replace")) % BUCKETS
+
+
+class _ReadContentsFn(beam.DoFn):
+    """``ShardResult`` → ``(("bucket", b), ("entries", [(sha256, split, filename), ...]))``
+    per content-hash bucket, and ``(("piece", i), ("names", [(filename, file sha256), ...]))``
+    per ``inputs.jsonl`` piece.
+
+    The pieces are found once per worker (``input_pieces``: a few short reads); every
+    listing unit's piece exists by then, since every shard's plan needed every unit.
+    """
+
+    def __init__(self, temp_dir: str, input_units: int):
+        self._temp_dir = temp_dir
+        self._units = input_units
+        self._route = None
+
+    def process(self, result: ShardResult) -> Iterator:
+        if not result.contents_count:
+            return
+        if self._route is None:
+            pieces = _run_pieces(self._temp_dir, self._units)
+            self._route = _router(pieces) if pieces else False
+        route = self._route
+        by_bucket: dict[int, list] = {}
+        by_piece: dict[int, list] = {}
+        for digest, filename, source in shard_contents(result):
+            by_bucket.setdefault(_bucket(digest), []).append((digest, result.split, filename))
+            if route:
+                by_piece.setdefault(route(filename), []).append((filename, source or digest))
+        for bucket, entries in by_bucket.items():
+            yield ("bucket", bucket), ("entries", entries)
+        for index, names in by_piece.items():
+            yield ("piece", index), ("names", names)
+
+
+def _pieces(_, temp_dir: str, input_units: int) -> Iterator:
+    """Every ``inputs.jsonl`` piece, as an element of its own (so that a piece no
+    record's hash reaches is completed too)."""
+    for piece in _run_pieces(temp_dir, input_units):
+        yield ("piece", piece.index), ("piece", piece)
+
+
+class _RouteNamesFn(beam.DoFn):
+    """filename → ``(("piece", i), ("excluded", [filename]))``: the piece whose line it
+    leaves out."""
+
+    def __init__(self, temp_dir: str, input_units: int):
+        self._temp_dir = temp_dir
+        self._units = input_units
+        self._route = None
+
+    def process(self, filename: str) -> Iterator:
+        if self._route is None:
+            pieces = _run_pieces(self._temp_dir, self._units)
+            self._route = _router(pieces) if pieces else False
+        if self._route:
+            yield ("piece", self._route(filename)), ("excluded", [filename])
+
+
+class _GatherFn(beam.DoFn):
+    """A content-hash bucket → ``(None, ("tally", DuplicateTally))`` of its groups of
+    copies; an ``inputs.jsonl`` piece with its files' hashes → ``(None, ("piece",
+    _DonePiece))``, its lines completed (sorted) and written."""
+
+    def __init__(self, temp_dir: str):
+        self._temp_dir = temp_dir
+
+    def process(self, element) -> Iterator:
+        (kind, index), values = element
+        if kind == "bucket":
+            tally = DuplicateTally()
+            entries = (entry for _, batch in values for entry in batch)
+            for digest, group in content_groups(entries):
+                tally.add(digest, group)
+            yield None, ("tally", tally)
+            return
+        found, digests, excluded = [], {}, set()
+        for what, value in values:
+            if what == "piece":
+                found.append(value)
+            elif what == "names":
+                digests.update(value)
+            else:
+                excluded.update(value)
+        if found:
+            yield None, ("piece", self._complete(index, found[0], digests, excluded))
+
+    def _complete(self, index: int, piece: _Piece, digests: dict, excluded: set) -> _DonePiece:
+        data = _piece_bytes(piece)
+        source, start, _ = piece.ranges[0]
+        where = f"{source.rsplit('/', 1)[-1]} (a piece from byte {start:,})"
+        part = complete_lines(data, digests, excluded, source=where, sort=True)
+        del data
+        path = files.join(self._temp_dir, _PIECES_DIR, f"piece-{index:06d}")
+        files.write_bytes(path, part.lines + part.file_tokens)
+        return _DonePiece(index, path, len(part.lines), len(part.lines) + len(part.file_tokens),
+                          part.role_tokens, part.files, part.first_key, part.last_key)
+
+
+def _piece_bytes(piece: _Piece) -> bytes:
+    """A piece's lines, read range by range (a source that does not end its last line
+    has one added, so that two sources never run into one line)."""
+    parts = []
+    for source, start, end in piece.ranges:
+        if start == end:
+            continue
+        with files.open_read(source) as stream:
+            stream.seek(start)
+            data = stream.read(end - start)
+        parts.append(data if data.endswith(b"\n") else data + b"\n")
+    return b"".join(parts)
+
+
+def _ordered(done: Sequence[_DonePiece]) -> bool:
+    """Whether the pieces, each in order, follow one another without overlapping."""
+    last = None
+    for piece in done:
+        if piece.first_key is not None:
+            if last is not None and piece.first_key < last:
+                return False
+            last = piece.last_key
+    return True
+
+
+def _lines(path: str, start: int, end: int) -> Iterator[bytes]:
+    """The lines in bytes ``[start, end)`` of ``path``, one at a time."""
+    with files.open_read(path) as stream:
+        stream.seek(start)
+        while stream.tell() < end:
+            yield stream.readline()
+
+
+def _merged(ranges: Sequence[tuple[str, int, int]], key) -> Iterator[bytes]:
+    """The lines of ranges each sorted by ``key``, merged in that order, a line at a time."""
+    return heapq.merge(*(_lines(*r) for r in ranges), key=key)
+
+
+def _token_path(line: bytes) -> str:
+    return json.loads(line)[1]
+
+
+def join_gathered(parts: Iterable[tuple[str, object]], temp_dir: str, options_fingerprint: str) -> Gathered:
+    """``GatherContents``' parts → ``Gathered``, in the commit: the buckets' tallies
+    merged into the report, and the completed pieces joined in order into the
+    staged ``inputs.jsonl`` (its SHA-256 and the input fingerprint computed as it is
+    written, a block at a time; pieces whose path ranges overlap, which the files
+    this product writes never do, are merged line by line)."""
+    tally, done = DuplicateTally(), []
+    for kind, value in parts:
+        if kind == "tally":
+            tally.merge(value)
+        else:
+            done.append(value)
+    if not done:
+        return Gathered(tally.report(), None)
+    done.sort(key=lambda p: p.index)
+    line_ranges = [(p.path, 0, p.lines_size) for p in done]
+    token_ranges = [(p.path, p.lines_size, p.size) for p in done]
+    if _ordered(done):
+        lines = (block for r in line_ranges for block in files.read_range(*r))
+        tokens = (block for r in token_ranges for block in files.read_range(*r))
+    else:
+        lines = _merged(line_ranges, _line_key)
+        tokens = _merged(token_ranges, _token_path)
+    staged = files.join(temp_dir, COMPLETED_INPUTS)
+    sha256, size, fingerprint = hashlib.sha256(), 0, InputsFingerprint(options_fingerprint)
+    with files.open_write(staged) as out:
+        for block in lines:
+            out.write(block)
+            sha256.update(block)
+            size += len(block)
+    for block in tokens:
+        fingerprint.add_files(block)
+    role_tokens = [token for piece in done for token in piece.role_tokens]
+    return Gathered(tally.report(), CompletedInputs(staged, size, sha256.hexdigest(),
+                                                    sum(p.files for p in done),
+                                                    fingerprint.finish(role_tokens)))
+
+
+def _entries(results: Iterable[ShardResult]) -> Iterator[tuple[str, str, str, str]]:
+    """``(sha256, split, filename, file sha256 or '')`` of every record, from the side files."""
+    for result in sorted(results, key=lambda r: (r.split, r.index)):
+        for digest, filename, source in shard_contents(result):
+            yield digest, result.split, filename, source
+
+
+def _complete_whole(temp_dir: str, input_units: int, options_fingerprint: str,
+                    results: Sequence[ShardResult], excluded: set[str]) -> CompletedInputs | None:
+    sources = _sources(temp_dir, input_units)
+    if not sources:
+        return None
+    data = b"".join(files.read_bytes(source) for source, _ in sources)
+    digests = {filename: source or digest for digest, _, filename, source in _entries(results)}
+    if excluded:
+        data = b"".join(line + b"\n" for line in data.split(b"\n") if line.strip()
+                        and not _excluded(line, excluded))
+    inputs_bytes, count, fingerprint = complete_inputs(data, digests, options_fingerprint)
+    staged = files.join(temp_dir, COMPLETED_INPUTS)
+    files.write_bytes(staged, inputs_bytes)
+    return CompletedInputs(staged, len(inputs_bytes), hashlib.sha256(inputs_bytes).hexdigest(), count,
+                           fingerprint)
+
+
+def _excluded(line: bytes, excluded: set[str]) -> bool:
+    key = _line_key(line)
+    return key is not None and key[0] and key[2] in excluded
+
+
+def gather_in_process(temp_dir: str, input_units: int, options_fingerprint: str,
+                      results: Sequence[ShardResult], excluded: Iterable[str] = ()) -> Gathered:
+    """What ``GatherContents`` gives, made in this process from the side files (its
+    memory grows with the records: for callers of ``finalize`` without a pipeline)."""
+    duplicates = duplicate_report((digest, split, filename) for digest, split, filename, _ in _entries(results))
+    return Gathered(duplicates, _complete_whole(temp_dir, input_units, options_fingerprint, results,
+                                                set(excluded)))
+
+
+class GatherContents(beam.PTransform):
+    """``ShardResult`` s → the parts of the commit's ``Gathered``, found on the workers
+    from the shards' side files, under the key ``None`` (the commit groups them with
+    its own): ``("tally", DuplicateTally)`` per content-hash bucket (its groups of
+    copies) and ``("piece", ...)`` per ``inputs.jsonl`` piece (completed, written
+    beside it); ``join_gathered`` makes the ``Gathered`` of them in the commit.
+
+    Args:
+      temp_dir: the run's temporary folder (the launcher's ``inputs.jsonl``, the
+        units' pieces, and what this step stages).
+      input_units: the listing units whose ``inputs.jsonl`` pieces follow the
+        launcher's (``--list_on_workers``; 0 otherwise).
+      listed: a PCollection of one element made once every input file was listed
+        (the run's ``InputSummary``): the pieces of ``inputs.jsonl`` are cut then.
+      excluded: a PCollection of ``image/filename`` s listed by the launcher but left
+        out by the run before any shard (copies dropped on the workers, files that
+        could not be read to hash), whose lines ``inputs.jsonl`` does not keep; or
+        ``None``.
+
+    Its steps are few and plain (Beam builds every applied transform at some cost,
+    and a local run pays it on every run): one group per kind of key.
+    """
+
+    def __init__(self, temp_dir: str, input_units: int, listed, excluded=None):
+        super().__init__()
+        self._listed = listed
+        self._temp_dir = temp_dir
+        self._units = input_units
+        self._excluded = excluded
+
+    def expand(self, results):
+        keyed = [
+            results | "ReadContents" >> beam.ParDo(_ReadContentsFn(self._temp_dir, self._units)),
+            # Every piece, as soon as the run's summary says every file was listed.
+            self._listed | "Pieces" >> beam.FlatMap(_pieces, self._temp_dir, self._units),
+        ]
+        if self._excluded is not None:
+            keyed.append(self._excluded | "RouteLeftOut" >> beam.ParDo(
+                _RouteNamesFn(self._temp_dir, self._units)))
+        return (
+            keyed
+            | "Keyed" >> beam.Flatten()
+            | "ByBucketOrPiece" >> beam.GroupByKey()
+            | "FindCopiesCompletePieces" >> beam.ParDo(_GatherFn(self._temp_dir))
+        )
