@@ -35,6 +35,7 @@ import types
 import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that, equal_to
 
 from beam_tfrecords.cli import main as cli_main
 from beam_tfrecords.pipeline import build_pipeline, convert
@@ -73,6 +74,8 @@ class Captured:
     summary: object
     variants: dict[str, str]  # state name -> a saved copy of the output folder
     old: dict[str, bytes]  # state name -> the old manifest's bytes
+    gathered: object = None  # What the gathering step gave the commit (its files in the folder).
+    parts: list = dataclasses.field(default_factory=list)  # What the gathering step sent the commit.
 
 
 def _config(root: str, out: str, **band) -> ConvertConfig:
@@ -100,12 +103,21 @@ def captured(tmp_path_factory) -> Captured:
     take_output(plan)
     kept = {}
 
-    def keep(settings, results, summary):
-        kept.update(settings=settings, results=list(results), summary=summary)
+    def keep(settings, results, summary, gathered=None):
+        # The gathering step's inputs.jsonl stays in the temporary folder, saved with it.
+        kept.update(settings=settings, results=list(results), summary=summary, gathered=gathered)
         return {"status": "ok"}  # Nothing committed: the folder stays as the commit finds it.
+
+    real_join = commit_step.join_gathered
+
+    def join(parts, *args):
+        parts = list(parts)
+        kept.update(parts=parts)  # What the gathering step sent, to send it again.
+        return real_join(parts, *args)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(commit_step, "finalize", keep)
+        patch.setattr(commit_step, "join_gathered", join)
         build_pipeline(plan).run().wait_until_finish()
     assert len(kept["results"]) == 3 and all(r.verified for r in kept["results"])
     variants, old = {"fresh": str(base / "fresh")}, {}
@@ -116,7 +128,7 @@ def captured(tmp_path_factory) -> Captured:
         variants[state] = str(base / state)
         shutil.copytree(out, variants[state], symlinks=True)
         old[state] = _copy_dataset(dataset, variants[state])
-    return Captured(out, kept["settings"], kept["results"], kept["summary"], variants, old)
+    return Captured(out, kept["settings"], kept["results"], kept["summary"], variants, old, kept["gathered"], kept["parts"])
 
 
 def _restore(cap: Captured, state: str) -> list:
@@ -228,7 +240,7 @@ def _points(moves: int) -> list[tuple[str, int]]:
 @pytest.mark.parametrize("state", sorted(STATES))
 def test_a_commit_crashed_anywhere_then_run_again_publishes_the_undisturbed_dataset(captured, state):
     cap = captured
-    undisturbed = finalize(cap.settings, _restore(cap, state), cap.summary)
+    undisturbed = finalize(cap.settings, _restore(cap, state), cap.summary, cap.gathered)
     assert undisturbed["status"] == "ok"
     reference = _published(cap.out)
     new = reference["manifest"]
@@ -238,7 +250,7 @@ def test_a_commit_crashed_anywhere_then_run_again_publishes_the_undisturbed_data
         where = f"{state}, crashed at {point} #{nth}"
         results = _restore(cap, state)
         with crash_at(point, nth) as seen, pytest.raises(Crash):
-            finalize(cap.settings, results, cap.summary)
+            finalize(cap.settings, results, cap.summary, cap.gathered)
         assert len(seen) == nth, where
         # At the crash: the old dataset whole, or the new one (or, where new shards take
         # the old ones' names, no manifest, with the old one in the journal).
@@ -259,7 +271,7 @@ def test_a_commit_crashed_anywhere_then_run_again_publishes_the_undisturbed_data
                 staged = f.read()
         # Run again, as the runner retries the step: later (another created time).
         with _later():
-            report = finalize(cap.settings, results, cap.summary)
+            report = finalize(cap.settings, results, cap.summary, cap.gathered)
         assert report["status"] == "ok", f"{where}: {report}"
         assert _published(cap.out) == reference, where
         if staged is not None:  # The retry published what the first attempt staged.
@@ -272,12 +284,20 @@ def test_a_commit_crashed_anywhere_then_run_again_publishes_the_undisturbed_data
 def test_a_commit_run_twice_changes_nothing_the_second_time(captured):
     cap = captured
     results = _restore(cap, "same-names")
-    first = finalize(cap.settings, results, cap.summary)
+    first = finalize(cap.settings, results, cap.summary, cap.gathered)
     published = _files(cap.out)
     with _later():
-        second = finalize(cap.settings, results, cap.summary)
+        second = finalize(cap.settings, results, cap.summary, cap.gathered)
     assert first["status"] == "ok" and json.dumps(second) == json.dumps(first)
     assert _files(cap.out) == published  # Byte for byte: manifest, shards, report.
+    # The commit step itself retried (its temporary folder and the gathered files gone
+    # with the run): it finds the report, yields it, and the job ends done.
+    group = [("result", r) for r in results] + [("summary", cap.summary)] + cap.parts
+    assert any(kind == "piece" for kind, _ in cap.parts)
+    with beam.Pipeline() as p:
+        reports = p | beam.Create([(None, group)]) | beam.ParDo(commit_step._CommitFn(cap.settings))
+        assert_that(reports | beam.Map(lambda report: report["status"]), equal_to(["ok"]))
+    assert _files(cap.out) == published
     assert _verifies(cap.out)
 
 
@@ -288,14 +308,14 @@ def test_a_retried_commit_that_published_keeps_the_dataset_without_the_report_gu
     cap = captured
     results = _restore(cap, "other-names")
     with crash_at("before_report"), pytest.raises(Crash):
-        finalize(cap.settings, results, cap.summary)
+        finalize(cap.settings, results, cap.summary, cap.gathered)
     manifest = os.path.join(cap.out, "manifest.json")
     before = os.stat(manifest)
     with crash_at("report_written"), pytest.raises(Crash):
-        finalize(cap.settings, results, cap.summary)
+        finalize(cap.settings, results, cap.summary, cap.gathered)
     after = os.stat(manifest)
     assert (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns)  # Not rewritten.
-    assert finalize(cap.settings, results, cap.summary)["status"] == "ok"
+    assert finalize(cap.settings, results, cap.summary, cap.gathered)["status"] == "ok"
     assert _verifies(cap.out)
 
 
@@ -311,6 +331,13 @@ def test_a_failed_commit_raises_after_its_report_and_a_retry_raises_again(captur
             summary = p | "Summary" >> beam.Create([cap.summary])
             _ = p | beam.Create(bad) | commit_step.Commit(cap.settings, summary)
 
+    def retry_commit_step() -> None:
+        """What a runner retries: the commit step's bundle, its group as it came (the
+        steps before it are done; the temporary folder is gone with the failed run)."""
+        group = [("result", r) for r in bad] + [("summary", cap.summary)] + cap.parts
+        with beam.Pipeline() as p:
+            _ = p | beam.Create([(None, group)]) | beam.ParDo(commit_step._CommitFn(cap.settings))
+
     with pytest.raises(RunFailed, match=r"published nothing \(verification_failed\)"):
         run_commit_step()
     with open(os.path.join(cap.out, "run_report.json"), encoding="utf-8") as f:
@@ -318,7 +345,7 @@ def test_a_failed_commit_raises_after_its_report_and_a_retry_raises_again(captur
     assert report["status"] == "verification_failed" and report["run_id"] == cap.settings.target.run_id
     published = _files(cap.out)
     with pytest.raises(RunFailed, match=r"published nothing \(verification_failed\)"):
-        run_commit_step()  # The retry: the same report, nothing touched, failed again.
+        retry_commit_step()  # The retry: the same report, nothing touched, failed again.
     assert _files(cap.out) == published
     assert _state(cap.out, cap.old["other-names"], {}) == "old"  # The old dataset, untouched.
 

@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import uuid
 from collections import Counter
@@ -35,8 +36,7 @@ from beam_tfrecords.transforms.images import list_images
 from beam_tfrecords.transforms.io import gcs as gcs_module
 from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
 from beam_tfrecords.transforms.io.helpers import encode_chunk
-from beam_tfrecords.transforms.plan.handoff import decode_listing, encode_listing
-from beam_tfrecords.transforms.plan.layouts import Listing
+from beam_tfrecords.transforms.plan.handoff import decode_part, encode_part
 from beam_tfrecords.transforms.plan.ref_table import class_folder_table
 from tests.attack_table import cli_env, held_cli, tally
 from tests.fake_gcs import binary, fake_gcs_fixture  # noqa: F401  (fixture)
@@ -211,10 +211,9 @@ def test_listed_generation_travels_with_each_reference():
     local = class_folder_table("/in", [("/in/cat/1.jpg", 10, 99, -1)], None,
                                lambda _root, _top: False, "train").table
     assert [(r.generation, r.crc32c) for r in local] == [(0, -1)]
-    listing = Listing("class_folders", list(table), ["cat", "dog"])
     sink = io.BytesIO()
-    encode_listing(("args",), listing, sink)
-    assert decode_listing(sink.getvalue(), ("args",)).refs == list(table)
+    encode_part(list(table), sink)
+    assert decode_part(sink.getvalue(), hashlib.sha256(sink.getvalue()).hexdigest(), "part") == list(table)
 
 
 @pytest.mark.emulator

@@ -543,7 +543,11 @@ class _CommitFn(beam.DoFn):
                 (summaries if kind == "summary" else parts).append((kind, value))
         (summary,) = [value for _, value in summaries]
         settings = self._settings
-        gathered = join_gathered(parts, settings.target.temp_dir, settings.options_fingerprint)
+        # A retry of a commit that ended (its report written, the temporary folder
+        # perhaps gone) joins nothing: finalize only repeats the cleanup.
+        ended = _ended_report(settings) is not None
+        gathered = None if ended else join_gathered(parts, settings.target.temp_dir,
+                                                     settings.options_fingerprint)
         report = finalize(settings, results.results(), summary, gathered)
         _log.info("Run finished: %s", report["status"])
         if report["status"] != "ok":
