@@ -124,7 +124,6 @@ __all__ = [
     "ShardChangedError",
     "acquire_lock",
     "holds_lock",
-    "kept_aside",
     "new_run_id",
     "publish",
     "record_job",
@@ -719,17 +718,18 @@ def _holds(dst: str, claim: Claim | None, listed: Mapping[str, ObjectInfo] | Non
 
 
 def _pending_moves(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
-                   verified: Mapping[str, StoredObject | None], digests: Mapping[str, Claim]) -> list[_Move]:
+                   verified: Mapping[str, StoredObject | None], digests: Mapping[str, Claim],
+                   sources: Mapping[str, ObjectInfo]) -> list[_Move]:
     """The moves still to make, each checked before anything moves: a shard still in
     the temporary folder must be the object verified; a file whose source is gone
     must be, by size and checksum, at its final name (a move an earlier attempt of
-    this commit made). On GCS, two listings answer for every file.
+    this commit made). On GCS, two listings answer for every file (``sources``: the
+    temporary folder's, and, when a source is gone, the output's).
 
     Raises:
       ShardChangedError: naming the first file that is neither.
     """
     gcs = is_gcs(temp_dir)
-    sources = list_objects(temp_dir) if gcs else {}
     finals: dict[str, ObjectInfo] | None = None
     moves, problems, made = [], [], 0
     for src, dst in renames:
@@ -863,44 +863,46 @@ def _aside_path(output: str, temp_dir: str, path: str) -> str:
     return files.join(temp_dir, KEPT_ASIDE, _relative(output, path))
 
 
-def _asides(output: str, temp_dir: str, moves: Sequence[_Move]) -> tuple[list[_Move], int]:
+def _asides(output: str, temp_dir: str, moves: Sequence[_Move],
+            sources: Mapping[str, ObjectInfo]) -> tuple[list[_Move], int]:
     """``moves`` (each replacing a file the published manifest lists, with other bytes),
     each with where that file is kept aside before it is replaced; and on GCS the
     generation of ``manifest.json`` to keep aside before it is removed (0: none to
-    copy). On GCS, what to copy is decided from two listings (the output's top and
-    what is kept already): nothing kept already is copied again (a retry), and a
-    final name that holds the new bytes already (copied, its source not yet deleted)
-    is not kept: a new shard never goes aside."""
+    copy). On GCS, what to copy is decided from the temporary folder's listing
+    (``sources``, ``previous/`` with it) and one of the output's top: nothing kept
+    already is copied again (a retry), and a final name that holds its new file's
+    size and CRC-32C already (copied, its source not yet deleted) is not kept: a new
+    file never goes aside."""
     if not moves:
         return [], 0
-    gcs = is_gcs(output)
-    finals = list_objects(output, below=False) if gcs else {}
-    kept = list_objects(files.join(temp_dir, KEPT_ASIDE)) if gcs else {}
+    finals = list_objects(output, below=False) if is_gcs(output) else {}
 
-    def generation(path: str, aside: str, claim: Claim | None = None) -> int:
-        info = finals.get(path)
-        if info is None or aside in kept or (claim is not None and _holds(path, claim, finals)):
+    def generation(path: str, aside: str, source: str = "") -> int:
+        info, new = finals.get(path), sources.get(source)
+        if info is None or aside in sources:
+            return 0
+        if new is not None and info.crc32c and (info.size, info.crc32c) == (new.size, new.crc32c):
             return 0
         return info.generation
 
     asides = []
     for move in moves:
         aside = _aside_path(output, temp_dir, move.dst)
-        asides.append(dataclasses.replace(move, aside=aside, aside_generation=generation(move.dst, aside,
-                                                                                         move.claim)))
+        asides.append(dataclasses.replace(move, aside=aside,
+                                          aside_generation=generation(move.dst, aside, move.src)))
     manifest = files.join(output, MANIFEST_NAME)
     return asides, generation(manifest, _aside_path(output, temp_dir, manifest))
 
 
 def _keep_manifest_aside(output: str, temp_dir: str, generation: int) -> None:
-    """Moves the published ``manifest.json`` into the temporary folder, with the files it
-    lists that the commit replaces (``_keep_aside``; then, on GCS, the delete)."""
+    """Moves the published ``manifest.json`` to ``previous/`` in the temporary folder
+    (``_keep_aside``; then, on GCS, the delete of the original)."""
     path = files.join(output, MANIFEST_NAME)
     _keep_aside(path, _aside_path(output, temp_dir, path), generation)
     files.delete_files([path])  # Locally gone already, unless something was kept before it.
 
 
-def kept_aside(output: str, temp_dir: str) -> list[str]:
+def _kept_aside(output: str, temp_dir: str) -> list[str]:
     """The files of the old dataset that a commit of this run kept aside in
     ``temp_dir/previous/`` and that are still its only copy: all of them while
     ``manifest.json`` is not the manifest this run staged; none once it is."""
@@ -917,7 +919,7 @@ def remove_run_folder(output: str, temp_dir: str) -> list[str]:
     run kept files of the old dataset there and did not publish the new one: then
     the folder stays (a person restores the old dataset from it, see the README; the
     next run into ``output`` removes it) and those files are returned."""
-    kept = kept_aside(output, temp_dir)
+    kept = _kept_aside(output, temp_dir)
     if kept:
         _log.warning("Kept %s: it holds the old dataset's manifest and the %d files of it that the "
                      "unfinished commit replaced (see the README on restoring it)", temp_dir,
@@ -1055,12 +1057,13 @@ def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
     hold_point("before_commit")
     manifest_path = files.join(output, MANIFEST_NAME)
     if files.read_bytes_if_exists(manifest_path) != manifest:
-        moves = _pending_moves(output, temp_dir, renames, verified, digests)
+        sources = list_objects(temp_dir) if is_gcs(temp_dir) else {}
+        moves = _pending_moves(output, temp_dir, renames, verified, digests, sources)
         listed = _listed_content(old)
         replaces = [_replaces_listed(output, m, listed) for m in moves]
         first = [m for m, replacing in zip(moves, replaces) if not replacing]
         replacing, manifest_generation = _asides(output, temp_dir,
-                                                 [m for m, r in zip(moves, replaces) if r])
+                                                 [m for m, r in zip(moves, replaces) if r], sources)
         ordered = first + replacing
         half = len(ordered) // 2
         cuts = sorted({0, len(first), half, len(ordered)})
