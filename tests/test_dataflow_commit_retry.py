@@ -49,7 +49,14 @@ from beam_tfrecords.schemas.elements import ShardSpec
 from beam_tfrecords.schemas.shards import WORK_DIR, ShardTarget, shard_name
 from beam_tfrecords.transforms import manifest as commit_step
 from beam_tfrecords.transforms.io import commit
-from beam_tfrecords.transforms.io.commit import KEPT_ASIDE, publish, remove_run_folder, stored_object
+from beam_tfrecords.transforms.io.commit import (
+    KEPT_ASIDE,
+    publish,
+    remove_run_folder,
+    remove_stale_temporaries,
+    stored_object,
+)
+from beam_tfrecords.transforms.io.ownership import claim_output
 from beam_tfrecords.transforms.manifest import RunFailed, finalize
 from beam_tfrecords.transforms.shards import FramedRecords, verify_shard, write_shard
 
@@ -294,8 +301,14 @@ def test_a_commit_crashed_anywhere_then_run_again_publishes_the_undisturbed_data
                 assert json.dumps(json.load(f)["replaces"]) == json.dumps(json.loads(cap.old[state])), where
             put_back = _restored_by_hand(cap.out, temp_dir, cap.out + "-by-hand")
             assert _state(put_back, cap.old[state], new) == "old" and _verifies(put_back), where
-            # A launcher ending the run here (no retry) keeps the temporary folder.
+            # A launcher ending the run here (no retry) keeps the temporary folder; the
+            # next run (with or without --overwrite) finds nothing foreign, and removes it.
             assert remove_run_folder(cap.out, temp_dir) and os.path.isdir(temp_dir), where
+            next_run = shutil.copytree(cap.out, cap.out + "-next", symlinks=True, dirs_exist_ok=True)
+            assert claim_output(next_run).refusal() == "", where
+            assert remove_stale_temporaries(next_run, "next") and not os.path.exists(
+                os.path.join(next_run, WORK_DIR, os.path.basename(temp_dir))), where
+            shutil.rmtree(next_run)
         staged = None
         if os.path.exists(staged_path):
             with open(staged_path, "rb") as f:
