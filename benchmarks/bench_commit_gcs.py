@@ -186,6 +186,8 @@ def main() -> int:
                 report = finalize(settings, results, summary)
                 figures["commit"] = {"seconds": round(time.monotonic() - began, 2), **_counts(proxy)}
                 figures["status"] = report["status"]
+                if report["status"] != "ok":
+                    figures["failures"] = report.get("verification_failures", [])[:1]
         finally:
             server.stop()
     for key, value in figures.items():
