@@ -56,7 +56,7 @@ from beam_tfrecords.transforms.images import (
     write_listing,
 )
 from beam_tfrecords.transforms.io import files, progress
-from beam_tfrecords.transforms.io.commit import LOCK_NAME, record_job, release_lock, remove_folder
+from beam_tfrecords.transforms.io.commit import LOCK_NAME, record_job, release_lock, remove_run_folder
 from beam_tfrecords.transforms.io.dataflow_jobs import (
     ENDED_STATES,
     DataflowApi,
@@ -316,13 +316,14 @@ def _failure(err: BaseException) -> str:
 def _record_failure(plan: RunPlan, err: BaseException) -> dict:
     """The report of a run whose pipeline raised: written to the output when it
     can be (best effort, as the storage may be what failed); the run's
-    temporaries are removed so a full disk gets its space back."""
+    temporaries are removed so a full disk gets its space back (but for what a commit
+    stopped before publishing kept of the old dataset: ``remove_run_folder``)."""
     _log.error("The pipeline failed", exc_info=err)
     output, target = plan.dataset_output or plan.config.output, plan.target
     report = {"status": "failed", "output": output, "manifest": None, "error": _failure(err),
               "run_id": target.run_id}
     try:
-        remove_folder(target.temp_dir)
+        remove_run_folder(target.output, target.temp_dir)
     except Exception as cleanup:  # pylint: disable=broad-except
         _log.warning("Could not remove %s: %s", target.temp_dir, cleanup)
     try:
@@ -664,10 +665,11 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
             if own is not None:
                 # The commit wrote its report, then raised so that the job ends failed
                 # (transforms.manifest.RunFailed); no retry follows here, so what it
-                # kept for one (after commit_failed) goes.
+                # kept for one (after commit_failed) goes, but for what it kept of the old
+                # dataset while no new manifest is published.
                 _log.info("The run published nothing: %s", own["status"])
                 try:
-                    remove_folder(plan.target.temp_dir)
+                    remove_run_folder(plan.target.output, plan.target.temp_dir)
                 except Exception as cleanup:  # pylint: disable=broad-except
                     _log.warning("Could not remove %s: %s", plan.target.temp_dir, cleanup)
                 return ConvertResult(own)

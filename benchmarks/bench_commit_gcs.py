@@ -2,7 +2,8 @@
 the requests of verifying them, against a storage emulator on loopback.
 
     .venv/bin/python benchmarks/bench_commit_gcs.py [--shards 1000] [--server emulator|fake]
-                                                    [--verify] [--tree DIR] [--json FILE]
+                                                    [--verify] [--over_same_names]
+                                                    [--tree DIR] [--json FILE]
 
 N small shards (3 records each) are uploaded to the server under a run's
 temporary folder (``<shard>.<attempt id>``), with a result for each as the shard
@@ -12,7 +13,10 @@ request of it through ``tests/fault_proxy.py``'s ``FaultProxy``, whose log is
 counted by kind (``fault_proxy.request_kind``). ``--verify`` also runs the
 pipeline's verification step (``VerifyShards``, on the in-process runner) over the
 N shards, before the commit: as the CLI runs it (without ``--reread``: the CRC-32C
-and size GCS reports) and with ``--reread``.
+and size GCS reports) and with ``--reread``. ``--over_same_names`` first publishes an
+older dataset of N shards of the same names (other bytes) there, as a nightly
+``--overwrite`` finds it: the commit then keeps each old shard, and the old
+manifest, aside before replacing it (a copy each).
 
 ``--tree DIR`` runs the code of another checkout (e.g. ``git archive <commit> | tar
 -x -C DIR``) instead of this one: the "before" figures. Wall times are of the
@@ -72,13 +76,13 @@ def _client(url: str):
                           client_options=ClientOptions(api_endpoint=url))
 
 
-def _shard_bytes(index: int) -> bytes:
+def _shard_bytes(index: int, tag: str = "") -> bytes:
     from beam_tfrecords.transforms.codec.tfrecord import frame_record  # pylint: disable=import-outside-toplevel
 
-    return b"".join(frame_record(f"shard {index} record {i} ".encode() * 20) for i in range(3))
+    return b"".join(frame_record(f"shard {index} record {i}{tag} ".encode() * 20) for i in range(3))
 
 
-def _uploaded(client, bucket: str, out: str, run_id: str, shards: int) -> list:
+def _uploaded(client, bucket: str, out: str, run_id: str, shards: int, tag: str = "") -> list:
     """The shards uploaded (8 at a time); their results, as verified."""
     # pylint: disable=import-outside-toplevel
     import google_crc32c
@@ -89,7 +93,7 @@ def _uploaded(client, bucket: str, out: str, run_id: str, shards: int) -> list:
     target = ShardTarget(out, "none", run_id)
 
     def one(index: int):
-        data = _shard_bytes(index)
+        data = _shard_bytes(index, tag)
         name = shard_name("train", index, shards, "none")
         temp = f"{target.temp_dir}/{name}.{uuid.uuid4().hex[:12]}"
         blob = client.bucket(bucket).blob(temp[len(f"gs://{bucket}/"):])
@@ -129,6 +133,7 @@ def main() -> int:
     parser.add_argument("--shards", type=int, default=1000)
     parser.add_argument("--server", choices=("emulator", "fake"), default="emulator")
     parser.add_argument("--verify", action="store_true")
+    parser.add_argument("--over_same_names", action="store_true")
     parser.add_argument("--tree", default="")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
@@ -136,7 +141,8 @@ def main() -> int:
         _use_tree(args.tree)
     from tests.fault_proxy import FaultProxy  # pylint: disable=import-outside-toplevel
 
-    figures: dict = {"shards": args.shards, "server": args.server, "tree": args.tree or REPO}
+    figures: dict = {"shards": args.shards, "server": args.server, "tree": args.tree or REPO,
+                     "over_same_names": args.over_same_names}
     with tempfile.TemporaryDirectory() as workdir:
         server, url = _server(args.server, workdir)
         try:
@@ -152,7 +158,17 @@ def main() -> int:
 
                 gcs.use_anonymous_credentials()
                 client.create_bucket("bench")
-                out, run_id = f"gs://bench/commit-{uuid.uuid4().hex[:6]}", new_run_id()
+                out = f"gs://bench/commit-{uuid.uuid4().hex[:6]}"
+                summary = InputSummary(root="", layout="records", input_files=0, input_bytes=0,
+                                       ignored_files=0, vocabulary=())
+                if args.over_same_names:  # An older dataset there, its shards of the same names.
+                    old_id = new_run_id()
+                    acquire_lock(out, old_id)
+                    old = _uploaded(client, "bench", out, old_id, args.shards, tag=" (older)")
+                    settings = CommitSettings(ShardTarget(out, "none", old_id), ShardBand(1, 1 << 30), 0.0,
+                                              release_lock=old_id)
+                    figures["older dataset"] = finalize(settings, old, summary)["status"]
+                run_id = new_run_id()
                 acquire_lock(out, run_id)
                 results = _uploaded(client, "bench", out, run_id, args.shards)
                 if args.verify:
@@ -163,8 +179,6 @@ def main() -> int:
                         began = time.monotonic()
                         _verify(results, reread)
                         figures[label] = {"seconds": round(time.monotonic() - began, 2), **_counts(proxy)}
-                summary = InputSummary(root="", layout="records", input_files=0, input_bytes=0,
-                                       ignored_files=0, vocabulary=())
                 settings = CommitSettings(ShardTarget(out, "none", run_id), ShardBand(1, 1 << 30), 0.0,
                                           release_lock=run_id)
                 proxy.clear_log()
@@ -172,6 +186,8 @@ def main() -> int:
                 report = finalize(settings, results, summary)
                 figures["commit"] = {"seconds": round(time.monotonic() - began, 2), **_counts(proxy)}
                 figures["status"] = report["status"]
+                if report["status"] != "ok":
+                    figures["failures"] = report.get("verification_failures", [])[:1]
         finally:
             server.stop()
     for key, value in figures.items():

@@ -8,7 +8,10 @@ The shards are written by the product's own writer (``write_shard``) under their
 per-attempt temporary names and proved as the verifier would (``stored_object``);
 the commit is ``finalize``, as the pipeline's last step runs it. "An older dataset"
 is one published there first, with three shards; the new one has six (other names):
-at every crash the old dataset is whole or the new one is.
+at every crash the old dataset is whole or the new one is. Where the new one has
+three shards too (the same names, other bytes), the old manifest and each shard
+replaced are copied to ``tmp-<run>/previous/`` first: at every crash the old
+dataset is whole there or at its names.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from beam_tfrecords.cli import main as cli_main
 from beam_tfrecords.schemas.elements import InputSummary, ShardSpec
 from beam_tfrecords.schemas.shards import WORK_DIR, ShardBand, ShardTarget, shard_name
 from beam_tfrecords.transforms.io import gcs as gcs_io
-from beam_tfrecords.transforms.io.commit import acquire_lock, stored_object
+from beam_tfrecords.transforms.io.commit import KEPT_ASIDE, acquire_lock, stored_object
 from beam_tfrecords.transforms.manifest import CommitSettings, finalize
 from beam_tfrecords.transforms.shards import FramedRecords, VerifyShards, write_shard
 from tests.fault_proxy import FaultProxy, request_kind
@@ -53,15 +56,15 @@ def proxy(gcs, monkeypatch):
         gcs_io._gcsio = None  # pylint: disable=protected-access  # Made for the proxy.
 
 
-def _prepared(out: str, shards: int) -> tuple[CommitSettings, list, InputSummary]:
-    """A run's lock taken and its shards written and verified under ``out``; what its
-    commit step receives."""
+def _prepared(out: str, shards: int, tag: str = "") -> tuple[CommitSettings, list, InputSummary]:
+    """A run's lock taken and its shards written and verified under ``out`` (records
+    told apart by ``tag``); what its commit step receives."""
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     acquire_lock(out, run_id)
     target = ShardTarget(out, "none", run_id)
     results = []
     for index in range(shards):
-        records = tuple(f"record {index}.{i} ".encode() * 40 for i in range(5))
+        records = tuple(f"record {index}.{i}{tag} ".encode() * 40 for i in range(5))
         spec = ShardSpec("train", index, shards, shard_name("train", index, shards, "none"), 1000, records)
         written = write_shard(spec, target, FramedRecords())
         results.append(dataclasses.replace(written, verified=True,
@@ -158,3 +161,53 @@ def test_a_gcs_shard_is_proved_by_its_stored_crc32c_unless_reread_is_asked(gcs, 
         assert_that(verdicts, equal_to(expected))
     downloaded = {e.object_name for e in proxy.log if request_kind(e.method, e.target) == "download"}
     assert downloaded == ({results[0].temp_path.split("/", 3)[3]} if reread else set())
+
+
+SAME_NAMES_POINTS = (("before_commit", 1), ("rename", 1), ("kept_aside", 1), ("rename_copied", 1),
+                     ("kept_aside", 3), ("manifest_staged", 1), ("manifest_published", 1))
+
+
+def _kept_whole(gcs, out: str, temp_dir: str, old: bytes) -> bool:
+    """Whether the old dataset's manifest (byte for byte) and every shard it lists (by
+    SHA-256) are at their names or kept aside in ``temp_dir/previous/``."""
+    aside = f"{temp_dir}/{KEPT_ASIDE}"
+    return old in (_read(gcs, f"{out}/manifest.json"), _read(gcs, f"{aside}/manifest.json")) and all(
+        s["sha256"] in (hashlib.sha256(_read(gcs, f"{folder}/{s['path']}") or b"").hexdigest()
+                        for folder in (out, aside))
+        for s in json.loads(old)["splits"]["train"]["shards"])
+
+
+def test_a_gcs_commit_over_shards_of_the_same_names_keeps_the_old_ones_aside_until_published(gcs, proxy):
+    """Undisturbed, each replaced shard costs one request more (its copy aside) and the
+    manifest one (its copy aside); crashed anywhere, the old dataset is whole at its
+    names or aside, and the retry publishes the new one with nothing kept."""
+    gcs.create_bucket(BUCKET[len("gs://"):])
+    for point, nth in (("undisturbed", 0), *SAME_NAMES_POINTS):
+        out = f"{BUCKET}/same-{point}-{nth}"
+        old_settings, old_results, summary = _prepared(out, 3)
+        assert finalize(old_settings, old_results, summary)["status"] == "ok"
+        old = gcs.download(f"{out}/manifest.json")
+        settings, results, _ = _prepared(out, 3, tag="new")
+        assert [r.path for r in results] == [r.path for r in old_results]  # The same names.
+        temp_dir = settings.target.temp_dir
+        if not nth:
+            proxy.clear_log()
+            assert finalize(settings, results, summary)["status"] == "ok"
+            kinds = Counter(request_kind(e.method, e.target) for e in proxy.log)
+            print(f"\n[commit of 3 shards over 3 of the same names on gs://] requests: "
+                  f"{dict(sorted(kinds.items()))}")
+            assert kinds["rewrite"] == 2 * 3 + 1, kinds  # Each shard in, each old one and the manifest aside.
+        else:
+            with crash_at(point, nth) as seen, pytest.raises(Crash):
+                finalize(settings, results, summary)
+            assert seen, point
+            published = point == "manifest_published"
+            now = _read(gcs, f"{out}/manifest.json")
+            assert now in ((None, old) if not published else (_read(gcs, f"{temp_dir}/manifest.json"),)), point
+            assert _kept_whole(gcs, out, temp_dir, old) if not published else _whole(gcs, out, now, 3), point
+            if point == "kept_aside":  # The first shard replaced, at least, is kept aside.
+                assert len(gcs.list(f"{temp_dir}/{KEPT_ASIDE}/")) >= 2, point
+            assert finalize(settings, results, summary)["status"] == "ok", point  # The retry.
+        assert _whole(gcs, out, gcs.download(f"{out}/manifest.json"), 3), point
+        assert not [p for p in gcs.list(f"{out}/") if f"/{WORK_DIR}/" in p], point  # Nothing kept.
+        assert _verifies(out), point

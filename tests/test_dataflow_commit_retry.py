@@ -11,13 +11,17 @@ shards have the same names and other bytes (other inputs).
 Then ``finalize`` runs, is stopped by a crash (an exception no handler catches,
 raised at a hold point: before the first move, before each move, half way, after
 the last, after the manifest, before the report, after it, after the temporaries
-went) and runs again, as the runner would. At the crash, a reader trusting
+went, and, where a new shard takes an old one's name, after each old file is kept
+aside) and runs again, as the runner would. At the crash, a reader trusting
 ``manifest.json`` finds the old dataset whole or the new one whole (or, only where
-new shards replace files of the old one under their names, no manifest at all
-and the old manifest in the journal); after the retry the folder holds exactly
-what an undisturbed commit publishes: the same shards, ``inputs.jsonl`` and
-report, and the manifest the first attempt staged, byte for byte; no lock,
-temporaries or journal are left, and ``verify`` passes.
+new shards replace files of the old one under their names, no manifest at all,
+and the old dataset whole kept: its manifest byte for byte and each file it lists,
+with its SHA-256, at its name or in ``tmp-<run>/previous/``; a person who moves
+those back as the README says gets a folder that ``verify`` passes); after the
+retry the folder holds exactly what an undisturbed commit publishes: the same
+shards, ``inputs.jsonl`` and report, and the manifest the first attempt staged,
+byte for byte; no lock, temporaries (nothing kept aside) or journal are left, and
+``verify`` passes.
 """
 
 from __future__ import annotations
@@ -46,7 +50,14 @@ from beam_tfrecords.schemas.elements import ShardSpec
 from beam_tfrecords.schemas.shards import WORK_DIR, ShardTarget, shard_name
 from beam_tfrecords.transforms import manifest as commit_step
 from beam_tfrecords.transforms.io import commit
-from beam_tfrecords.transforms.io.commit import publish, stored_object
+from beam_tfrecords.transforms.io.commit import (
+    KEPT_ASIDE,
+    publish,
+    remove_run_folder,
+    remove_stale_temporaries,
+    stored_object,
+)
+from beam_tfrecords.transforms.io.ownership import claim_output
 from beam_tfrecords.transforms.manifest import RunFailed, finalize
 from beam_tfrecords.transforms.shards import FramedRecords, verify_shard, write_shard
 
@@ -57,7 +68,7 @@ SMALL_BAND = {"shard_min_mb": 0.01, "shard_max_mb": 0.02}  # Several a split.
 STATES = {  # What a reader may find at a crash, by the output's state before the commit.
     "fresh": {"none", "new"},
     "other-names": {"old", "new"},
-    "same-names": {"old", "none", "new"},
+    "same-names": {"old", "kept", "new"},  # kept: no manifest, the old dataset whole aside.
 }
 AFTER_PUBLISHING = ("manifest_published", "before_report", "report_written", "temporaries_removed")
 
@@ -213,11 +224,40 @@ def _whole(out: str, manifest: dict) -> bool:
     return not listing or _sha(os.path.join(out, listing["path"])) == listing["sha256"]
 
 
-def _state(out: str, old: bytes | None, new: dict) -> str:
-    """``none``, ``old`` or ``new`` (whole), or ``broken``: what a reader finds."""
+def _kept_whole(out: str, temp_dir: str, old: bytes) -> bool:
+    """Whether the old dataset can be put back whole: its manifest, byte for byte, at
+    ``manifest.json`` or kept aside, and every file it lists with a checksum, with that
+    checksum, at its final name or kept aside under the same relative name."""
+    aside = os.path.join(temp_dir, KEPT_ASIDE)
+    manifest = json.loads(old)
+    listed = [(s["path"], s["sha256"]) for split in manifest["splits"].values() for s in split["shards"]]
+    if manifest["input"].get("files_list"):
+        listed.append((manifest["input"]["files_list"]["path"], manifest["input"]["files_list"]["sha256"]))
+    return any(os.path.exists(p) and _sha(p) == hashlib.sha256(old).hexdigest()
+               for p in (os.path.join(out, "manifest.json"), os.path.join(aside, "manifest.json"))) and all(
+        any(os.path.exists(p) and _sha(p) == sha for p in (os.path.join(out, rel), os.path.join(aside, rel)))
+        for rel, sha in listed)
+
+
+def _restored_by_hand(out: str, temp_dir: str, into: str) -> str:
+    """A copy of ``out`` where a person put back what was kept aside, as the README says
+    (every file under ``previous/`` moved to the same name in the output folder)."""
+    shutil.rmtree(into, ignore_errors=True)
+    shutil.copytree(out, into, symlinks=True)
+    aside = os.path.join(into, os.path.relpath(temp_dir, out), KEPT_ASIDE)
+    for folder, _, names in os.walk(aside):
+        for name in names:
+            kept = os.path.join(folder, name)
+            os.replace(kept, os.path.join(into, os.path.relpath(kept, aside)))
+    return into
+
+
+def _state(out: str, old: bytes | None, new: dict, temp_dir: str = "") -> str:
+    """``none``, ``kept`` (no manifest; the old dataset whole, partly kept aside),
+    ``old`` or ``new`` (whole), or ``broken``: what a reader finds."""
     path = os.path.join(out, "manifest.json")
     if not os.path.exists(path):
-        return "none"
+        return "kept" if old is not None and temp_dir and _kept_whole(out, temp_dir, old) else "none"
     with open(path, "rb") as f:
         data = f.read()
     manifest = json.loads(data)
@@ -232,21 +272,26 @@ def _verifies(out: str) -> bool:
         return cli_main(["verify", out]) == 0
 
 
-def _points(moves: int) -> list[tuple[str, int]]:
-    return [("before_commit", 1), *(("rename", n) for n in range(1, moves + 1)), ("mid_commit", 1),
+def _points(moves: int, kept: int) -> list[tuple[str, int]]:
+    return [("before_commit", 1), *(("rename", n) for n in range(1, moves + 1)),
+            *(("kept_aside", n) for n in range(1, kept + 1)), ("mid_commit", 1),
             ("manifest_staged", 1), *((point, 1) for point in AFTER_PUBLISHING)]
 
 
 @pytest.mark.parametrize("state", sorted(STATES))
 def test_a_commit_crashed_anywhere_then_run_again_publishes_the_undisturbed_dataset(captured, state):
     cap = captured
-    undisturbed = finalize(cap.settings, _restore(cap, state), cap.summary, cap.gathered)
+    with crash_at("kept_aside", nth=-1) as kept:  # Never crashes: counts the files kept aside.
+        undisturbed = finalize(cap.settings, _restore(cap, state), cap.summary, cap.gathered)
     assert undisturbed["status"] == "ok"
+    # Where new shards take the old ones' names, each of those and inputs.jsonl is kept.
+    assert len(kept) == (len(cap.results) + 1 if state == "same-names" else 0), kept
     reference = _published(cap.out)
     new = reference["manifest"]
     moves = len(cap.results) + 1  # The shards and inputs.jsonl.
-    staged_path = os.path.join(cap.settings.target.temp_dir, "manifest.json")
-    for point, nth in _points(moves):
+    temp_dir = cap.settings.target.temp_dir
+    staged_path = os.path.join(temp_dir, "manifest.json")
+    for point, nth in _points(moves, len(kept)):
         where = f"{state}, crashed at {point} #{nth}"
         results = _restore(cap, state)
         with crash_at(point, nth) as seen, pytest.raises(Crash):
@@ -254,17 +299,28 @@ def test_a_commit_crashed_anywhere_then_run_again_publishes_the_undisturbed_data
         assert len(seen) == nth, where
         # At the crash: the old dataset whole, or the new one (or, where new shards take
         # the old ones' names, no manifest, with the old one in the journal).
-        found = _state(cap.out, cap.old.get(state), new)
+        found = _state(cap.out, cap.old.get(state), new, temp_dir)
         assert found in STATES[state], f"{where}: {found}"
+        assert (found == "new") is (point in AFTER_PUBLISHING), f"{where}: {found}"
         if point == "before_commit" and state != "fresh":
             assert found == "old", where
         if state == "other-names":
             assert found == ("new" if point in AFTER_PUBLISHING else "old"), where
-        if found == "none" and state == "same-names":
+        if found == "kept":  # A person puts the old dataset back by hand: it verifies.
             journal = os.path.join(cap.out, WORK_DIR, "journal")
             [record] = [n for n in os.listdir(journal) if n.startswith("commit-")]
             with open(os.path.join(journal, record), "rb") as f:
                 assert json.dumps(json.load(f)["replaces"]) == json.dumps(json.loads(cap.old[state])), where
+            put_back = _restored_by_hand(cap.out, temp_dir, cap.out + "-by-hand")
+            assert _state(put_back, cap.old[state], new) == "old" and _verifies(put_back), where
+            # A launcher ending the run here (no retry) keeps the temporary folder; the
+            # next run (with or without --overwrite) finds nothing foreign, and removes it.
+            assert remove_run_folder(cap.out, temp_dir) and os.path.isdir(temp_dir), where
+            next_run = shutil.copytree(cap.out, cap.out + "-next", symlinks=True, dirs_exist_ok=True)
+            assert claim_output(next_run).refusal() == "", where
+            assert remove_stale_temporaries(next_run, "next") and not os.path.exists(
+                os.path.join(next_run, WORK_DIR, os.path.basename(temp_dir))), where
+            shutil.rmtree(next_run)
         staged = None
         if os.path.exists(staged_path):
             with open(staged_path, "rb") as f:

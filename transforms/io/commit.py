@@ -25,13 +25,21 @@ holds the new bytes is never touched; a retry staging the same manifest keeps
 the first attempt's decisions and journal record.
 
 The old manifest stays until the new one replaces it, unless a move would put
-other bytes where it lists a file (a shard of the same name): then it is removed
-right before those moves, so that no manifest ever lists a file being replaced.
-A reader that trusts only ``manifest.json`` therefore sees the old dataset whole
-or the new one, never a partial or torn shard; in that one case (shard names the
-old dataset used, other bytes), a process killed before the new manifest is
-published leaves no manifest (``verify`` fails the folder) and verified shards at
-final names; a retry of the commit, or the next run, finishes or replaces them.
+other bytes where it lists a file (a shard of the same name): then it is moved
+right before those moves into the temporary folder
+(``tmp-<run_id>/previous/manifest.json``), so that no manifest ever lists a file
+being replaced, and each file it lists is moved there too
+(``previous/<relative name>``) right before the new file takes its name (locally a
+rename; on GCS a server-side copy, which the new file's copy then overwrites). A
+reader that trusts only ``manifest.json`` therefore sees the old dataset whole or
+the new one, never a partial or torn shard; in that one case (shard names the old
+dataset used, other bytes), a process killed before the new manifest is published
+leaves no manifest (``verify`` fails the folder), verified shards at final names,
+and the old dataset whole: its manifest and the files replaced in ``previous/``,
+the others at their names. A retry of the commit finishes it (what is kept aside
+is never kept again nor replaced, and a new file never goes aside); the folder,
+``previous/`` with it, goes only after the new manifest and the report (or with
+the next run's cleanup of a killed run's temporaries).
 Files at final names are this product's by the journal (``transforms.io.ownership``),
 which records them, with their size and checksums, and the manifest replaced,
 before the first move; cleanup removes only what is proved so (never a user's
@@ -98,6 +106,7 @@ from beam_tfrecords.transforms.io.ownership import (
     OutputNotOurs,
     claim_output,
     commit_journaled,
+    commit_replaces,
     file_claim,
     is_shard_like,
     journal_commit,
@@ -108,6 +117,7 @@ from beam_tfrecords.transforms.io.ownership import (
 
 __all__ = [
     "COMMIT_STATE",
+    "KEPT_ASIDE",
     "LOCK_NAME",
     "OutputBusyError",
     "OutputNotOurs",
@@ -120,6 +130,7 @@ __all__ = [
     "register_part",
     "release_lock",
     "remove_folder",
+    "remove_run_folder",
     "remove_stale_temporaries",
     "stored_object",
 ]
@@ -489,12 +500,18 @@ def release_lock(output: str, run_id: str) -> None:
 
 def remove_stale_temporaries(output: str, run_id: str) -> list[str]:
     """Deletes what other (killed) runs left in the work folder; returns those folders.
+    That includes what a killed commit kept of the dataset it was replacing
+    (``previous/``, see ``publish``): a run that takes the lock replaces it.
 
     Call only while holding the lock: then no other run is writing there.
     """
     own = files.join(output, WORK_DIR, f"tmp-{run_id}")
     stale = [folder for folder in temporary_folders(output) if folder != own]
     for folder in stale:
+        kept = files.list_under(files.join(folder, KEPT_ASIDE))
+        if kept:
+            _log.warning("Removing %s, where a killed commit had kept %d files of the dataset "
+                         "it was replacing; this run replaces that dataset", folder, len(kept))
         remove_folder(folder)
     return stale
 
@@ -548,6 +565,9 @@ def stored_object(path: str) -> StoredObject:
 
 
 COMMIT_STATE = "commit.json"
+# In a run's temporary folder: what its commit kept of the published dataset before
+# replacing it (``manifest.json``, and each replaced file under its relative name).
+KEPT_ASIDE = "previous"
 _NOT_PUBLISHED = "nothing was published"
 _MID_COMMIT = "no manifest written; a retry of the commit, or the next run, replaces what is at final names"
 
@@ -643,6 +663,10 @@ class _Move:
       checked: a shard: moved only if it is ``verified``.
       claim: the size and checksum of what goes to ``dst`` (the journal's record).
       generation: on GCS, the generation to copy (the verified one, for a shard).
+      aside: where the file at ``dst`` (the published dataset's, other bytes) is kept
+        before the move replaces it ('' when it replaces none).
+      aside_generation: on GCS, the generation of ``dst`` to copy to ``aside`` (0 when
+        there is none, it is kept already, or ``dst`` holds the new bytes already).
     """
 
     src: str
@@ -651,6 +675,8 @@ class _Move:
     checked: bool
     claim: Claim | None
     generation: int = 0
+    aside: str = ""
+    aside_generation: int = 0
 
 
 def _crc32c_of(path: str) -> str:
@@ -692,17 +718,18 @@ def _holds(dst: str, claim: Claim | None, listed: Mapping[str, ObjectInfo] | Non
 
 
 def _pending_moves(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
-                   verified: Mapping[str, StoredObject | None], digests: Mapping[str, Claim]) -> list[_Move]:
+                   verified: Mapping[str, StoredObject | None], digests: Mapping[str, Claim],
+                   sources: Mapping[str, ObjectInfo]) -> list[_Move]:
     """The moves still to make, each checked before anything moves: a shard still in
     the temporary folder must be the object verified; a file whose source is gone
     must be, by size and checksum, at its final name (a move an earlier attempt of
-    this commit made). On GCS, two listings answer for every file.
+    this commit made). On GCS, two listings answer for every file (``sources``: the
+    temporary folder's, and, when a source is gone, the output's).
 
     Raises:
       ShardChangedError: naming the first file that is neither.
     """
     gcs = is_gcs(temp_dir)
-    sources = list_objects(temp_dir) if gcs else {}
     finals: dict[str, ObjectInfo] | None = None
     moves, problems, made = [], [], 0
     for src, dst in renames:
@@ -779,6 +806,9 @@ def _move_one(move: _Move) -> None:
     """
     src, dst = move.src, move.dst
     hold_point("rename")
+    if move.aside:
+        _keep_aside(dst, move.aside, move.aside_generation)
+        hold_point("kept_aside")
     try:
         if files.is_local(src):
             if move.checked:
@@ -804,6 +834,101 @@ def _move_one(move: _Move) -> None:
         raise OSError(f"cannot move {src} to {dst} ({_MID_COMMIT}): {type(err).__name__}: {err}") from err
 
 
+def _keep_aside(path: str, aside: str, generation: int = 0) -> None:
+    """Keeps the file at ``path`` (the published dataset's, about to be replaced) at
+    ``aside``, in this run's temporary folder. Locally a rename, made only when there
+    is a file at ``path`` and none at ``aside`` (a file kept by an earlier attempt is
+    never replaced); on GCS a server-side copy of ``generation`` of it (0: nothing to
+    copy, as ``_asides`` found); on another store a copy, made as locally.
+
+    Raises:
+      OSError: the store refused (naming both paths), before ``path`` was replaced.
+    """
+    try:
+        if files.is_local(path):
+            if os.path.lexists(path) and not os.path.lexists(aside):
+                os.makedirs(os.path.dirname(aside), exist_ok=True)
+                os.replace(path, aside)
+        elif is_gcs(path):
+            if generation:
+                copy_generation(path, aside, generation)
+        elif files.exists(path) and not files.exists(aside):
+            FileSystems.copy([path], [aside])
+    except Exception as err:  # pylint: disable=broad-except
+        raise OSError(f"cannot keep {path} aside at {aside} ({_MID_COMMIT}): "
+                      f"{type(err).__name__}: {err}") from err
+
+
+def _aside_path(output: str, temp_dir: str, path: str) -> str:
+    return files.join(temp_dir, KEPT_ASIDE, _relative(output, path))
+
+
+def _asides(output: str, temp_dir: str, moves: Sequence[_Move],
+            sources: Mapping[str, ObjectInfo]) -> tuple[list[_Move], int]:
+    """``moves`` (each replacing a file the published manifest lists, with other bytes),
+    each with where that file is kept aside before it is replaced; and on GCS the
+    generation of ``manifest.json`` to keep aside before it is removed (0: none to
+    copy). On GCS, what to copy is decided from the temporary folder's listing
+    (``sources``, ``previous/`` with it) and one of the output's top: nothing kept
+    already is copied again (a retry), and a final name that holds its new file's
+    size and CRC-32C already (copied, its source not yet deleted) is not kept: a new
+    file never goes aside."""
+    if not moves:
+        return [], 0
+    finals = list_objects(output, below=False) if is_gcs(output) else {}
+
+    def generation(path: str, aside: str, source: str = "") -> int:
+        info, new = finals.get(path), sources.get(source)
+        if info is None or aside in sources:
+            return 0
+        if new is not None and info.crc32c and (info.size, info.crc32c) == (new.size, new.crc32c):
+            return 0
+        return info.generation
+
+    asides = []
+    for move in moves:
+        aside = _aside_path(output, temp_dir, move.dst)
+        asides.append(dataclasses.replace(move, aside=aside,
+                                          aside_generation=generation(move.dst, aside, move.src)))
+    manifest = files.join(output, MANIFEST_NAME)
+    return asides, generation(manifest, _aside_path(output, temp_dir, manifest))
+
+
+def _keep_manifest_aside(output: str, temp_dir: str, generation: int) -> None:
+    """Moves the published ``manifest.json`` to ``previous/`` in the temporary folder
+    (``_keep_aside``; then, on GCS, the delete of the original)."""
+    path = files.join(output, MANIFEST_NAME)
+    _keep_aside(path, _aside_path(output, temp_dir, path), generation)
+    files.delete_files([path])  # Locally gone already, unless something was kept before it.
+
+
+def _kept_aside(output: str, temp_dir: str) -> list[str]:
+    """The files of the old dataset that a commit of this run kept aside in
+    ``temp_dir/previous/`` and that are still its only copy: all of them while
+    ``manifest.json`` is not the manifest this run staged; none once it is."""
+    kept = [path for path, _ in files.list_under(files.join(temp_dir, KEPT_ASIDE))]
+    if not kept:
+        return []
+    staged = files.read_bytes_if_exists(files.join(temp_dir, MANIFEST_NAME))
+    published = files.read_bytes_if_exists(files.join(output, MANIFEST_NAME))
+    return [] if staged is not None and staged == published else kept
+
+
+def remove_run_folder(output: str, temp_dir: str) -> list[str]:
+    """Removes a run's temporary folder when its run has ended, unless a commit of that
+    run kept files of the old dataset there and did not publish the new one: then
+    the folder stays (a person restores the old dataset from it, see the README; the
+    next run into ``output`` removes it) and those files are returned."""
+    kept = _kept_aside(output, temp_dir)
+    if kept:
+        _log.warning("Kept %s: it holds the old dataset's manifest and the %d files of it that the "
+                     "unfinished commit replaced (see the README on restoring it)", temp_dir,
+                     len(kept) - any(p.endswith("/" + MANIFEST_NAME) for p in kept))
+        return kept
+    remove_folder(temp_dir)
+    return []
+
+
 def _move_all(moves: Sequence[_Move]) -> None:
     """Makes the moves: locally one by one (a rename each), on GCS ``gcs.THREADS`` at a
     time (a copy of the listed generation and a delete each, through one storage
@@ -824,17 +949,19 @@ def _move_all(moves: Sequence[_Move]) -> None:
 
 
 def _journal_renames(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
-                     claims: OutputClaims | None, digests: Mapping[str, Claim] | None) -> OutputClaims:
+                     claims: OutputClaims | None,
+                     digests: Mapping[str, Claim] | None) -> tuple[OutputClaims, dict | None]:
     """Refuses an output holding files this product cannot prove it wrote; then records,
     before anything moves, what is about to reach a final name (size and checksums,
     where from) and the manifest it replaces. A retry keeps the first attempt's
-    record. Returns the claims."""
+    record. Returns the claims, and the manifest the commit replaces (a retry's: the
+    one its first attempt recorded, which it may have kept aside since)."""
     claims = claims if claims is not None else claim_output(output)
     if claims.refusal():
         raise OutputNotOurs(claims.refusal())
     run_id = temp_dir.rstrip("/").rsplit("/", 1)[-1].removeprefix("tmp-")
     if commit_journaled(output, run_id):
-        return claims
+        return claims, commit_replaces(output, run_id)
     prefix = files.join(output, "")
     recorded = []
     for src, dst in renames:
@@ -847,7 +974,7 @@ def _journal_renames(output: str, temp_dir: str, renames: Sequence[tuple[str, st
                 claim = file_claim("", data)
             recorded.append(dataclasses.replace(claim, path=dst[len(prefix):], source=src[len(prefix):]))
     journal_commit(output, run_id, recorded, claims.manifest)
-    return claims
+    return claims, claims.manifest
 
 
 def _publish_manifest(output: str, temp_dir: str, manifest: bytes) -> str:
@@ -885,8 +1012,12 @@ def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
     3. the moves that replace nothing the published manifest lists are made (locally
        a rename each; on GCS a copy of the verified generation and a delete, many at
        a time); then, only if some move would put other bytes where the published
-       manifest lists a file, that manifest is removed (no manifest may list a file
-       being replaced) and those moves are made;
+       manifest lists a file, that manifest is moved to ``tmp-<run>/previous/`` (no
+       manifest may list a file being replaced) and those moves are made, each
+       after the file it replaces is kept there too (locally a rename; on GCS a
+       copy of the listed generation: one request more a file); a retry uses the
+       manifest its first attempt recorded in the journal, keeps nothing twice
+       (what is in ``previous/`` stays as it is) and never keeps a new file;
     4. the manifest is published (skipped when ``manifest.json`` already holds these
        bytes: a finished commit is never unpublished);
     5. the stale shards, part folders and files decided in step 1 are removed.
@@ -922,19 +1053,23 @@ def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
     verified, digests = verified or {}, digests or {}
     claims = claims if claims is not None else claim_output(output)
     state = _stage(output, temp_dir, manifest, renames, claims, remove_parts, remove_inputs)
-    claims = _journal_renames(output, temp_dir, renames, claims, digests)
+    claims, old = _journal_renames(output, temp_dir, renames, claims, digests)
     hold_point("before_commit")
     manifest_path = files.join(output, MANIFEST_NAME)
     if files.read_bytes_if_exists(manifest_path) != manifest:
-        moves = _pending_moves(output, temp_dir, renames, verified, digests)
-        listed = _listed_content(claims.manifest)
-        first = [m for m in moves if not _replaces_listed(output, m, listed)]
-        ordered = first + [m for m in moves if _replaces_listed(output, m, listed)]
+        sources = list_objects(temp_dir) if is_gcs(temp_dir) else {}
+        moves = _pending_moves(output, temp_dir, renames, verified, digests, sources)
+        listed = _listed_content(old)
+        replaces = [_replaces_listed(output, m, listed) for m in moves]
+        first = [m for m, replacing in zip(moves, replaces) if not replacing]
+        replacing, manifest_generation = _asides(output, temp_dir,
+                                                 [m for m, r in zip(moves, replaces) if r], sources)
+        ordered = first + replacing
         half = len(ordered) // 2
         cuts = sorted({0, len(first), half, len(ordered)})
         for begin, end in zip(cuts, cuts[1:]):
             if begin == len(first):
-                files.delete_files([manifest_path])
+                _keep_manifest_aside(output, temp_dir, manifest_generation)
             if begin == half and begin:
                 hold_point("mid_commit")
             _move_all(ordered[begin:end])

@@ -36,6 +36,7 @@ POINTS = (
 COMMIT_POINTS = (
     "before_commit",        # manifest and decisions staged, journal written, nothing moved
     "rename",               # before each move (the first of them holds)
+    "kept_aside",           # a file of the old dataset kept aside, the new one not yet in its place
     "rename_copied",        # gs://: a shard copied to its final name, its source not deleted
     "mid_commit",           # half the moves made
     "manifest_staged",      # every move made, the new manifest not published

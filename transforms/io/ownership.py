@@ -58,6 +58,7 @@ __all__ = [
     "OutputNotOurs",
     "claim_output",
     "commit_journaled",
+    "commit_replaces",
     "file_claim",
     "journal_commit",
     "listed_paths",
@@ -193,6 +194,18 @@ def commit_journaled(output: str, run_id: str) -> bool:
     its first attempt's, which names the manifest that attempt found (a retry after
     the new manifest was published would find only that one)."""
     return files.exists(files.join(_journal(output), f"commit-{run_id}.json"))
+
+
+def commit_replaces(output: str, run_id: str) -> dict | None:
+    """The manifest ``run_id``'s commit record says the commit replaces (as its first
+    attempt found it); ``None`` when there is no record, or it names none."""
+    try:
+        data = files.read_bytes_if_exists(files.join(_journal(output), f"commit-{run_id}.json"))
+        value = json.loads(data.decode("utf-8", "surrogateescape")) if data else None
+    except ValueError:
+        return None
+    replaces = value.get("replaces") if isinstance(value, dict) and value.get("format") == _FORMAT else None
+    return replaces if isinstance(replaces, dict) else None
 
 
 def _read_journal(output: str) -> list[tuple[str, list[Claim], dict | None]]:
