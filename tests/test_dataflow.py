@@ -269,6 +269,18 @@ def test_image_class_folders_job(tmp_path, gcs, offline):
 
 
 @pytest.mark.emulator
+def test_image_job_hashing_on_the_workers(tmp_path, gcs, offline):
+    """--drop_duplicates and --split_by content: the images are hashed by a step of
+    the job (HashImages, between the listing and the plan), not by the launcher."""
+    make_class_folder_sample(str(tmp_path / "in"), per_class=1, splits=None)
+    config = ConvertConfig(input=on_gcs(gcs, str(tmp_path / "in"), "hashed"), output=f"{BUCKET}/out/hashed",
+                           drop_duplicates=True, splits=(("train", 0.8), ("test", 0.2)), split_by="content")
+    job = _dry_run(config)
+    _assert_chain(job, ["ListImages", "HashImages", "PlanShards", "WriteShards", "VerifyShards", "WriteManifest"])
+    assert gcs.list(f"{BUCKET}/out/") == []  # Built, not run: nothing written.
+
+
+@pytest.mark.emulator
 def test_image_cifar_job(tmp_path, gcs, offline):
     make_cifar_sample(str(tmp_path / "in"), counts={"train": 4, "test": 2})
     config = ConvertConfig(input=on_gcs(gcs, str(tmp_path / "in"), "cifar"), output=f"{BUCKET}/out/cifar",
