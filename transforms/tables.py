@@ -71,7 +71,7 @@ from beam_tfrecords.transforms.io.table_readers import (
     table_format,
 )
 from beam_tfrecords.transforms.plan.shards import choose_num_shards, cut_shard_runs
-from beam_tfrecords.transforms.plan.statistics import (
+from beam_tfrecords.transforms.quality.statistics import (
     TableStatistics,
     merge_table_statistics,
     table_batch_statistics,
@@ -175,7 +175,7 @@ class SpoolInfo:
         lines cover; they must be equal.
       multiline_rows, largest_span, multiline_first_lines: rows whose quoted
         cells hold newlines: how many, the most lines one spans, the first few.
-      statistics: the ``plan.statistics.TableStatistics`` of the rows spooled
+      statistics: the ``quality.statistics.TableStatistics`` of the rows spooled
         (``None`` with sequences, or when no row was).
       late_columns: ``(column, "path:line")`` of columns first seen past the
         header the run planned with (JSON Lines keys no early object has): not
