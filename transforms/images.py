@@ -91,7 +91,7 @@ from beam_tfrecords.transforms.plan.shards import cut_shards, stable_key
 from beam_tfrecords.transforms.quality.duplicates import keep_first
 from beam_tfrecords.transforms.quality.splits import split_of
 from beam_tfrecords.transforms.shards import Chunk, RecordSource
-from beam_tfrecords.transforms.tables import plan_table_shards
+from beam_tfrecords.transforms.spools import plan_table_shards
 
 __all__ = [
     "HeldImages",
