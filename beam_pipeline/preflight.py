@@ -84,12 +84,6 @@ from beam_tfrecords.transforms.io.table_readers import (
     table_format,
     typed_sample,
 )
-from beam_tfrecords.transforms.plan.drift import (
-    PREVIOUS,
-    DriftGate,
-    baseline_of,
-    drift_manifest_path,
-)
 from beam_tfrecords.transforms.plan.layouts import (
     CIFAR_LABELS_FILE,
     DEFAULT_SPLIT,
@@ -107,6 +101,12 @@ from beam_tfrecords.transforms.plan.layouts import (
 from beam_tfrecords.transforms.plan.names import check_names
 from beam_tfrecords.transforms.plan.ref_table import RefTable
 from beam_tfrecords.transforms.plan.table_inference import infer_schema, infer_typed_schema
+from beam_tfrecords.transforms.quality.drift import (
+    PREVIOUS,
+    DriftGate,
+    baseline_of,
+    drift_manifest_path,
+)
 from beam_tfrecords.transforms.tables import csv_header, table_files, table_header
 from beam_tfrecords.transforms.worker_listing import UnitsToList
 from beam_tfrecords.updates import Update, UpdateRefused, decide, manifest_digest, read_dataset

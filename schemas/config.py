@@ -229,7 +229,7 @@ class ConvertConfig:
     allow_paths_outside: bool = False
     # The drift gate: compare the run's statistics with a published dataset's
     # (a manifest.json, a dataset folder, or "previous": the one at --output) and
-    # publish nothing when they moved more than these (see transforms.plan.drift).
+    # publish nothing when they moved more than these (see transforms.quality.drift).
     compare_to: str | None = None
     drift_max_mean_shift: float = DRIFT_MAX_MEAN_SHIFT
     drift_max_missing_change: float = DRIFT_MAX_MISSING_CHANGE

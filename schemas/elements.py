@@ -296,7 +296,7 @@ class ShardResult:
     temp_path: str = ""
     note_counts: tuple[tuple[str, int], ...] = ()
     # Images: ``(("format/jpeg", n), ("mode/RGB", n), ("width/32", n), ...)`` of the
-    # records written (see ``transforms.plan.statistics.image_counts``).
+    # records written (see ``transforms.quality.statistics.image_counts``).
     image_counts: tuple[tuple[str, int], ...] = ()
     write_span: tuple[float, float] = ()
     verified_as: StoredObject | None = None
@@ -387,5 +387,5 @@ class InputSummary:
     skipped_path: str = ""
     duplicates_dropped: tuple[tuple[str, str, str], ...] = ()
     # Tables: ``((split, TableStatistics), ...)`` of the rows written (see
-    # ``transforms.plan.statistics``; record counts only with sequences).
+    # ``transforms.quality.statistics``; record counts only with sequences).
     statistics: tuple = ()

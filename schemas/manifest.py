@@ -19,8 +19,8 @@ Each part folder is a dataset of its own (shards, ``manifest.json``,
 ``inputs.jsonl``); the root's ``splits`` describe the first run's shards only.
 
 Each split carries ``statistics`` of the records written (dead letters left
-out), computed while writing (``transforms.plan.statistics``); ``--compare_to``
-compares them between datasets (``transforms.plan.drift``). Their shape is part
+out), computed while writing (``transforms.quality.statistics``); ``--compare_to``
+compares them between datasets (``transforms.quality.drift``). Their shape is part
 of the format::
 
     "statistics": {

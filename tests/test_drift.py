@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from beam_tfrecords.pipeline import ConvertError
-from beam_tfrecords.transforms.plan.drift import DriftGate, baseline_of, compare
+from beam_tfrecords.transforms.quality.drift import DriftGate, baseline_of, compare
 from tests.conftest import load_manifest
 
 # --- unit: the comparison -------------------------------------------------------------

@@ -23,7 +23,7 @@ import pyarrow.csv as pacsv
 import pytest
 
 from beam_tfrecords.transforms.io import table_readers
-from beam_tfrecords.transforms.plan.statistics import StringSummary, string_hashes
+from beam_tfrecords.transforms.quality.statistics import StringSummary, string_hashes
 from tests.attack_table import cli, cli_env, tally
 
 LIMIT = 9_000_000  # Bytes: over two 4 MB blocks, so rows near it are read alone.
@@ -232,7 +232,7 @@ def test_the_sample_follows_quotes_as_pythons_csv_does(seed):
 
 @pytest.mark.unit
 def test_a_long_string_is_hashed_and_counted_without_a_copy_of_it(monkeypatch):
-    from beam_tfrecords.transforms.plan import statistics  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.quality import statistics  # pylint: disable=import-outside-toplevel
 
     rng = np.random.default_rng(3)
     long = rng.integers(0, 256, 3 * (1 << 20) + 5, dtype=np.uint8).tobytes()
@@ -257,7 +257,7 @@ def test_a_long_rows_split_is_the_one_its_text_gives(delimiter, quote, monkeypat
     piece at a time from its cells, to the fraction of the text ``csv`` writes."""
     from beam_tfrecords.schemas.table_schema import TableSchema  # pylint: disable=import-outside-toplevel
     from beam_tfrecords.transforms.codec import table_batches  # pylint: disable=import-outside-toplevel
-    from beam_tfrecords.transforms.plan.splits import split_fraction  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.quality.splits import split_fraction  # pylint: disable=import-outside-toplevel
 
     rng = random.Random(7)
     alphabet = ["a", "b", ",", '"', "'", "\n", "\r", " ", "\t", "é", ";"]

@@ -25,7 +25,7 @@ from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.shards import clashing_split_names
 from beam_tfrecords.schemas.table_schema import TableSchema, dump_schema, load_schema
 from beam_tfrecords.transforms.codec.table_rows import parse_column
-from beam_tfrecords.transforms.plan.drift import DriftGate, baseline_of, compare
+from beam_tfrecords.transforms.quality.drift import DriftGate, baseline_of, compare
 from tests.attack_table import EXIT_FAILED, EXIT_OK, EXIT_USAGE, cli, cli_env, tally
 from tests.conftest import dead_letters, load_manifest
 

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from beam_tfrecords.schemas.table_schema import ColumnSpec, TableSchema
-from beam_tfrecords.transforms.plan.statistics import (
+from beam_tfrecords.transforms.quality.statistics import (
     SKETCH_SIZE,
     TOP_CAPACITY,
     NumericSummary,

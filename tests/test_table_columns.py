@@ -215,7 +215,7 @@ def test_float32_bytes_round_as_struct_does():
 
 
 def test_string_hashes_are_the_documented_polynomial():
-    from beam_tfrecords.transforms.plan import statistics  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.quality import statistics  # pylint: disable=import-outside-toplevel
 
     def reference(value: bytes) -> int:
         h = sum((b + 1) * pow(0x100000001B3, i, 2**64) for i, b in enumerate(value)) % 2**64

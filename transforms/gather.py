@@ -7,7 +7,7 @@ writer put in a side file (``transforms.io.contents``). From those files:
 
 - **Duplicates**: each shard's entries are sent, a batch per hash bucket (a
   range of content hashes), to the worker that holds that bucket; it finds the
-  contents held more than once and tallies them (``plan.duplicates.DuplicateTally``:
+  contents held more than once and tallies them (``quality.duplicates.DuplicateTally``:
   every group counted, the first ``LISTED_GROUPS`` of each kind listed); the
   tallies are merged into the one report the commit publishes.
 - **inputs.jsonl**: the launcher's file (and, for a listing made on the workers,
@@ -49,7 +49,7 @@ from beam_tfrecords.schemas.inputs import (
 )
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.contents import shard_contents
-from beam_tfrecords.transforms.plan.duplicates import DuplicateTally, content_groups, duplicate_report
+from beam_tfrecords.transforms.quality.duplicates import DuplicateTally, content_groups, duplicate_report
 
 __all__ = ["COMPLETED_INPUTS", "GatherContents", "Gathered", "gather_in_process", "input_pieces", "join_gathered"]
 
@@ -70,7 +70,7 @@ class Gathered:
     """What the commit learns of every record.
 
     Attributes:
-      duplicates: the duplicates report (``plan.duplicates.duplicate_report``; ``{}``
+      duplicates: the duplicates report (``quality.duplicates.duplicate_report``; ``{}``
         when every content is unique).
       inputs: the completed ``inputs.jsonl``, staged; ``None`` when the run has none.
     """

@@ -63,7 +63,6 @@ from beam_tfrecords.transforms.io.helpers import (
     ready_helper_pool,
 )
 from beam_tfrecords.transforms.plan import handoff
-from beam_tfrecords.transforms.plan.duplicates import keep_first
 from beam_tfrecords.transforms.plan.handoff import (
     HANDOFF_NAME,
     HandoffError,
@@ -89,9 +88,10 @@ from beam_tfrecords.transforms.plan.layouts import (
 from beam_tfrecords.transforms.plan.names import check_names
 from beam_tfrecords.transforms.plan.ref_table import PathBuffer, RefTable, concat_tables, shard_cuts
 from beam_tfrecords.transforms.plan.shards import cut_shards, stable_key
-from beam_tfrecords.transforms.plan.splits import split_of
+from beam_tfrecords.transforms.quality.duplicates import keep_first
+from beam_tfrecords.transforms.quality.splits import split_of
 from beam_tfrecords.transforms.shards import Chunk, RecordSource
-from beam_tfrecords.transforms.tables import plan_table_shards
+from beam_tfrecords.transforms.spools import plan_table_shards
 
 __all__ = [
     "HeldImages",
@@ -112,6 +112,7 @@ __all__ = [
     "listing_size",
     "pack_refs",
     "part_refs",
+    "path_text",
     "keep_listing",
     "list_images",
     "read_labels_text",
@@ -152,7 +153,7 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
       labels_path: a labels file (class names in label order), or ``None``.
       image_column, label_column: a CSV manifest's columns (default: by name).
       splits: ratio splits ``((name, share), ...)``, each image's picked by a
-        hash (see ``plan.splits``) of its relative path, or, with
+        hash (see ``quality.splits``) of its relative path, or, with
         ``split_by='content'``, of its bytes (every file is read once more).
       drop_duplicates: leave out every image whose bytes equal another's, keeping
         the first by ordering key (every file is read once more).
@@ -596,7 +597,7 @@ def read_labels_text(path: str) -> str:
     return data.decode("utf-8-sig")
 
 
-def _printable(path: str) -> str:
+def path_text(path: str) -> str:
     """A path as text, whatever bytes its name holds (undecodable ones escaped)."""
     return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
@@ -604,7 +605,7 @@ def _printable(path: str) -> str:
 def _published(root: str, path: str) -> str:
     """A listed path as dead letters name it: relative to the input root (as
     ``image/filename``), undecodable bytes escaped."""
-    return _printable(relative_path(root, path))
+    return path_text(relative_path(root, path))
 
 
 class _ListImagesFn(beam.DoFn):

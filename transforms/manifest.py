@@ -62,8 +62,8 @@ from beam_tfrecords.transforms.io.ownership import (
     write_owned,
 )
 from beam_tfrecords.transforms.io.progress import split_totals
-from beam_tfrecords.transforms.plan.drift import DriftGate, statistics_and_drift
-from beam_tfrecords.transforms.shards import STORAGE_ERRORS
+from beam_tfrecords.transforms.io.storage_errors import STORAGE_ERRORS
+from beam_tfrecords.transforms.quality.drift import DriftGate, statistics_and_drift
 
 __all__ = ["Commit", "CommitSettings", "RunFailed", "finalize"]
 

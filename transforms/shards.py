@@ -66,8 +66,9 @@ from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.gcs import is_gcs, object_crc32c, object_info
 from beam_tfrecords.transforms.io.helpers import SMALL_FILE_BYTES, ready_helper_pool, verify_range
+from beam_tfrecords.transforms.io.storage_errors import STORAGE_ERRORS
 from beam_tfrecords.transforms.plan.shards import cut_shards
-from beam_tfrecords.transforms.plan.statistics import image_counts
+from beam_tfrecords.transforms.quality.statistics import image_counts
 
 __all__ = [
     "Chunk",
@@ -93,32 +94,6 @@ _ATTEMPTS = 3
 _BACKOFF_SECONDS = 1.0
 
 
-def _storage_errors() -> tuple[type[BaseException], ...]:
-    """What a storage call raises when the store, not the data, is at fault."""
-    errors: tuple[type[BaseException], ...] = (OSError, BeamIOError)
-    try:
-        from google.api_core.exceptions import GoogleAPIError  # pylint: disable=import-outside-toplevel
-    except ImportError:  # pragma: no cover - a GCP extra of Beam.
-        return errors
-    errors = (*errors, GoogleAPIError)
-    # A resumable upload (Beam's GCS writer) or a download that gets an unexpected
-    # status or bad bytes raises these, which are not GoogleAPIErrors.
-    try:
-        from google.resumable_media import (  # pylint: disable=import-outside-toplevel
-            DataCorruption,
-            InvalidResponse,
-        )
-    except ImportError:  # pragma: no cover - google-cloud-storage without it.
-        from google.cloud.storage.exceptions import (  # pylint: disable=import-outside-toplevel
-            DataCorruption,
-            InvalidResponse,
-        )
-    return (*errors, InvalidResponse, DataCorruption)
-
-
-STORAGE_ERRORS = _storage_errors()
-
-
 class Chunk(NamedTuple):
     """A piece of a shard, as a record source produces it.
 
@@ -134,7 +109,7 @@ class Chunk(NamedTuple):
         the same)`` of each record
         written (for the duplicates and leakage report).
       images: for images, ``(format, mode, width, height)`` of each record written
-        (for the statistics; see ``plan.statistics.image_counts``).
+        (for the statistics; see ``quality.statistics.image_counts``).
     """
 
     framed: bytes

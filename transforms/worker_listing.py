@@ -36,7 +36,7 @@ import numpy as np
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRefs, InputSummary, ShardSpec
 from beam_tfrecords.schemas.inputs import UNIT_INPUTS_DIR, unit_inputs_name
 from beam_tfrecords.schemas.shards import ShardBand, shard_name
-from beam_tfrecords.transforms.images import _printable, _record_overhead, pack_refs
+from beam_tfrecords.transforms.images import pack_refs, path_text, record_overheads
 from beam_tfrecords.transforms.io import files, progress
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.fingerprint import table_lines
@@ -49,7 +49,7 @@ from beam_tfrecords.transforms.plan.ref_table import (
     concat_tables,
 )
 from beam_tfrecords.transforms.plan.shards import cut_shards
-from beam_tfrecords.transforms.plan.splits import split_of
+from beam_tfrecords.transforms.quality.splits import split_of
 
 __all__ = ["ListAndPlanOnWorkers", "UnitsToList", "cut_plan"]
 
@@ -161,7 +161,7 @@ def list_unit(settings: UnitsToList, index: int) -> tuple[RefTable, int, list[De
         try:
             found.add(*item)
         except UnicodeEncodeError:
-            bad_names.append(DeadLetter(_printable(item[0]), "list", "bad_file_name",
+            bad_names.append(DeadLetter(path_text(item[0]), "list", "bad_file_name",
                                         "the file name is not UTF-8 text; rename the file"))
     if settings.layout == "cifar":
         listing = cifar_table(settings.root, found, list(settings.labels), CIFAR_LABELS_FILE,
@@ -199,12 +199,6 @@ class _ListUnitFn(beam.DoFn):
         yield index, pickle.dumps(table, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _overheads(vocabulary: Sequence[str]) -> np.ndarray:
-    """Each label's record size less the file's and its name's bytes (``estimated_record_size``)."""
-    return np.array([_record_overhead(label, text, ()) for label, text in enumerate(vocabulary)] or [0],
-                    dtype=np.int64)
-
-
 def cut_plan(thins: Sequence[_Thin], settings: UnitsToList) -> CutPlan:
     """The one-process plan's cuts, from every unit's thin columns.
 
@@ -217,7 +211,7 @@ def cut_plan(thins: Sequence[_Thin], settings: UnitsToList) -> CutPlan:
     else:
         vocabulary = tuple(sorted(set().union(*(t.vocabulary for t in thins))))
     code = {name: i for i, name in enumerate(vocabulary)}
-    overhead = _overheads(vocabulary)
+    overhead = record_overheads(vocabulary)
     remaps = {t.index: np.array([code[name] for name in t.vocabulary] or [0], np.int32) for t in thins}
     shards = {t.index: np.zeros(len(t.keys), np.int32) for t in thins}
     num_shards: dict[str, int] = {}
@@ -321,7 +315,7 @@ class _ShardSpecsFn(beam.DoFn):
             for rows in np.split(order, np.flatnonzero(np.diff(
                     table.split_codes[order].astype(np.int64) * (1 << 32) + shard[order])) + 1):
                 runs[(table.split_names[table.split_codes[rows[0]]], int(shard[rows[0]]))] = rows
-            overhead = _overheads(table.vocabulary)
+            overhead = record_overheads(table.vocabulary)
         for split, index in plan.group_shards(group):
             rows = runs.get((split, index))
             if rows is None:

@@ -15,15 +15,20 @@ from beam_tfrecords.schemas.features import DTYPES
 from beam_tfrecords.schemas.proto import example_pb2
 
 __all__ = [
+    "LIST_TAGS",
     "bytes_entry_parts",
     "bytes_feature",
     "encode_example",
+    "entry_prefix",
     "example_to_dict",
     "feature_entry",
     "float_feature",
     "int64_feature",
+    "list_parts",
     "make_example",
+    "scalar_entry",
     "serialize_example",
+    "varint",
     "varint_size",
 ]
 
@@ -68,7 +73,7 @@ _U64 = (1 << 64) - 1
 _SMALL_VARINTS = tuple(bytes((i,)) for i in range(128))
 _CACHED_STR = 32  # One-value string features up to this length are cached whole.
 # Feature field tags (example.proto): bytes_list = 1, float_list = 2, int64_list = 3.
-_LIST_TAGS = {"string": b"\x0a", "float32": b"\x12", "int64": b"\x1a"}
+LIST_TAGS = {"string": b"\x0a", "float32": b"\x12", "int64": b"\x1a"}
 
 
 def _encode_varint(value: int) -> bytes:
@@ -85,7 +90,7 @@ def _encode_varint(value: int) -> bytes:
 _VARINT_TABLE = tuple(_encode_varint(i) for i in range(1 << 14))
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
     """Protobuf varint; negative int64 values take their 10-byte two's complement."""
     if 0 <= value < 16384:
         return _VARINT_TABLE[value]
@@ -93,20 +98,20 @@ def _varint(value: int) -> bytes:
 
 
 @functools.lru_cache(maxsize=4096)
-def _entry_prefix(name: str) -> bytes:
+def entry_prefix(name: str) -> bytes:
     """A map entry's key field and the tag of its value field."""
     key = name.encode("utf-8")
-    return b"".join((b"\x0a", _varint(len(key)), key, b"\x12"))
+    return b"".join((b"\x0a", varint(len(key)), key, b"\x12"))
 
 
-def _list_parts(dtype: str, values: Sequence, parts: list) -> int:
+def list_parts(dtype: str, values: Sequence, parts: list) -> int:
     """Appends the serialized value list to ``parts``; returns its length."""
     if dtype == "string":
         size = 0
         for value in values:
             if isinstance(value, str):
                 value = value.encode("utf-8")
-            head = _varint(len(value))
+            head = varint(len(value))
             parts += (b"\x0a", head, value)
             size += 1 + len(head) + len(value)
         return size
@@ -119,7 +124,7 @@ def _list_parts(dtype: str, values: Sequence, parts: list) -> int:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if not values:
         return 0
-    head = _varint(len(packed))
+    head = varint(len(packed))
     parts += (b"\x0a", head, packed)
     return 1 + len(head) + len(packed)
 
@@ -130,17 +135,17 @@ def feature_entry(name: str, dtype: str, values: Sequence) -> bytes:
     An Example's body is its items in name order (see ``encode_example``);
     building items column by column lets a table encoder reuse equal ones.
     """
-    if dtype not in _LIST_TAGS:
+    if dtype not in LIST_TAGS:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     parts: list[bytes] = []
-    list_size = _list_parts(dtype, values, parts)
-    feature = b"".join((_LIST_TAGS[dtype], _varint(list_size), *parts))
-    entry = b"".join((_entry_prefix(name), _varint(len(feature)), feature))
-    return b"".join((b"\x0a", _varint(len(entry)), entry))
+    list_size = list_parts(dtype, values, parts)
+    feature = b"".join((LIST_TAGS[dtype], varint(list_size), *parts))
+    entry = b"".join((entry_prefix(name), varint(len(feature)), feature))
+    return b"".join((b"\x0a", varint(len(entry)), entry))
 
 
 @functools.lru_cache(maxsize=8192)
-def _scalar_entry(name: str, dtype: str, value) -> bytes:
+def scalar_entry(name: str, dtype: str, value) -> bytes:
     """``feature_entry`` of one value, cached: labels and dimensions repeat."""
     return feature_entry(name, dtype, (value,))
 
@@ -154,14 +159,14 @@ def bytes_entry_parts(name: str, value: bytes | str) -> tuple[tuple[bytes, ...],
     if isinstance(value, str):
         value = value.encode("utf-8")
     size = len(value)
-    value_head = _SMALL_VARINTS[size] if size < 0x80 else _varint(size)
+    value_head = _SMALL_VARINTS[size] if size < 0x80 else varint(size)
     list_size = 1 + len(value_head) + size
-    list_head = _SMALL_VARINTS[list_size] if list_size < 0x80 else _varint(list_size)
+    list_head = _SMALL_VARINTS[list_size] if list_size < 0x80 else varint(list_size)
     feature_size = 1 + len(list_head) + list_size
-    feature_head = _varint(feature_size)
-    prefix = _entry_prefix(name)
+    feature_head = varint(feature_size)
+    prefix = entry_prefix(name)
     entry_size = len(prefix) + len(feature_head) + feature_size
-    entry_head = _varint(entry_size)
+    entry_head = varint(entry_size)
     parts = (b"\x0a", entry_head, prefix, feature_head, b"\x0a", list_head, b"\x0a", value_head, value)
     return parts, 1 + len(entry_head) + entry_size
 
@@ -189,7 +194,7 @@ def encode_example(features: Iterable[tuple[str, str, Sequence]]) -> bytes:
                 body += len(entry)
                 continue
             if dtype != "string" or (isinstance(value, str) and len(value) <= _CACHED_STR):
-                entry = _scalar_entry(name, dtype, value)  # Labels, formats, dimensions.
+                entry = scalar_entry(name, dtype, value)  # Labels, formats, dimensions.
                 parts.append(entry)
                 body += len(entry)
                 continue
@@ -197,21 +202,21 @@ def encode_example(features: Iterable[tuple[str, str, Sequence]]) -> bytes:
             parts += entry_parts
             body += size
             continue
-        if dtype not in _LIST_TAGS:
+        if dtype not in LIST_TAGS:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         head_at = len(parts)
         parts += (b"", b"", b"", b"", b"")  # Entry tag+length, key+value tag, value length, list tag+length.
-        list_size = _list_parts(dtype, values, parts)
-        list_head = _varint(list_size)
+        list_size = list_parts(dtype, values, parts)
+        list_head = varint(list_size)
         feature_size = 1 + len(list_head) + list_size
-        prefix = _entry_prefix(name)
-        feature_head = _varint(feature_size)
+        prefix = entry_prefix(name)
+        feature_head = varint(feature_size)
         entry_size = len(prefix) + len(feature_head) + feature_size
-        entry_head = _varint(entry_size)
+        entry_head = varint(entry_size)
         parts[head_at:head_at + 5] = (b"\x0a" + entry_head, prefix, feature_head,
-                                      _LIST_TAGS[dtype], list_head)
+                                      LIST_TAGS[dtype], list_head)
         body += 1 + len(entry_head) + entry_size
-    parts[1] = _varint(body)
+    parts[1] = varint(body)
     return b"".join(parts)
 
 

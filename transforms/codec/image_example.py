@@ -10,11 +10,11 @@ import functools
 import hashlib
 
 from beam_tfrecords.transforms.codec.example import (
-    _scalar_entry,
-    _varint,
     bytes_entry_parts,
     encode_example,
     feature_entry,
+    scalar_entry,
+    varint,
     varint_size,
 )
 from beam_tfrecords.transforms.codec.images import ImageInfo
@@ -23,7 +23,7 @@ __all__ = ["encode_image_example", "image_example_parts", "image_example_size"]
 
 
 def _text_entry(name: str, text: str) -> bytes:
-    return _scalar_entry(name, "string", text) if len(text) <= 32 else feature_entry(name, "string", [text])
+    return scalar_entry(name, "string", text) if len(text) <= 32 else feature_entry(name, "string", [text])
 
 
 def encode_image_example(
@@ -72,15 +72,15 @@ def image_example_parts(
         name_parts, name_size = bytes_entry_parts("image/filename", filename)
         key_parts, key_size = bytes_entry_parts("image/key/sha256", digest)
         before = b"".join((
-            _scalar_entry("image/channels", "int64", info.channels),
-            _scalar_entry("image/class/label", "int64", label),
+            scalar_entry("image/channels", "int64", info.channels),
+            scalar_entry("image/class/label", "int64", label),
             _text_entry("image/class/text", label_text),
         ))
-        middle = b"".join((_scalar_entry("image/format", "string", info.format),
-                           _scalar_entry("image/height", "int64", info.height)))
-        after = _scalar_entry("image/width", "int64", info.width)
+        middle = b"".join((scalar_entry("image/format", "string", info.format),
+                           scalar_entry("image/height", "int64", info.height)))
+        after = scalar_entry("image/width", "int64", info.width)
         body = len(before) + image_size + name_size + len(middle) + key_size + len(after)
-        head = b"\x0a" + _varint(body)
+        head = b"\x0a" + varint(body)
         return ([head, before, *image_parts, *name_parts, middle, *key_parts, after],
                 len(head) + body)
     features = [

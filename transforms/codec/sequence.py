@@ -19,11 +19,11 @@ from collections.abc import Iterable, Sequence
 from beam_tfrecords.schemas.features import DTYPES
 from beam_tfrecords.schemas.proto import example_pb2
 from beam_tfrecords.transforms.codec.example import (
-    _LIST_TAGS,
-    _entry_prefix,
-    _list_parts,
-    _varint,
+    LIST_TAGS,
     encode_example,
+    entry_prefix,
+    list_parts,
+    varint,
 )
 
 __all__ = ["encode_sequence_example", "sequence_example_to_dict"]
@@ -75,9 +75,9 @@ def encode_sequence_example(
     parts: list[bytes] = [encode_example(context), _TAG_FEATURE_LISTS, b""]  # Length at [2].
     body = 0
     for name, dtype, steps in feature_lists:
-        if dtype not in _LIST_TAGS:
+        if dtype not in LIST_TAGS:
             raise ValueError(f"feature list {name!r}: dtype must be one of {DTYPES}, got {dtype!r}")
-        list_tag = _LIST_TAGS[dtype]
+        list_tag = LIST_TAGS[dtype]
         head_at = len(parts)
         parts += (b"", b"", b"")  # Entry tag+length, key + value tag, FeatureList length.
         feature_list_size = 0
@@ -88,20 +88,20 @@ def encode_sequence_example(
                 )
             step_at = len(parts)
             parts += (b"", b"")  # Feature tag+length, list tag+length.
-            list_size = _list_parts(dtype, values, parts)
-            list_head = _varint(list_size)
+            list_size = list_parts(dtype, values, parts)
+            list_head = varint(list_size)
             feature_size = 1 + len(list_head) + list_size
-            feature_head = _varint(feature_size)
+            feature_head = varint(feature_size)
             parts[step_at] = _TAG_ENTRY + feature_head
             parts[step_at + 1] = list_tag + list_head
             feature_list_size += 1 + len(feature_head) + feature_size
-        prefix = _entry_prefix(name)
-        feature_list_head = _varint(feature_list_size)
+        prefix = entry_prefix(name)
+        feature_list_head = varint(feature_list_size)
         entry_size = len(prefix) + len(feature_list_head) + feature_list_size
-        entry_head = _varint(entry_size)
+        entry_head = varint(entry_size)
         parts[head_at:head_at + 3] = (_TAG_ENTRY + entry_head, prefix, feature_list_head)
         body += 1 + len(entry_head) + entry_size
-    parts[2] = _varint(body)
+    parts[2] = varint(body)
     return b"".join(parts)
 
 

@@ -28,8 +28,8 @@ from beam_tfrecords.schemas.table_schema import TableSchema
 from beam_tfrecords.transforms.codec import table_columns
 from beam_tfrecords.transforms.codec.table_columns import frame_examples
 from beam_tfrecords.transforms.codec.table_rows import RowEncoder, describe_text
-from beam_tfrecords.transforms.plan.splits import split_fraction
-from beam_tfrecords.transforms.plan.statistics import table_batch_statistics
+from beam_tfrecords.transforms.quality.splits import split_fraction
+from beam_tfrecords.transforms.quality.statistics import table_batch_statistics
 
 __all__ = [
     "BAD",
@@ -87,7 +87,7 @@ class EncodedBatch:
       newlines: per row, the line breaks inside its quoted cells (so the reader
         can number lines).
       statistics: per split, the statistics of its rows in this batch
-        (``plan.statistics.table_batch_statistics``); ``None`` when not computed
+        (``quality.statistics.table_batch_statistics``); ``None`` when not computed
         (sequences), or no longer true (rows dropped after encoding).
     """
 

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_tfrecords.schemas.table_schema import FALSE_WORDS, FLOAT32_MAX, TRUE_WORDS, ColumnSpec
-from beam_tfrecords.transforms.codec.example import _entry_prefix
+from beam_tfrecords.transforms.codec.example import entry_prefix
 
 __all__ = ["blob", "column_entries", "frame_examples", "vectorized"]
 
@@ -123,7 +123,7 @@ def _entry_head(name: str, tag: bytes, list_sizes: np.ndarray) -> list:
     list_head = _Varints(list_sizes)
     feature = 1 + list_head.widths + list_sizes
     feature_head = _Varints(feature)
-    prefix = _entry_prefix(name)
+    prefix = entry_prefix(name)
     entry = _Varints(len(prefix) + feature_head.widths + feature)
     return [b"\x0a", entry, prefix, feature_head, tag, list_head]
 

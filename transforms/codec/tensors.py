@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from beam_tfrecords.schemas.proto import tensor_pb2
-from beam_tfrecords.transforms.codec.example import _varint
+from beam_tfrecords.transforms.codec.example import varint
 
 __all__ = ["SUPPORTED_DTYPES", "decode_tensor", "encode_tensor"]
 
@@ -82,10 +82,10 @@ def _shape_field(shape: tuple[int, ...]) -> bytes:
     TensorFlow writes it; a zero-size dim is an empty Dim message (``12 00``)."""
     dims = []
     for size in shape:
-        dim = _TAG_DIM_SIZE + _varint(size) if size else b""
-        dims += (_TAG_DIM, _varint(len(dim)), dim)
+        dim = _TAG_DIM_SIZE + varint(size) if size else b""
+        dims += (_TAG_DIM, varint(len(dim)), dim)
     body = b"".join(dims)
-    return b"".join((_TAG_SHAPE, _varint(len(body)), body))
+    return b"".join((_TAG_SHAPE, varint(len(body)), body))
 
 
 def _string_items(array: np.ndarray) -> list[bytes]:
@@ -136,9 +136,9 @@ def encode_tensor(array: np.ndarray | np.generic) -> bytes:
     dtype = array.dtype
     shape = _shape_field(array.shape)
     if dtype.kind in _STRING_KINDS:
-        parts = [_TAG_DTYPE, _varint(tensor_pb2.DT_STRING), shape]
+        parts = [_TAG_DTYPE, varint(tensor_pb2.DT_STRING), shape]
         for item in _string_items(array):
-            parts += (_TAG_STRING_VAL, _varint(len(item)), item)
+            parts += (_TAG_STRING_VAL, varint(len(item)), item)
         return b"".join(parts)
     entry = _NUMERIC.get((dtype.kind, dtype.itemsize))
     if entry is None:  # float128, datetime, structured, ...
@@ -148,9 +148,9 @@ def encode_tensor(array: np.ndarray | np.generic) -> bytes:
     # makes the one copy, contiguous in row-major order.
     content = array.astype(_NUMPY_DTYPE[data_type], copy=False).tobytes(order="C")
     if not content:  # No elements: proto3 omits an empty bytes field.
-        return b"".join((_TAG_DTYPE, _varint(data_type), shape))
+        return b"".join((_TAG_DTYPE, varint(data_type), shape))
     return b"".join(
-        (_TAG_DTYPE, _varint(data_type), shape, _TAG_CONTENT, _varint(len(content)), content)
+        (_TAG_DTYPE, varint(data_type), shape, _TAG_CONTENT, varint(len(content)), content)
     )
 
 

@@ -39,7 +39,7 @@ import math
 from collections.abc import Mapping
 
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME
-from beam_tfrecords.transforms.plan.statistics import split_statistics
+from beam_tfrecords.transforms.quality.statistics import split_statistics
 
 __all__ = ["PREVIOUS", "DriftGate", "baseline_of", "compare", "drift_manifest_path",
            "statistics_and_drift"]
