@@ -47,9 +47,9 @@ from beam_tfrecords.schemas.shards import (
     ShardBand,
     ShardTarget,
     is_valid_split_name,
-    shard_name,
 )
 from beam_tfrecords.transforms.codec.tfrecord import (
+    CHECKPOINT_BYTES,
     RECORD_OVERHEAD,
     FileDigest,
     RecordError,
@@ -66,7 +66,7 @@ from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.gcs import is_gcs, object_crc32c, object_info
 from beam_tfrecords.transforms.io.helpers import SMALL_FILE_BYTES, ready_helper_pool, verify_range
-from beam_tfrecords.transforms.plan.shards import cut_shards
+from beam_tfrecords.transforms.plan.shards import cut_shards, shard_spec
 from beam_tfrecords.transforms.plan.statistics import image_counts
 
 __all__ = [
@@ -83,8 +83,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-# Record boundaries are reported about this often, for parallel verification.
-_CHECKPOINT_BYTES = 16 << 20
 _CHUNK_BYTES = 4 << 20
 _COPY_BYTES = 1 << 20
 # A shard whose storage fails is written (or re-read) this many times in all,
@@ -270,7 +268,7 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
             writer.write_framed(chunk.framed, chunk.records)
             written += len(chunk.framed)
             done += chunk.inputs
-            if (source.aligned and written - last_checkpoint >= _CHECKPOINT_BYTES):
+            if (source.aligned and written - last_checkpoint >= CHECKPOINT_BYTES):
                 checkpoints.append((written, writer.records))
                 last_checkpoint = written
             if number == 1:
@@ -702,15 +700,15 @@ class _WriteGroupFn(beam.DoFn):
         (split, index), members = element
         records = tuple(record for _, record in sorted(members))
         num_shards = plan[split][0]
-        spec = ShardSpec(split, index, num_shards,
-                         shard_name(split, index, num_shards, self._target.compression),
-                         sum(len(r) + RECORD_OVERHEAD for r in records), records)
+        spec = shard_spec(split, index, num_shards, self._target.compression,
+                          sum(len(r) + RECORD_OVERHEAD for r in records), records)
         yield write_shard(spec, self._target, self._source)
 
 
 class _EmptyShardsFn(beam.DoFn):
-    """Shards the plan names that no record reached (possible only with many equal
-    keys): written empty, so every name ``-of-N`` exists."""
+    """Shards the plan names that no record reached, written empty so that every
+    name ``-of-N`` exists: a guard only (``plan.shards.cut_shards`` leaves no shard
+    without a unit of equal keys)."""
 
     def __init__(self, target: ShardTarget):
         self._target = target
@@ -720,9 +718,7 @@ class _EmptyShardsFn(beam.DoFn):
         for split, (num_shards, _) in sorted(plan.items()):
             for index in range(num_shards):
                 if (split, index) not in have:
-                    spec = ShardSpec(split, index, num_shards,
-                                     shard_name(split, index, num_shards, self._target.compression),
-                                     0, ())
+                    spec = shard_spec(split, index, num_shards, self._target.compression, 0, ())
                     yield write_shard(spec, self._target, FramedRecords())
 
 
