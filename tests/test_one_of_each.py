@@ -2,6 +2,7 @@
 planner (whole split, streamed a chunk at a time, through ``convert``) uses it."""
 
 import json
+import logging
 import os
 
 import numpy as np
@@ -12,6 +13,7 @@ from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.elements import ImageSpool
 from beam_tfrecords.schemas.shards import ShardBand
+from beam_tfrecords.transforms.io import retry
 from beam_tfrecords.transforms.plan.shards import StreamedCut, assign_shards, cut_shards
 from beam_tfrecords.transforms.tables import plan_table_shards
 
@@ -93,3 +95,23 @@ def test_convert_with_records_larger_than_the_band_publishes_no_empty_shard(tmp_
     assert sum(s["records"] for s in shards) == 16
     assert [s["records"] for s in shards] == [1] * 16  # Before: 66 shards, 50 of them empty.
     assert sorted(n for n in os.listdir(out) if n.endswith(".tfrecord")) == sorted(s["path"] for s in shards)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("failures, calls, warnings", [(0, 1, 0), (2, 3, 2), (5, 3, 2)])
+def test_one_retry_loop_tries_until_nothing_is_to_retry_or_attempts_run_out(
+        monkeypatch, caplog, failures, calls, warnings):
+    monkeypatch.setattr(retry, "BACKOFF_SECONDS", 0.0)
+    tries = []
+
+    def attempt() -> int:
+        tries.append(len(tries) + 1)
+        return len(tries)
+
+    log = logging.getLogger("test_one_of_each")
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        last = retry.retried(attempt, lambda n: f"failure {n}" if n <= failures else "",
+                             lambda n: f"Trying #{n}", "retrying", log)
+    assert (last, tries) == (calls, list(range(1, calls + 1)))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Trying #{n} failed (attempt {n} of 3), retrying in 0 s: failure {n}" for n in range(1, warnings + 1)]
