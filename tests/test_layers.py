@@ -70,7 +70,6 @@ LONG_FUNCTIONS = {
     "transforms/io/ownership::claim_output": 98,
     "transforms/manifest::finalize": 216,
     "transforms/plan/layouts::list_csv_manifest": 81,
-    "transforms/tables::_EncodeCsvFn._read_segment": 82,
 }
 # File names more than one product module has, with how many have it.
 NAME_CLASHES = {"images.py": 2, "manifest.py": 2, "shards.py": 3}

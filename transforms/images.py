@@ -44,7 +44,7 @@ from beam_tfrecords.schemas.elements import (
     ShardSpec,
     SpoolSegments,
 )
-from beam_tfrecords.schemas.shards import ShardBand, shard_name
+from beam_tfrecords.schemas.shards import ShardBand
 from beam_tfrecords.transforms.codec.image_example import image_example_size
 from beam_tfrecords.transforms.codec.tfrecord import RECORD_OVERHEAD
 from beam_tfrecords.transforms.io import files, progress
@@ -86,8 +86,8 @@ from beam_tfrecords.transforms.plan.layouts import (
     resolve_input,
 )
 from beam_tfrecords.transforms.plan.names import check_names
-from beam_tfrecords.transforms.plan.ref_table import PathBuffer, RefTable, concat_tables, shard_cuts
-from beam_tfrecords.transforms.plan.shards import cut_shards, stable_key
+from beam_tfrecords.transforms.plan.ref_table import PathBuffer, RefTable, concat_tables, split_orders
+from beam_tfrecords.transforms.plan.shards import split_specs, stable_key
 from beam_tfrecords.transforms.quality.duplicates import keep_first
 from beam_tfrecords.transforms.quality.splits import split_of
 from beam_tfrecords.transforms.shards import Chunk, RecordSource
@@ -813,44 +813,32 @@ def image_shards(images: ImageRefs, band: ShardBand, compression: str) -> Iterat
     refs = images.unpack()
     start = time.monotonic()
     count = shards = 0
-    for split, num_shards, records, sizes in (_table_splits(refs, band) if isinstance(refs, RefTable)
-                                              else _ref_splits(refs, band)):
-        for index in range(num_shards):
-            members = records(index)
-            yield ShardSpec(
-                split=split,
-                index=index,
-                num_shards=num_shards,
-                name=shard_name(split, index, num_shards, compression),
-                planned_bytes=int(sum(estimated_record_size(r) for r in members))
-                if sizes is None else int(sizes[index]),
-                records=members if isinstance(members, ImageRefs) else ImageRefs.pack(members),
-            )
-            count += members.count if isinstance(members, ImageRefs) else len(members)
-            shards += 1
+    for spec in (_table_specs(refs, band, compression) if isinstance(refs, RefTable)
+                 else _ref_specs(refs, band, compression)):
+        yield spec
+        count += spec.records.count
+        shards += 1
     _log.info("Planned %d shards for %d images in %.1f s", shards, count, time.monotonic() - start)
     progress.plan(shards=shards)
 
 
-def _ref_splits(refs: Sequence[ImageRef], band: ShardBand):
-    """``(split, num_shards, shard -> its refs, None)`` per split of a list of references."""
+def _ref_specs(refs: Sequence[ImageRef], band: ShardBand, compression: str) -> Iterator[ShardSpec]:
+    """The specs of a list of references, split by split."""
     by_split: dict[str, list[ImageRef]] = {}
     for ref in refs:
         by_split.setdefault(ref.split, []).append(ref)
     for split in sorted(by_split):
         items = sorted(by_split[split], key=lambda r: (r.key, r.filename))
-        num_shards, shard_of = cut_shards([estimated_record_size(r) for r in items], band)
-        bounds = np.searchsorted(shard_of, np.arange(num_shards + 1), side="left").tolist()
-        yield split, num_shards, lambda i, items=items, b=bounds: items[b[i]:b[i + 1]], None
+        yield from split_specs(split, [estimated_record_size(r) for r in items], band, compression,
+                               lambda a, b, items=items: ImageRefs.pack(items[a:b]))
 
 
-def _table_splits(table: RefTable, band: ShardBand):
-    """``(split, num_shards, shard -> its refs, shard byte sizes)`` per split of a table."""
+def _table_specs(table: RefTable, band: ShardBand, compression: str) -> Iterator[ShardSpec]:
+    """The specs of a table, split by split (each spec's rows a table of their own)."""
     planned = record_overheads(table.vocabulary)[table.labels] + table.sizes + table.name_lengths()
-    for split, num_shards, order, bounds in shard_cuts(table, band, planned):
-        running = np.concatenate(([0], np.cumsum(planned[order])))
-        per_shard = running[bounds[1:]] - running[bounds[:-1]]
-        yield split, num_shards, (lambda i, o=order, b=bounds: pack_refs(table.rows(o[b[i]:b[i + 1]]))), per_shard
+    for split, order in split_orders(table):
+        yield from split_specs(split, planned[order], band, compression,
+                               lambda a, b, order=order: pack_refs(table.rows(order[a:b])))
 
 
 class PlanImageShards(beam.PTransform):

@@ -31,11 +31,11 @@ import apache_beam as beam
 import numpy as np
 
 from beam_tfrecords.schemas.elements import ImageRef, ImageRefs, ListingPart, ShardSpec
-from beam_tfrecords.schemas.shards import ShardBand, shard_name
+from beam_tfrecords.schemas.shards import ShardBand
 from beam_tfrecords.transforms.images import estimated_record_size, pack_refs, part_refs, record_overheads
 from beam_tfrecords.transforms.io import progress
 from beam_tfrecords.transforms.plan.ref_table import RefTable, concat_tables
-from beam_tfrecords.transforms.plan.shards import cut_shards
+from beam_tfrecords.transforms.plan.shards import cut_shards, shard_spec
 
 __all__ = ["PlanListingParts", "SHARDS_PER_GROUP", "SplitCut", "cut_split", "part_columns"]
 
@@ -182,9 +182,7 @@ class _ShardSpecsFn(beam.DoFn):
             else:
                 records = ImageRefs.pack([members[i] for i in rows])
                 planned_bytes = int(planned[rows].sum())
-            yield ShardSpec(split=split, index=index, num_shards=num_shards,
-                            name=shard_name(split, index, num_shards, self._compression),
-                            planned_bytes=planned_bytes, records=records)
+            yield shard_spec(split, index, num_shards, self._compression, planned_bytes, records)
 
 
 def _joined(parts: list) -> Sequence[ImageRef]:

@@ -23,12 +23,12 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_tfrecords.schemas.elements import ShardSpec, SpoolSegments
-from beam_tfrecords.schemas.shards import ShardBand, shard_name
+from beam_tfrecords.schemas.shards import ShardBand
 from beam_tfrecords.schemas.table_schema import TableSchema
 from beam_tfrecords.transforms.codec.sequence import encode_sequence_example
 from beam_tfrecords.transforms.codec.tfrecord import TFRecordWriter, checkpoints, frame_record
 from beam_tfrecords.transforms.io import files, progress
-from beam_tfrecords.transforms.plan.shards import cut_shards
+from beam_tfrecords.transforms.plan.shards import split_specs
 
 __all__ = ["BuildSequences", "PlanSequenceShards", "SequenceSpool", "plan_sequence_shards"]
 
@@ -126,26 +126,25 @@ def plan_sequence_shards(spools: Sequence[SequenceSpool], band: ShardBand,
     specs = []
     for split in sorted(entries):
         records = sorted(entries[split])
-        sizes = [end - start for _, _, start, end in records]
-        num_shards, shard_of = cut_shards(sizes, band)
-        segments: list[list[list]] = [[] for _ in range(num_shards)]
-        shard_sizes: list[list[int]] = [[] for _ in range(num_shards)]
-        for (_, path, start, end), index in zip(records, shard_of.tolist()):
-            run = segments[index]
-            if run and run[-1][0] == path and run[-1][2] == start:
-                run[-1][2] = end
-                run[-1][3] += 1
-            else:
-                run.append([path, start, end, 1])
-            shard_sizes[index].append(end - start)
-        for index in range(num_shards):
-            specs.append(ShardSpec(
-                split, index, num_shards, shard_name(split, index, num_shards, compression),
-                sum(shard_sizes[index]), SpoolSegments(tuple(tuple(s) for s in segments[index])),
-                checkpoints(shard_sizes[index]) if compression == "none" else (),
-            ))
+        specs.extend(split_specs(
+            split, [end - start for _, _, start, end in records], band, compression,
+            lambda a, b, records=records: _segments(records[a:b]),
+            checkpoints if compression == "none" else None))
     progress.plan(shards=len(specs))
     return specs
+
+
+def _segments(records: Sequence[tuple[str, str, int, int]]) -> SpoolSegments:
+    """``(key, spool, start, end)`` of a shard's records, in order → its spool
+    segments (neighbours in one spool joined)."""
+    run: list[list] = []
+    for _, path, start, end in records:
+        if run and run[-1][0] == path and run[-1][2] == start:
+            run[-1][2] = end
+            run[-1][3] += 1
+        else:
+            run.append([path, start, end, 1])
+    return SpoolSegments(tuple(tuple(s) for s in run))
 
 
 class PlanSequenceShards(beam.PTransform):

@@ -47,9 +47,9 @@ from beam_tfrecords.schemas.shards import (
     ShardBand,
     ShardTarget,
     is_valid_split_name,
-    shard_name,
 )
 from beam_tfrecords.transforms.codec.tfrecord import (
+    CHECKPOINT_BYTES,
     RECORD_OVERHEAD,
     FileDigest,
     RecordError,
@@ -66,8 +66,9 @@ from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.gcs import is_gcs, object_crc32c, object_info
 from beam_tfrecords.transforms.io.helpers import SMALL_FILE_BYTES, ready_helper_pool, verify_range
+from beam_tfrecords.transforms.io.retry import ATTEMPTS, retried
 from beam_tfrecords.transforms.io.storage_errors import STORAGE_ERRORS
-from beam_tfrecords.transforms.plan.shards import cut_shards
+from beam_tfrecords.transforms.plan.shards import cut_shards, shard_spec
 from beam_tfrecords.transforms.quality.statistics import image_counts
 
 __all__ = [
@@ -84,14 +85,8 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-# Record boundaries are reported about this often, for parallel verification.
-_CHECKPOINT_BYTES = 16 << 20
 _CHUNK_BYTES = 4 << 20
 _COPY_BYTES = 1 << 20
-# A shard whose storage fails is written (or re-read) this many times in all,
-# waiting 1 s, 2 s, ... between attempts.
-_ATTEMPTS = 3
-_BACKOFF_SECONDS = 1.0
 
 
 class Chunk(NamedTuple):
@@ -205,6 +200,16 @@ class _Written:
     images: Counter
 
 
+@dataclasses.dataclass(frozen=True)
+class _Attempt:
+    """One try at writing a shard: its temporary name, what it wrote, or its storage error."""
+
+    temp: str
+    written: _Written | None = None
+    contents: tuple[str, str, int] | None = None
+    error: BaseException | None = None
+
+
 @contextlib.contextmanager
 def _discarded_on_failure(sink) -> Iterator[None]:
     """Drops the bytes of a write stream whose write or close failed.
@@ -245,7 +250,7 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
             writer.write_framed(chunk.framed, chunk.records)
             written += len(chunk.framed)
             done += chunk.inputs
-            if (source.aligned and written - last_checkpoint >= _CHECKPOINT_BYTES):
+            if (source.aligned and written - last_checkpoint >= CHECKPOINT_BYTES):
                 checkpoints.append((written, writer.records))
                 last_checkpoint = written
             if number == 1:
@@ -265,7 +270,7 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
 
 
 def write_shard(spec: ShardSpec, target: ShardTarget, source: RecordSource,
-                attempts: int = _ATTEMPTS) -> ShardResult:
+                attempts: int = ATTEMPTS) -> ShardResult:
     """Writes one shard under its temporary name; the one writer of every input kind.
 
     A storage error retries the whole shard (``attempts`` in all, with backoff),
@@ -277,31 +282,29 @@ def write_shard(spec: ShardSpec, target: ShardTarget, source: RecordSource,
       with ``verified=False`` and the error, so the run fails naming the shard.
     """
     final = target.final_path(spec.name)
-    error: BaseException | None = None
     started = time.time()
-    for attempt in range(1, attempts + 1):
+    def attempt() -> _Attempt:
         # A name of its own for every attempt: nothing an earlier attempt (or another
         # worker writing the same shard) still sends can land on what this one verifies.
         temp = target.attempt_path(spec.name, uuid.uuid4().hex[:12])
         try:
             written = _write_once(spec, temp, target.compression, source)
             # The records' content entries go to a side file; the result carries its digest.
-            contents_path, contents_sha256, contents_count = write_contents(
-                target.temp_dir, spec.name, written.contents)
-            break
+            return _Attempt(temp, written, write_contents(target.temp_dir, spec.name, written.contents))
         except STORAGE_ERRORS as err:
             run_progress.write_failed()
-            error = err
-            if attempt < attempts:
-                wait = _BACKOFF_SECONDS * 2 ** (attempt - 1)
-                _log.warning("Writing %s failed (attempt %d of %d), retrying in %.0f s: %s",
-                             temp, attempt, attempts, wait, err)
-                time.sleep(wait)
-    else:
-        message = f"cannot write {temp} (tried {attempts} times): {error}"
+            return _Attempt(temp, error=err)
+
+    tried = retried(attempt, lambda a: "" if a.error is None else str(a.error) or type(a.error).__name__,
+                    lambda a: f"Writing {a.temp}", "retrying", _log, attempts)
+    temp = tried.temp
+    if tried.error is not None:
+        message = f"cannot write {temp} (tried {attempts} times): {tried.error}"
         _log.error("%s", message)
         return ShardResult(spec.split, spec.index, spec.num_shards, final, 0, 0, "", "",
                            spec.planned_bytes, verified=False, verify_error=message, temp_path=temp)
+    written = tried.written
+    contents_path, contents_sha256, contents_count = tried.contents
     stem = spec.name.split(".tfrecord", 1)[0]
     dead_path = write_dead_letters(target.output, stem, written.dead)
     beam.metrics.Metrics.counter("write", "records").inc(written.digest.records)
@@ -546,20 +549,19 @@ class _VerifyShardFn(beam.DoFn):
             return result
         path = result.temp_path or result.path
         start = time.monotonic()
-        for attempt in range(1, _ATTEMPTS + 1):
+        def attempt() -> tuple:
             try:
-                stored, error, read = self._verify_once(result, path)
+                return self._verify_once(result, path)
             except STORAGE_ERRORS as err:  # The store refused or failed the read (a GCS 403, ...).
-                stored, error, read = None, f"cannot read: {type(err).__name__}: {err}", None
+                return None, f"cannot read: {type(err).__name__}: {err}", None
+
+        def failure(outcome: tuple) -> str:
             # A read that failed, or anything odd on a remote store, is read again:
             # a flaky connection must not fail a good shard. A local mismatch is final.
-            retry = error.startswith("cannot read") or (error and not files.is_local(path))
-            if not retry or attempt == _ATTEMPTS:
-                break
-            wait = _BACKOFF_SECONDS * 2 ** (attempt - 1)
-            _log.warning("Verifying %s failed (attempt %d of %d), re-reading in %.0f s: %s",
-                         path, attempt, _ATTEMPTS, wait, error)
-            time.sleep(wait)
+            error = outcome[1]
+            return error if error.startswith("cannot read") or (error and not files.is_local(path)) else ""
+
+        stored, error, read = retried(attempt, failure, lambda _: f"Verifying {path}", "re-reading", _log)
         if error:
             _log.error("Verification failed for %s: %s", path, error)
         else:
@@ -677,15 +679,15 @@ class _WriteGroupFn(beam.DoFn):
         (split, index), members = element
         records = tuple(record for _, record in sorted(members))
         num_shards = plan[split][0]
-        spec = ShardSpec(split, index, num_shards,
-                         shard_name(split, index, num_shards, self._target.compression),
-                         sum(len(r) + RECORD_OVERHEAD for r in records), records)
+        spec = shard_spec(split, index, num_shards, self._target.compression,
+                          sum(len(r) + RECORD_OVERHEAD for r in records), records)
         yield write_shard(spec, self._target, self._source)
 
 
 class _EmptyShardsFn(beam.DoFn):
-    """Shards the plan names that no record reached (possible only with many equal
-    keys): written empty, so every name ``-of-N`` exists."""
+    """Shards the plan names that no record reached, written empty so that every
+    name ``-of-N`` exists: a guard only (``plan.shards.cut_shards`` leaves no shard
+    without a unit of equal keys)."""
 
     def __init__(self, target: ShardTarget):
         self._target = target
@@ -695,9 +697,7 @@ class _EmptyShardsFn(beam.DoFn):
         for split, (num_shards, _) in sorted(plan.items()):
             for index in range(num_shards):
                 if (split, index) not in have:
-                    spec = ShardSpec(split, index, num_shards,
-                                     shard_name(split, index, num_shards, self._target.compression),
-                                     0, ())
+                    spec = shard_spec(split, index, num_shards, self._target.compression, 0, ())
                     yield write_shard(spec, self._target, FramedRecords())
 
 

@@ -15,14 +15,14 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from beam_tfrecords.schemas.elements import ImageSpool, ShardSpec, SpoolSegments
-from beam_tfrecords.schemas.shards import ShardBand, shard_name
+from beam_tfrecords.schemas.shards import ShardBand
+from beam_tfrecords.transforms.codec.tfrecord import CHECKPOINT_BYTES
 from beam_tfrecords.transforms.io import files, progress
-from beam_tfrecords.transforms.plan.shards import choose_num_shards, cut_shard_runs
+from beam_tfrecords.transforms.plan.shards import StreamedCut, shard_spec
 
 __all__ = ["SIZES_SUFFIX", "SpoolInfo", "plan_table_shards"]
 
 SIZES_SUFFIX = ".sizes"  # A spool's sidecar: its records' framed sizes.
-_CHECKPOINT_EVERY = 16 << 20  # codec.tfrecord.checkpoints' spacing (a test holds them equal).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,29 +106,24 @@ def plan_table_shards(infos: Sequence[SpoolInfo | ImageSpool], band: ShardBand,
     for split in sorted(by_split):
         spools = sorted(by_split[split], key=lambda i: i.file_index)
         totals = [_spool_bytes(s) for s in spools]
-        total = sum(totals)
-        num_shards = choose_num_shards(total, band)
+        cut = StreamedCut(sum(totals), sum(_spool_records(s) for s in spools), band)
+        num_shards = cut.num_shards
         shard = _ShardBuilder(split, 0, num_shards, compression)
-        before = 0  # The split's bytes in earlier spools.
         for spool, spool_bytes in zip(spools, totals):
             position = 0  # Byte offset in the spool.
             chunks = spool.record_sizes()
             if isinstance(chunks, np.ndarray):  # An ImageSpool's, whole.
                 chunks = [chunks]
-            for index, sizes in cut_shard_runs(chunks, total, num_shards, before):
-                while shard.index < index:  # A shard no record's midpoint fell in stays empty.
-                    specs.append(shard.spec())
-                    shard = _ShardBuilder(split, shard.index + 1, num_shards, compression)
-                position = shard.add(spool.path, position, sizes)
+            for chunk in chunks:
+                for index, sizes in cut.runs(chunk):
+                    if shard.index < index:  # The cut leaves no shard empty: the next one.
+                        specs.append(shard.spec())
+                        shard = _ShardBuilder(split, index, num_shards, compression)
+                    position = shard.add(spool.path, position, sizes)
             if position != spool_bytes:
                 raise ValueError(f"{spool.path}: record sizes add up to {position} bytes, "
                                  f"the spool holds {spool_bytes}")
-            before += position
-        while True:
-            specs.append(shard.spec())
-            if shard.index == num_shards - 1:
-                break
-            shard = _ShardBuilder(split, shard.index + 1, num_shards, compression)
+        specs.append(shard.spec())
     progress.plan(shards=len(specs))
     return specs
 
@@ -138,6 +133,13 @@ def _spool_bytes(spool: SpoolInfo | ImageSpool) -> int:
     if isinstance(spool, SpoolInfo):
         return spool.bytes
     return int(spool.record_sizes().sum())
+
+
+def _spool_records(spool: SpoolInfo | ImageSpool) -> int:
+    """A spool's records: a ``SpoolInfo`` counts them; an ``ImageSpool``'s sizes do."""
+    if isinstance(spool, SpoolInfo):
+        return spool.records
+    return len(spool.record_sizes())
 
 
 class _ShardBuilder:
@@ -151,7 +153,7 @@ class _ShardBuilder:
         self._segments: list[list] = []  # [spool, start, end, records]
         self._bytes = 0
         self._records = 0
-        self._next_target = _CHECKPOINT_EVERY
+        self._next_target = CHECKPOINT_BYTES
         self._checkpoints: list[tuple[int, int]] = []
 
     def add(self, spool: str, start: int, sizes: np.ndarray) -> int:
@@ -168,12 +170,12 @@ class _ShardBuilder:
             ends += self._bytes
             if self._next_target <= ends[-1]:
                 # The first record boundary at or after each multiple of the spacing.
-                targets = np.arange(self._next_target, int(ends[-1]) + 1, _CHECKPOINT_EVERY)
+                targets = np.arange(self._next_target, int(ends[-1]) + 1, CHECKPOINT_BYTES)
                 for i in np.unique(np.searchsorted(ends, targets)).tolist():
                     point = (int(ends[i]), self._records + i + 1)
                     if not self._checkpoints or self._checkpoints[-1] != point:
                         self._checkpoints.append(point)
-                self._next_target = int(targets[-1]) + _CHECKPOINT_EVERY
+                self._next_target = int(targets[-1]) + CHECKPOINT_BYTES
         self._bytes += run
         self._records += len(sizes)
         return start + run
@@ -181,8 +183,5 @@ class _ShardBuilder:
     def spec(self) -> ShardSpec:
         # The file's end is no checkpoint (nor is a lone record's).
         points = tuple(p for p in self._checkpoints if p[1] < self._records)
-        return ShardSpec(
-            self.split, self.index, self.num_shards,
-            shard_name(self.split, self.index, self.num_shards, self._compression),
-            self._bytes, SpoolSegments(tuple(tuple(s) for s in self._segments)), points,
-        )
+        return shard_spec(self.split, self.index, self.num_shards, self._compression, self._bytes,
+                          SpoolSegments(tuple(tuple(s) for s in self._segments)), points)

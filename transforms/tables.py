@@ -726,9 +726,7 @@ class _EncodeCsvFn(beam.DoFn):
     def _batches(self, reader, task_bytes: bytes) -> Iterator[tuple[pa.RecordBatch, np.ndarray, EncodedBatch]]:
         """``(batch, embedded newlines per row, encoded)``, in order, encoded in helper
         processes when the config allows (the reader stays a batch or two ahead); a
-        batch of long rows (``_long_rows``) is encoded here, once those
-        before it are done."""
-
+        batch of long rows (``_long_rows``) is encoded here, once those before it are done."""
         encode = sequence_table_batch if self._layout.sequence_key else encode_table_batch
         processes = self._processes
         pool = ready_helper_pool(processes) if processes > 0 else None
@@ -906,9 +904,8 @@ class _EncodeCsvFn(beam.DoFn):
                     problems.setdefault(row, ("unknown_column", why))
 
     def _open(self, state: _FileState, line: int, window: int | None = None):
-        """A reader of the file from ``line`` on (the header is read only from line 1),
-        in blocks of ``_BLOCK_BYTES``; or, with ``window``, of that many bytes only,
-        read as one block."""
+        """A reader of the file from ``line`` on (the header is read only from line 1), in
+        blocks of ``_BLOCK_BYTES``; or, with ``window``, of that many bytes, one block."""
         dialect = self._dialect
         offset = 0
         if line > 1:
@@ -972,24 +969,33 @@ class _EncodeCsvFn(beam.DoFn):
         Returns:
           The line where reading goes on, or ``None`` at the end.
         """
+        outcome = None
         try:
             counting, tracker, reader = self._open(state, first_line)
         except (pa.ArrowInvalid, UnicodeDecodeError) as err:
-            if "straddl" in str(err):
-                return (yield from self._long_row(state, first_line))
-            self._set_aside(state, first_line, "unreadable",
-                            f"the line cannot be read: {arrow_error_text(err)}")
-            state.lines_done = first_line
-            return first_line + 1 if first_line < state.counts.lines or first_line == 1 else None
-        outcome = None
-        try:
-            outcome = yield from self._read_segment(state, counting, tracker, _Batches(reader, counting))
-        finally:  # Before the reader is dropped: its thread may wait on the gate.
-            counting.release(stop=isinstance(outcome, _LongRowAt))
+            outcome = self._after_read_error(state, first_line, err, "read")
+            if outcome == first_line + 1 and not (first_line < state.counts.lines or first_line == 1):
+                return None  # The file's last line: nothing follows it.
+        else:
+            try:
+                outcome = yield from self._read_segment(state, counting, tracker, _Batches(reader, counting))
+            finally:  # Before the reader is dropped: its thread may wait on the gate.
+                counting.release(stop=isinstance(outcome, _LongRowAt))
+            del counting, tracker, reader  # Its blocks go before a long row is read.
         if isinstance(outcome, _LongRowAt):
-            del counting, tracker, reader  # Its blocks go before the long row is read.
             return (yield from self._long_row(state, outcome.line))
         return outcome
+
+    def _after_read_error(self, state: _FileState, line: int, err: BaseException, doing: str,
+                          long_rows: bool = True) -> int | _LongRowAt:
+        """Where reading goes on after pyarrow failed at ``line``: a row longer than its block
+        ("straddling") is read alone (``_LongRowAt``); any other error sets the line aside."""
+        if long_rows and "straddl" in str(err):
+            state.lines_done = line - 1
+            return _LongRowAt(line)
+        self._set_aside(state, line, "unreadable", f"the line cannot be {doing}: {arrow_error_text(err)}")
+        state.lines_done = line
+        return line + 1
 
     def _long_row(self, state: _FileState, line: int):
         """The row from ``line``, longer than a block: its end is found from its bytes
@@ -1123,14 +1129,8 @@ class _EncodeCsvFn(beam.DoFn):
             state.lines_done = swallowed
             return swallowed + 1
         if batches.error is not None:
-            line = tracker.next_line
-            if "straddl" in str(batches.error) and not closed:
-                state.lines_done = line - 1
-                return _LongRowAt(line)
-            self._set_aside(state, line, "unreadable",
-                            f"the line cannot be parsed: {arrow_error_text(batches.error)}")
-            state.lines_done = line
-            return line + 1
+            return self._after_read_error(state, tracker.next_line, batches.error, "parsed",
+                                          long_rows=not closed)
         state.lines_done = tracker.next_line - 1
         return None
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRefs, InputSummary, ShardSpec
 from beam_tfrecords.schemas.inputs import UNIT_INPUTS_DIR, unit_inputs_name
-from beam_tfrecords.schemas.shards import ShardBand, shard_name
+from beam_tfrecords.schemas.shards import ShardBand
 from beam_tfrecords.transforms.images import pack_refs, path_text, record_overheads
 from beam_tfrecords.transforms.io import files, progress
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
@@ -48,7 +48,7 @@ from beam_tfrecords.transforms.plan.ref_table import (
     class_folder_table,
     concat_tables,
 )
-from beam_tfrecords.transforms.plan.shards import cut_shards
+from beam_tfrecords.transforms.plan.shards import cut_shards, shard_spec
 from beam_tfrecords.transforms.quality.splits import split_of
 
 __all__ = ["ListAndPlanOnWorkers", "UnitsToList", "cut_plan"]
@@ -324,9 +324,7 @@ class _ShardSpecsFn(beam.DoFn):
                 members = table.rows(rows)
                 planned = int((overhead[members.labels] + members.sizes + members.name_lengths()).sum())
                 records = pack_refs(members)
-            yield ShardSpec(split=split, index=index, num_shards=plan.num_shards[split],
-                            name=shard_name(split, index, plan.num_shards[split], self._compression),
-                            planned_bytes=planned, records=records)
+            yield shard_spec(split, index, plan.num_shards[split], self._compression, planned, records)
 
 
 class ListAndPlanOnWorkers(beam.PTransform):

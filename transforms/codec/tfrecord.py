@@ -41,6 +41,7 @@ import numpy as np
 from beam_tfrecords.schemas.shards import check_compression
 
 __all__ = [
+    "CHECKPOINT_BYTES",
     "RECORD_OVERHEAD",
     "RECORD_PIECE",
     "SCAN_MEMORY_BYTES",
@@ -61,6 +62,10 @@ __all__ = [
 ]
 
 RECORD_OVERHEAD = 16  # 8-byte length + 4-byte length CRC + 4-byte data CRC.
+# A shard's record boundaries are reported about this often (``checkpoints``), so
+# that its verification can check the pieces between them in parallel; every
+# planner and writer uses this one spacing.
+CHECKPOINT_BYTES = 16 << 20
 
 _MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
@@ -586,7 +591,7 @@ def digest_stream(source: BinaryIO) -> tuple[int, str, str]:
     return hashing.bytes, crc, sha
 
 
-def checkpoints(sizes: Sequence[int], every: int = 16 << 20) -> tuple[tuple[int, int], ...]:
+def checkpoints(sizes: Sequence[int], every: int = CHECKPOINT_BYTES) -> tuple[tuple[int, int], ...]:
     """Record boundaries about every ``every`` bytes: ``((offset, index), ...)``.
 
     ``sizes`` are framed record sizes in file order; the result leaves out the

@@ -20,7 +20,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -341,21 +341,24 @@ class JsonLinesReader:
             newline = data.find(b"\n")
             end = None if newline < 0 else self._stream.tell() - len(data) + newline + 1
         size = (self._stream.tell() if end is None else end) - start  # With its newline.
-        if size > self._max_line:
-            self._stream.seek(start + size)
-            yield self._too_long(size, number)
-            return
-        self._stream.seek(start)
-        yield from self._one_line(self._stream.read(size - (end is not None)), number)  # (Unbound
-        # here: the line goes once its table is made.)
+
+        def read() -> bytes:  # (Unbound here: the line goes once its table is made.)
+            self._stream.seek(start)
+            return self._stream.read(size - (end is not None))
+        yield from self._long_line(size, number, read)
         self._stream.seek(start + size)
 
     def _long_pieces(self, long: _LongLine, number: int) -> Iterator[TablePiece]:
         """The pieces of one line longer than a block, gathered (its parts then let go)."""
-        if long.size > self._max_line:
-            yield self._too_long(long.size, number)
+        yield from self._long_line(long.size, number, long.take)
+
+    def _long_line(self, size: int, number: int, read: Callable[[], bytes]) -> Iterator[TablePiece]:
+        """The one recovery from a line longer than a block (``size`` bytes with its newline):
+        past ``max_line`` an ``Unreadable``, never read; else ``read()``, parsed alone."""
+        if size > self._max_line:
+            yield self._too_long(size, number)
             return
-        yield from self._one_line(long.take(), number)
+        yield from self._one_line(read(), number)
 
     def _too_long(self, size: int, number: int) -> TablePiece:
         return TablePiece(pa.table({}), np.empty(0, dtype=np.int64), [], [Unreadable(

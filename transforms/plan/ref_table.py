@@ -13,9 +13,9 @@ so code written for a list of references works on it unchanged.
 ``(path, size)`` or ``(path, size, stamp, crc)`` (``files.list_stamped``: the
 input fingerprint's time or generation and crc32c, kept in columns so that
 ``inputs.jsonl`` is written from them) without holding the stream;
-``shard_cuts`` cuts each split, in key order, exactly as
-``plan.shards.cut_shards`` cuts a list, and ``rows`` gives a shard its rows as
-a table of their own. ``transforms/worker_listing.py`` spreads the listing over
+``split_orders`` gives each split's rows in key order (the order a list's
+references are cut in, by ``plan.shards.split_specs``), and ``rows`` gives a
+shard its rows as a table of their own. ``transforms/worker_listing.py`` spreads the listing over
 workers, a table per folder, joined with ``concat_tables`` (``docs/scaling.md``).
 """
 
@@ -29,12 +29,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
-from beam_tfrecords.schemas.shards import ShardBand, is_valid_split_name
+from beam_tfrecords.schemas.shards import is_valid_split_name
 from beam_tfrecords.transforms.codec.images import is_image_filename
 from beam_tfrecords.transforms.plan.names import check_names
-from beam_tfrecords.transforms.plan.shards import cut_shards
 
-__all__ = ["RefTable", "TableListing", "cifar_table", "class_folder_table", "concat_tables", "shard_cuts"]
+__all__ = ["RefTable", "TableListing", "cifar_table", "class_folder_table", "concat_tables", "split_orders"]
 
 _CIFAR_NAME = re.compile(r"^(?P<id>[^_/]+)_(?P<cls>[^/]+)\.[A-Za-z0-9]+$")
 _BLOCK = 1 << 16  # Paths encoded into the blob a block at a time.
@@ -417,29 +416,15 @@ def cifar_table(root: str, files: Iterable[tuple[str, int]], vocabulary: list[st
                           dead, "split folders")
 
 
-def shard_cuts(table: RefTable, band: ShardBand, record_sizes: np.ndarray
-               ) -> Iterator[tuple[str, int, np.ndarray, np.ndarray]]:
-    """Each split (by name), cut in key order into band-sized shards.
-
-    Args:
-      table: the images.
-      band: the shard size band.
-      record_sizes: the size each image's record is planned at.
-
-    Yields:
-      ``(split, num_shards, order, bounds)``: the split's images in key order
-      (indices into ``table``), and where each shard starts and ends in that order
-      (``order[bounds[s]:bounds[s + 1]]`` is shard ``s``).
-    """
+def split_orders(table: RefTable) -> Iterator[tuple[str, np.ndarray]]:
+    """Each split (by name) that holds rows, with its rows in key order (indices into
+    ``table``), the order its shards are cut in."""
     for code in sorted(range(len(table.split_names)), key=lambda c: table.split_names[c]):
         members = np.flatnonzero(table.split_codes == code)
         if not len(members):
             continue
         keys = table.keys[members]
-        order = members[np.lexsort((keys[:, 1], keys[:, 0]))]
-        num_shards, shard_of = cut_shards(record_sizes[order], band)
-        bounds = np.searchsorted(shard_of, np.arange(num_shards + 1), side="left")
-        yield table.split_names[code], num_shards, order, bounds
+        yield table.split_names[code], members[np.lexsort((keys[:, 1], keys[:, 0]))]
 
 
 def concat_tables(tables: Sequence[RefTable]) -> RefTable:
