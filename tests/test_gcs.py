@@ -27,7 +27,7 @@ import pytest
 from beam_tfrecords.cli import main
 from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.transforms.io.gcs import crc32c_gcs_to_hex, crc32c_hex_to_gcs, object_crc32c
-from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
+from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARD_FLAGS = ["--shard_min_mb", "0.01", "--shard_max_mb", "0.05"]
