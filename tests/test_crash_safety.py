@@ -304,8 +304,9 @@ PRODUCT = ("beam_pipeline", "transforms", "schemas")
 HOLD_SWITCHES = {"BEAM_TFRECORDS_HOLD_AT", "hold_point"}  # Set in an env, or patched.
 
 
-def _modules(*folders: str) -> dict[str, ast.Module]:
-    """Every ``.py`` file under ``folders`` (relative to the repo), parsed, by path."""
+def _modules(*folders: str, mentioning: tuple[str, ...] = ()) -> dict[str, ast.Module]:
+    """Every ``.py`` file under ``folders`` (relative to the repo) whose text holds one of
+    ``mentioning`` (any, when empty), parsed, by path."""
     found = {}
     for top in folders:
         for folder, _, names in os.walk(os.path.join(REPO, top)):
@@ -313,14 +314,16 @@ def _modules(*folders: str) -> dict[str, ast.Module]:
                 if name.endswith(".py"):
                     path = os.path.join(folder, name)
                     with open(path, encoding="utf-8") as f:
-                        found[os.path.relpath(path, REPO)] = ast.parse(f.read(), path)
+                        text = f.read()
+                    if not mentioning or any(word in text for word in mentioning):
+                        found[os.path.relpath(path, REPO)] = ast.parse(text, path)
     return found
 
 
 def _hold_points_in_product() -> dict[str, list[str]]:
     """Every ``hold_point("...")`` call of the product, by point: where it is."""
     found: dict[str, list[str]] = {}
-    for path, tree in _modules(*PRODUCT).items():
+    for path, tree in _modules(*PRODUCT, mentioning=("hold_point",)).items():
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
@@ -343,12 +346,15 @@ def _hold_points_named_by_tests(points: set[str]) -> dict[str, set[str]]:
     names as strings, and at all of ``faults.POINTS`` or ``faults.COMMIT_POINTS`` when it
     imports and uses them.
     """
-    trees = _modules("tests")
+    trees = _modules("tests", mentioning=tuple(HOLD_SWITCHES))
     strings = {path: {n.value for n in ast.walk(t) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
                | {n.arg for n in ast.walk(t) if isinstance(n, ast.keyword) and n.arg}
                for path, t in trees.items()}
     stoppers = {path for path, found in strings.items() if found & HOLD_SWITCHES}
     stopper_modules = {path[:-3].replace(os.sep, ".") for path in stoppers}
+    trees.update(_modules("tests", mentioning=tuple(f"from {name} import" for name in stopper_modules)))
+    strings.update({path: {n.value for n in ast.walk(t) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+                    for path, t in trees.items() if path not in strings})
     named: dict[str, set[str]] = {}
     for path, tree in trees.items():
         imports = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
