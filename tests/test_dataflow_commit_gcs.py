@@ -35,8 +35,8 @@ from beam_tfrecords.transforms.io import gcs as gcs_io
 from beam_tfrecords.transforms.io.commit import KEPT_ASIDE, acquire_lock, stored_object
 from beam_tfrecords.transforms.manifest import CommitSettings, finalize
 from beam_tfrecords.transforms.shards import FramedRecords, VerifyShards, write_shard
-from tests.fault_proxy import FaultProxy, request_kind
-from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
+from tests.harness.fault_proxy import FaultProxy, request_kind
+from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 from tests.test_dataflow_commit_retry import Crash, crash_at
 
 pytestmark = pytest.mark.emulator

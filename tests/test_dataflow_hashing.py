@@ -20,8 +20,8 @@ from PIL import Image
 from beam_tfrecords.preflight import plan_run
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.transforms.images import drop_listing, list_images
-from tests.attack_table import cli_env
 from tests.conftest import dead_letters, load_manifest, read_dataset, sha256_file
+from tests.harness.attack_table import cli_env
 
 SPLITS = (("train", 0.7), ("val", 0.3))
 HASHING = ["--drop_duplicates", "--splits", "train=0.7,val=0.3", "--split_by", "content"]

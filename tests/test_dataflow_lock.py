@@ -3,7 +3,7 @@ submitted, is taken over only when the Dataflow API says that job ended, and an
 interrupted ``convert`` cancels its job (or, with ``--on_interrupt keep``, leaves
 it and its lock).
 
-Dataflow cannot run here: ``tests/fake_dataflow.py`` serves the API's jobs
+Dataflow cannot run here: ``tests/harness/fake_dataflow.py`` serves the API's jobs
 resource on loopback, and the real clients talk to it (``--dataflow_endpoint``,
 ``--no_auth``). The end-to-end tests run the real CLI with the real
 ``DataflowRunner``, which stages to fake-gcs-server and submits to the fake, so
@@ -30,9 +30,9 @@ from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.schemas.shards import WORK_DIR
 from beam_tfrecords.transforms.io import commit
 from beam_tfrecords.transforms.io.dataflow_jobs import DataflowApi, DataflowJob
-from tests.attack_table import cli_env
-from tests.fake_dataflow import FakeDataflow
-from tests.fake_gcs import FakeGcs, binary, fake_gcs_fixture  # noqa: F401  (fixture)
+from tests.harness.attack_table import cli_env
+from tests.harness.fake_dataflow import FakeDataflow
+from tests.harness.fake_gcs import FakeGcs, binary, fake_gcs_fixture  # noqa: F401  (fixture)
 
 PROJECT, REGION = "example-project", "us-central1"
 WAIT_SECONDS = 120  # The longest a step may take before the test fails (never reached when it works).

@@ -38,10 +38,10 @@ from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
 from beam_tfrecords.transforms.io.helpers import encode_chunk
 from beam_tfrecords.transforms.plan.handoff import decode_part, encode_part
 from beam_tfrecords.transforms.plan.ref_table import class_folder_table
-from tests.attack_table import cli_env, held_cli, tally
-from tests.fake_gcs import binary, fake_gcs_fixture  # noqa: F401  (fixture)
-from tests.fault_proxy import FaultProxy, downloads, object_name_contains
-from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
+from tests.harness.attack_table import cli_env, held_cli, tally
+from tests.harness.fake_gcs import binary, fake_gcs_fixture  # noqa: F401  (fixture)
+from tests.harness.fault_proxy import FaultProxy, downloads, object_name_contains
+from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 
 BUCKET = "gs://reads"
 
@@ -112,7 +112,7 @@ def test_objects_deleted_replaced_refused_or_busy_after_listing(gcs, tmp_path):
 
 def _info(entry):
     """A logged request as the proxy's matchers see it."""
-    from tests.fault_proxy import RequestInfo  # pylint: disable=import-outside-toplevel
+    from tests.harness.fault_proxy import RequestInfo  # pylint: disable=import-outside-toplevel
 
     parts = urlsplit(entry.target)
     return RequestInfo(entry.method, entry.target, parts.path, parse_qs(parts.query), entry.headers,

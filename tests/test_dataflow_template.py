@@ -31,7 +31,7 @@ from beam_tfrecords.preflight import plan_run
 from beam_tfrecords.samples import CLASSES, make_csv_manifest_sample
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.transforms.io import progress
-from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
+from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 from tests.test_dataflow import (  # noqa: F401  (fixtures)
     BUCKET,
     CUSTOM_IMAGE,

@@ -1,4 +1,4 @@
-"""``tests/fault_proxy.py`` against the real emulator and google-cloud-storage.
+"""``tests/harness/fault_proxy.py`` against the real emulator and google-cloud-storage.
 
 Every client here reaches the emulator through the proxy only because
 ``STORAGE_EMULATOR_HOST`` names the proxy (no explicit endpoint); what the
@@ -29,7 +29,7 @@ from google.cloud import storage
 from google.cloud.storage.exceptions import InvalidResponse
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from tests.fault_proxy import (
+from tests.harness.fault_proxy import (
     FaultProxy,
     RequestInfo,
     any_request,
@@ -38,7 +38,7 @@ from tests.fault_proxy import (
     object_name_of,
     upload_completions,
 )
-from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
+from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 
 BUCKET = "fault-proxy"
 TIMEOUT = 10  # Seconds, for each client request.

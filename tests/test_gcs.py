@@ -27,7 +27,7 @@ import pytest
 from beam_tfrecords.cli import main
 from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.transforms.io.gcs import crc32c_gcs_to_hex, crc32c_hex_to_gcs, object_crc32c
-from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
+from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARD_FLAGS = ["--shard_min_mb", "0.01", "--shard_max_mb", "0.05"]
@@ -154,28 +154,46 @@ def test_emulator_helpers_and_object_crc32c(gcs):
         gcs.overwrite_object("gs://helpers/missing", b"x")
 
 
-def _first_call_in_fresh_process(recipe: bool) -> tuple[float, str]:
+def _first_call_in_fresh_process(recipe: bool) -> tuple[dict, str]:
+    """Lists ``gs://first-call/`` in a fresh Python (the emulator's environment
+    inherited), counting the process's calls to ``google.auth.default()``: Beam's
+    credential lookup, which retries for 15-30 s when it finds no credentials.
+
+    Returns:
+      ``({"seconds", "lookups", "found"}, stderr)``: the call's time (printed by the
+      tests, never asserted), the lookups made, the object paths the call listed.
+    """
     code = textwrap.dedent(f"""
-        import time
+        import json, time
+        import google.auth
+        lookups = []
+        lookup = google.auth.default
+        def counted(*args, **kwargs):
+            lookups.append(args)
+            return lookup(*args, **kwargs)
+        google.auth.default = counted
         {"import beam_tfrecords.transforms.io.gcs" if recipe else ""}
         from apache_beam.io.filesystems import FileSystems
         start = time.monotonic()
         found = FileSystems.match(["gs://first-call/**"])[0].metadata_list
-        print(f"{{time.monotonic() - start:.3f}}", len(found))
+        print(json.dumps({{"seconds": time.monotonic() - start, "lookups": len(lookups),
+                          "found": [m.path for m in found]}}))
     """)
     proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO, capture_output=True, text=True,
                           timeout=SUBPROCESS_TIMEOUT, env=dict(os.environ, PYTHONPATH=REPO))
     assert proc.returncode == 0, proc.stderr
-    elapsed, count = proc.stdout.split()
-    assert count == "1"
-    return float(elapsed), proc.stderr
+    return json.loads(proc.stdout), proc.stderr
 
 
 @pytest.mark.emulator
 def test_first_gcs_call_in_fresh_process_is_immediate(gcs):
+    """With the recipe, the first call returns what the emulator holds and never looks
+    for credentials, so it has nothing to wait on (its time is printed, not asserted)."""
     gcs.upload_bytes("gs://first-call/x", b"x")
-    elapsed, stderr = _first_call_in_fresh_process(recipe=True)
-    print(f"[timing] first GCS call, fresh process, with the recipe: {elapsed:.3f} s")
+    run, stderr = _first_call_in_fresh_process(recipe=True)
+    print(f"[timing] first GCS call, fresh process, with the recipe: {run['seconds']:.3f} s")
+    assert run["found"] == ["gs://first-call/x"]  # Listed by the emulator, the only place it is.
+    assert run["lookups"] == 0
     assert CREDENTIAL_RETRY not in stderr
 
 
@@ -184,10 +202,12 @@ def test_first_gcs_call_in_fresh_process_is_immediate(gcs):
 @pytest.mark.emulator
 def test_first_gcs_call_in_fresh_process_without_recipe_stalls(gcs):
     gcs.upload_bytes("gs://first-call/x", b"x")
-    elapsed, stderr = _first_call_in_fresh_process(recipe=False)
-    print(f"[timing] first GCS call, fresh process, env only (no recipe): {elapsed:.3f} s")
+    run, stderr = _first_call_in_fresh_process(recipe=False)
+    print(f"[timing] first GCS call, fresh process, env only (no recipe): {run['seconds']:.3f} s")
+    assert run["found"] == ["gs://first-call/x"]
+    assert run["lookups"] >= 1
     assert CREDENTIAL_RETRY in stderr
-    assert elapsed >= 15
+    assert run["seconds"] >= 15
 
 
 # -- whole conversions: gs:// in and out, compared with local runs ---------------------

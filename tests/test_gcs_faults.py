@@ -2,7 +2,7 @@
 
 Every conversion here runs in this process (``cli.main``, ``--encode_processes 0``:
 no helper process with a stale environment) with ``STORAGE_EMULATOR_HOST`` naming
-a ``FaultProxy`` in front of the emulator (``tests/fault_proxy.py``); each test
+a ``FaultProxy`` in front of the emulator (``tests/harness/fault_proxy.py``); each test
 checks from the proxy's log that the run's traffic went through it. What the
 emulator holds is read back directly, not through the proxy.
 
@@ -41,7 +41,7 @@ import pytest
 
 from beam_tfrecords.cli import main
 from beam_tfrecords.samples import make_class_folder_sample
-from tests.fault_proxy import (
+from tests.harness.fault_proxy import (
     FaultProxy,
     Match,
     RequestInfo,
@@ -49,7 +49,7 @@ from tests.fault_proxy import (
     object_name_contains,
     upload_completions,
 )
-from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
+from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 
 # A Beam/BlobWriter whose close() failed tries again when garbage-collected and
 # raises ("Upload is in an invalid state"); that is the failed attempt we retried.

@@ -2,7 +2,7 @@
 it rightly.
 
 Through the real CLI (``python -m beam_tfrecords convert`` as a subprocess, see
-``tests/attack_table.py`` ``cli``): the exit status, the first line, the files present
+``tests/harness/attack_table.py`` ``cli``): the exit status, the first line, the files present
 before and after (byte-identical where they must be kept), and records counted from
 the shards. Real symlinks, FIFOs and ``/dev/zero``; no mocks.
 """
@@ -25,8 +25,8 @@ from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input, 
 from beam_tfrecords.transforms.plan.layouts import parse_labels_text
 from beam_tfrecords.transforms.plan.names import find_clash
 from beam_tfrecords.transforms.plan.shards import stable_key
-from tests.attack_table import cli
 from tests.conftest import load_manifest, read_dataset
+from tests.harness.attack_table import cli
 
 EXIT_OK, EXIT_USAGE, EXIT_NOTHING_TO_DO = 0, 2, 99
 CLASSES = ("circles", "squares", "stripes", "triangles")

@@ -1,7 +1,7 @@
 """Issue 18, "the output folder is ours only where we can prove it", through the real CLI.
 
 Every end-to-end test runs ``python -m beam_tfrecords convert`` as a subprocess
-(``tests.attack_table.cli``) and checks the exit status, the first line the user
+(``tests.harness.attack_table.cli``) and checks the exit status, the first line the user
 reads, every file of the output before and after (SHA-256, or a link's target:
 what must be kept is byte-identical) and the records counted from the shards at
 final names. Covered: a foreign shard-named file and a user's ``part-00001/``
@@ -35,9 +35,9 @@ from beam_tfrecords.transforms.codec.tfrecord import frame_record, iter_records
 from beam_tfrecords.transforms.io.commit import remove_folder
 from beam_tfrecords.transforms.io.dead_letters import safe_name
 from beam_tfrecords.transforms.io.ownership import claim_output, write_owned
-from tests.attack_table import cli, cli_env
 from tests.conftest import read_dataset
-from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
+from tests.harness.attack_table import cli, cli_env
+from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 
 PER_CLASS = 5  # Four classes: 20 images.
 IMAGES = 4 * PER_CLASS

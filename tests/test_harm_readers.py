@@ -1,7 +1,7 @@
 """Issue 18, "do no harm", readers: what reads a dataset stays inside it and bounded,
 and a CSV image manifest's rows stay in its folder unless the user says otherwise.
 
-Through the real CLI (``tests.attack_table.cli``: ``python -m beam_tfrecords ...`` as
+Through the real CLI (``tests.harness.attack_table.cli``: ``python -m beam_tfrecords ...`` as
 a subprocess): the exit status, the one line the user reads, the files present before
 and after (byte for byte), records counted from the shards themselves; and the
 pieces those runs rest on (``parse_manifest``, ``outside_folder``, the TFRecord
@@ -37,9 +37,9 @@ from beam_tfrecords.transforms.codec.tfrecord import (
 )
 from beam_tfrecords.transforms.plan.layouts import outside_root, rows_outside, within
 from beam_tfrecords.verify import dataset_shards
-from tests.attack_table import EXIT_FAILED, EXIT_OK, EXIT_USAGE, TRACEBACK, Run, cli, cli_env
 from tests.conftest import read_dataset
-from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
+from tests.harness.attack_table import EXIT_FAILED, EXIT_OK, EXIT_USAGE, TRACEBACK, Run, cli, cli_env
+from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 
 # --------------------------------------------------------------------------------------
 # helpers

@@ -24,7 +24,7 @@ import pytest
 
 from beam_tfrecords.transforms.io import table_readers
 from beam_tfrecords.transforms.quality.statistics import StringSummary, string_hashes
-from tests.attack_table import cli, cli_env, tally
+from tests.harness.attack_table import cli, cli_env, tally
 
 LIMIT = 9_000_000  # Bytes: over two 4 MB blocks, so rows near it are read alone.
 SWITCH = {"BEAM_TFRECORDS_TEST_HOOKS": "1"}

@@ -8,7 +8,7 @@
 - The commit publishes only the objects verification read: a shard replaced (or
   changed in place) in the temporary folder after verification is not published,
   before the commit starts or in the middle of it, locally and on a GCS server
-  that enforces preconditions (fake-gcs-server, ``tests/fake_gcs.py``).
+  that enforces preconditions (fake-gcs-server, ``tests/harness/fake_gcs.py``).
 - The output's lock on that server: the preconditions the product relies on, two
   concurrent CLI runs into one ``gs://`` output (one exits 2 naming the other, the
   other publishes, ``verify`` passes), and runs racing to take over a dead
@@ -41,8 +41,8 @@ from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.schemas.shards import WORK_DIR
 from beam_tfrecords.transforms import images
 from beam_tfrecords.transforms.plan.handoff import HandoffError, decode_listing
-from tests.attack_table import Run, cli, cli_env, held_cli
-from tests.fake_gcs import FakeGcs, binary, fake_gcs_fixture  # noqa: F401  (fixture)
+from tests.harness.attack_table import Run, cli, cli_env, held_cli
+from tests.harness.fake_gcs import FakeGcs, binary, fake_gcs_fixture  # noqa: F401  (fixture)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_SHARDS = ("--shard_min_mb", "0.01", "--shard_max_mb", "0.05")
@@ -64,21 +64,21 @@ def _work(tmp_path: Path) -> Path:
 
 
 def _run(tmp_path: Path, *argv: str, env: dict[str, str] | None = None) -> Run:
-    """``python -m beam_tfrecords ARGV`` to its end (tests/attack_table.py ``cli``)."""
+    """``python -m beam_tfrecords ARGV`` to its end (tests/harness/attack_table.py ``cli``)."""
     return cli(_work(tmp_path), *argv, env=env)
 
 
 def _held(tmp_path: Path, argv: tuple[str, ...], point: str, act, env: dict[str, str] | None = None
           ) -> tuple[Run, Path]:
     """The run held at ``point`` while ``act(hold_file)`` runs, then to its end
-    (tests/attack_table.py ``held_cli``); also its folder."""
+    (tests/harness/attack_table.py ``held_cli``); also its folder."""
     work = _work(tmp_path)
     flag = work / f"hold-{point}" / point
     return held_cli(work, list(argv), point, lambda: act(flag), env=env), work
 
 
 def _one_line(run: Run, pattern: str, workers: bool = False) -> str:
-    """The run's first line (see tests/attack_table.py ``Run.message``), which must
+    """The run's first line (see tests/harness/attack_table.py ``Run.message``), which must
     match; no traceback anywhere (``workers``: the multi-process runner's worker
     processes print theirs to the stderr they share, which the CLI cannot format,
     so there only stdout and the line are checked)."""

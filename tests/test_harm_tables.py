@@ -1,6 +1,6 @@
 """Issue 18, tables: publish only the values the schema allows, and never quote them.
 
-Each test runs the real CLI as a subprocess (``tests.attack_table.cli``) and reads
+Each test runs the real CLI as a subprocess (``tests.harness.attack_table.cli``) and reads
 what it left: the exit status, the first line the user reads, the files in the
 output folder, the records counted and parsed from the shards, the dead letters'
 reasons. Pure functions (the drift comparison, split-name folding, the schema keys)
@@ -26,8 +26,8 @@ from beam_tfrecords.schemas.shards import clashing_split_names
 from beam_tfrecords.schemas.table_schema import TableSchema, dump_schema, load_schema
 from beam_tfrecords.transforms.codec.table_rows import parse_column
 from beam_tfrecords.transforms.quality.drift import DriftGate, baseline_of, compare
-from tests.attack_table import EXIT_FAILED, EXIT_OK, EXIT_USAGE, cli, cli_env, tally
 from tests.conftest import dead_letters, load_manifest
+from tests.harness.attack_table import EXIT_FAILED, EXIT_OK, EXIT_USAGE, cli, cli_env, tally
 
 EXIT_DRIFT = 3
 SECRET = "SECRET-7f3a9-hunter2@example.com"

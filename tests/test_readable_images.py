@@ -1,6 +1,6 @@
 """Every record's image is one tf.io.decode_image reads, as the record describes it.
 
-The reference decoder is ``tests/tf_decode.py`` (TensorFlow's ``DecodeImageV2``
+The reference decoder is ``tests/harness/tf_decode.py`` (TensorFlow's ``DecodeImageV2``
 rules: JPEG 8-bit Huffman grey/RGB, PNG, GIF as RGB, BMP read raw as TensorFlow's
 own reader does; nothing else). TensorFlow itself is not a dependency.
 """
@@ -19,7 +19,7 @@ from beam_tfrecords.cli import main
 from beam_tfrecords.transforms.codec.images import inspect_image
 from beam_tfrecords.transforms.codec.readable import readable_image
 from tests.conftest import read_dataset
-from tests.tf_decode import Unsupported, tf_decode_image
+from tests.harness.tf_decode import Unsupported, tf_decode_image
 
 
 def _picture(mode: str, size=(37, 23), seed=0) -> Image.Image:

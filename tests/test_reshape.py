@@ -16,7 +16,7 @@ from beam_tfrecords.schemas.config import ConvertConfig, ImageReshape
 from beam_tfrecords.transforms.codec.images import inspect_image
 from beam_tfrecords.transforms.codec.reshape import reshape_image, target_size
 from tests.conftest import read_dataset
-from tests.tf_decode import tf_decode_image
+from tests.harness.tf_decode import tf_decode_image
 
 PHOTOS = 500
 SIDE = 256

