@@ -275,6 +275,26 @@ def test_a_tampered_hand_off_is_refused_before_use(tmp_path, images_in, kind):
     assert not (out / WORK_DIR / "lock.json").exists()
 
 
+@pytest.mark.unit
+def test_a_hand_off_part_replaced_after_it_was_written_is_refused(tmp_path, images_in):
+    """A listing larger than a part travels as parts (``listing-NNNNN.arrow``), each
+    checked by the digest the hand-off names: a part replaced by another listing's
+    part of the same shape is refused, naming it, before it is parsed; the others
+    read as written."""
+    listing = images.list_images(str(images_in))
+    args = (str(images_in),)
+    path = str(tmp_path / "listing.arrow")
+    digest = images.write_listing(path, images.keep_listing(listing, args), part_rows=10)
+    parts = sorted(p.name for p in tmp_path.glob("listing-*.arrow"))
+    assert parts == ["listing-00000.arrow", "listing-00001.arrow", "listing-00002.arrow", "listing-00003.arrow"]
+    assert [r.path for r in images.read_listing(path, args, digest).refs] == [r.path for r in listing.refs]
+    first, second = tmp_path / parts[0], tmp_path / parts[1]
+    first.write_bytes(second.read_bytes())  # A well-formed part: the wrong one.
+    with pytest.raises(HandoffError) as refused:
+        images.read_listing(path, args, digest)
+    assert str(first) in str(refused.value) and "is not the one the launcher wrote" in str(refused.value)
+
+
 @pytest.mark.e2e
 def test_an_untouched_hand_off_is_used(tmp_path, images_in):
     """The same held run, the file left as written: the worker takes it and the run
