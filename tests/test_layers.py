@@ -3,7 +3,7 @@ names, sizes and file names.
 
 The layer order is declared once, in ``docs/layers.md`` (its ``layers`` block, top
 to bottom): the public API, ``__main__`` and demo → cli → console, scratch, samples,
-inspect → pipeline → preflight → updates → verify → the listing front ends
+inspect → pipeline → preflight → its parts → updates → verify → the listing front ends
 (listing_plan, worker_listing, image_contents) → the converters (images, tables,
 sequences; peers) → spools → shards → manifest → gather → ``transforms/io`` and
 ``transforms/plan`` (peers) → ``transforms/codec`` → ``transforms/quality`` →
@@ -46,7 +46,6 @@ MAX_FUNCTION, MAX_CLASS, MAX_MODULE = 80, 300, 700
 # Today's offenders, each at its current size: a ceiling, never to grow.
 LONG_MODULES = {
     "beam_pipeline/cli": 790,
-    "beam_pipeline/preflight": 1312,
     "transforms/codec/images": 823,
     "transforms/images": 1203,
     "transforms/io/commit": 1118,
@@ -61,7 +60,6 @@ LONG_FUNCTIONS = {
     "beam_pipeline/cli::_print_summary": 100,
     "beam_pipeline/pipeline::_build": 97,
     "beam_pipeline/pipeline::convert": 88,
-    "beam_pipeline/preflight::_plan_run": 161,
     "schemas/config::ConvertConfig.__post_init__": 109,
     "transforms/codec/images::_inspect_jpeg": 82,
     "transforms/codec/images::_inspect_png": 91,

@@ -18,7 +18,7 @@ import os
 import pytest
 from PIL import Image
 
-from beam_tfrecords import preflight
+from beam_tfrecords import planners
 from beam_tfrecords.cli import main
 from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.transforms import worker_listing
@@ -75,7 +75,7 @@ def _run(*flags) -> int:
 def _few_units(monkeypatch):
     """Units stop at 4 and shards travel 4 to a group: a sample of a few dozen
     images still makes several of each."""
-    monkeypatch.setattr(preflight, "WORKER_LISTING_UNITS", 4)
+    monkeypatch.setattr(planners, "WORKER_LISTING_UNITS", 4)
     monkeypatch.setattr(worker_listing, "SHARDS_PER_GROUP", 4)
 
 
