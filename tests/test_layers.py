@@ -50,7 +50,6 @@ LONG_MODULES = {
     "transforms/codec/images": 823,
     "transforms/images": 1203,
     "transforms/io/commit": 1118,
-    "transforms/shards": 811,
     "transforms/tables": 1449,
 }
 LONG_CLASSES = {
@@ -67,7 +66,6 @@ LONG_FUNCTIONS = {
     "transforms/codec/images::_inspect_png": 91,
     "transforms/io/commit::publish": 90,
     "transforms/io/files::_walk_local": 82,
-    "transforms/io/ownership::claim_output": 98,
     "transforms/manifest::finalize": 216,
     "transforms/plan/layouts::list_csv_manifest": 81,
 }
