@@ -49,7 +49,7 @@ from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.elements import ShardSpec
 from beam_tfrecords.schemas.shards import WORK_DIR, ShardTarget, shard_name
 from beam_tfrecords.transforms import manifest as commit_step
-from beam_tfrecords.transforms.io import commit
+from beam_tfrecords.transforms.io import commit, commit_moves
 from beam_tfrecords.transforms.io.commit import (
     KEPT_ASIDE,
     publish,
@@ -153,7 +153,8 @@ def _restore(cap: Captured, state: str) -> list:
 @contextlib.contextmanager
 def crash_at(point: str, nth: int = 1):
     """Raises ``Crash`` the ``nth`` time the commit step reaches ``point`` (a hold point
-    of ``transforms.io.faults``, stubbed in the two modules of the step)."""
+    of ``transforms.io.faults``, stubbed in the three modules of the step: the commit
+    step, the commit's protocol and its moves)."""
     seen = []
 
     def hold(name: str) -> None:
@@ -164,6 +165,7 @@ def crash_at(point: str, nth: int = 1):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(commit, "hold_point", hold)
+        patch.setattr(commit_moves, "hold_point", hold)
         patch.setattr(commit_step, "hold_point", hold)
         yield seen
 

@@ -48,8 +48,6 @@ LONG_MODULES = {
     "beam_pipeline/cli": 790,
     "transforms/codec/images": 823,
     "transforms/images": 1203,
-    "transforms/io/commit": 1118,
-    "transforms/shards": 811,
     "transforms/tables": 1449,
 }
 LONG_CLASSES = {
@@ -63,9 +61,7 @@ LONG_FUNCTIONS = {
     "schemas/config::ConvertConfig.__post_init__": 109,
     "transforms/codec/images::_inspect_jpeg": 82,
     "transforms/codec/images::_inspect_png": 91,
-    "transforms/io/commit::publish": 90,
     "transforms/io/files::_walk_local": 82,
-    "transforms/io/ownership::claim_output": 98,
     "transforms/manifest::finalize": 216,
     "transforms/plan/layouts::list_csv_manifest": 81,
 }

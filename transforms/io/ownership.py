@@ -467,27 +467,29 @@ def _earlier_failed_report(listing: _Listing, entry: _Entry | None) -> set[str] 
     return {p for p in letters if p.startswith(DEAD_LETTER_DIR + "/") and ".." not in p.split("/")}
 
 
-def claim_output(output: str) -> OutputClaims:
-    """Sorts an output folder into what this product can prove it wrote, what it
-    cannot (and a run would replace or read), folder links, and the rest; reads
-    only. A missing folder is an empty one."""
-    listing = _Listing(output)
-    top = {e.path: e for e in listing.entries()}
-    owned, leftovers, foreign, links, unrelated, temporaries = [], [], [], [], [], []
-    manifest, manifest_sha256, manifest_error = None, None, ""
-    entry = top.get(MANIFEST_NAME)
-    if entry is not None:
-        data = None if entry.folder or entry.link else files.read_bytes_if_exists(listing.path(MANIFEST_NAME))
-        try:
-            manifest = parse_manifest((data or b"").decode("utf-8-sig"), MANIFEST_NAME)
-            manifest_sha256 = hashlib.sha256(data).hexdigest()
-        except (ValueError, TypeError, KeyError) as err:
-            foreign.append(MANIFEST_NAME)
-            manifest_error = (str(err).splitlines() or [type(err).__name__])[0] if data is not None \
-                else "a folder or a link, not a file"
+def _read_manifest(listing: _Listing, entry: _Entry | None) -> tuple[dict | None, str | None, str]:
+    """``(manifest, its SHA-256, why it is not one this product can read)`` of the output's
+    ``manifest.json`` (``entry``, as listed); ``(None, None, '')`` when there is none."""
+    if entry is None:
+        return None, None, ""
+    data = None if entry.folder or entry.link else files.read_bytes_if_exists(listing.path(MANIFEST_NAME))
+    try:
+        return (parse_manifest((data or b"").decode("utf-8-sig"), MANIFEST_NAME),
+                hashlib.sha256(data).hexdigest(), "")
+    except (ValueError, TypeError, KeyError) as err:
+        return None, None, ((str(err).splitlines() or [type(err).__name__])[0] if data is not None
+                            else "a folder or a link, not a file")
+
+
+def _work_folder(output: str, listing: _Listing, work: _Entry | None
+                 ) -> tuple[list[str], list[str], list[Claim], set[str]]:
+    """What the work folder of ``output`` (``work``, as listed) holds: ``(its links where this product
+    keeps folders, the runs' temporary folders, the journal's claims, what the manifests
+    the journal recorded as replaced list)``."""
+    links: list[str] = []
+    temporaries: list[str] = []
     journal: list[Claim] = []
     replaced: set[str] = set()
-    work = top.get(WORK_DIR)
     if work is not None and (work.link or not work.folder):
         links.append(WORK_DIR)
     elif work is not None:
@@ -502,6 +504,20 @@ def claim_output(output: str) -> OutputClaims:
             for _, claims, replaces in _read_journal(output):
                 journal += claims
                 replaced |= listed_paths(replaces)
+    return links, temporaries, journal, replaced
+
+
+def claim_output(output: str) -> OutputClaims:
+    """Sorts an output folder into what this product can prove it wrote, what it
+    cannot (and a run would replace or read), folder links, and the rest; reads
+    only. A missing folder is an empty one."""
+    listing = _Listing(output)
+    top = {e.path: e for e in listing.entries()}
+    owned, leftovers, unrelated = [], [], []
+    entry = top.get(MANIFEST_NAME)
+    manifest, manifest_sha256, manifest_error = _read_manifest(listing, entry)
+    foreign = [MANIFEST_NAME] if entry is not None and manifest_sha256 is None else []
+    links, temporaries, journal, replaced = _work_folder(output, listing, top.get(WORK_DIR))
     listed = listed_paths(manifest)
     earlier = _earlier_failed_report(listing, top.get(REPORT_NAME)) if entry is None else None
     by_path: dict[str, list[Claim]] = {}

@@ -1,0 +1,284 @@
+"""The shard engine's verifier: each written shard re-read from storage and proved.
+
+``WriteShards`` (``transforms.shards``) writes a shard under its temporary name
+with the digest of what it wrote (records, bytes, CRC-32C, SHA-256) and the
+record boundaries it noted; ``VerifyShards`` reads the stored object back, checks
+every record against that digest (the pieces between boundaries in parallel, in
+helper processes, for shards of many small records), and records which stored
+object it read (``schemas.elements.StoredObject``), so that the commit
+(``transforms.manifest``) moves only that object. ``verify_shard`` and
+``storage_crc32c_check`` are the same checks for one path, as ``verify`` uses them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+
+import apache_beam as beam
+from apache_beam.io.filesystem import BeamIOError
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
+
+from beam_tfrecords.schemas.elements import ShardResult, StoredObject
+from beam_tfrecords.transforms.codec.tfrecord import FileDigest, RecordError, digest_stream, scan_stream
+from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io import progress as run_progress
+from beam_tfrecords.transforms.io.commit import stored_object
+from beam_tfrecords.transforms.io.faults import hold_point
+from beam_tfrecords.transforms.io.gcs import is_gcs, object_crc32c, object_info
+from beam_tfrecords.transforms.io.helpers import SMALL_FILE_BYTES, ready_helper_pool, verify_range
+from beam_tfrecords.transforms.io.retry import retried
+from beam_tfrecords.transforms.io.storage_errors import STORAGE_ERRORS
+
+__all__ = [
+    "VerifyShards",
+    "storage_crc32c_check",
+    "verify_shard",
+]
+
+# The shard engine's log, named as before the verifier had a module of its own
+# (a run's log lines and the retries' warnings keep their logger).
+_log = logging.getLogger("beam_tfrecords.transforms.shards")
+
+
+def storage_crc32c_check(path: str, written_crc32c: str) -> tuple[str | None, str]:
+    """For an object on GCS: the CRC-32C the store reports, and an error unless it
+    equals the one computed while writing. ``(None, '')`` off GCS.
+
+    This proves end to end, without reading the object back, that what GCS holds
+    is what was written; the re-read that follows checks every record as well.
+    """
+    try:
+        stored = object_crc32c(path)
+    except FileNotFoundError:
+        return None, f"{path} is not in the store"
+    return stored, _crc32c_error(stored, written_crc32c)
+
+
+def _crc32c_error(stored: str | None, written_crc32c: str) -> str:
+    if stored is not None and stored != written_crc32c:
+        return (f"GCS reports crc32c {stored} for the object, but {written_crc32c} "
+                "was written: the object changed or was damaged in storage")
+    return ""
+
+
+def _stored(path: str) -> tuple[StoredObject, str | None]:
+    """The object at ``path`` (see ``stored_object``) and, on GCS, the CRC-32C the
+    store computed of it (hex), from one metadata request."""
+    if is_gcs(path):
+        info = object_info(path)
+        return StoredObject(info.size, generation=info.generation), info.crc32c
+    return stored_object(path), None
+
+
+def _scan_in_pieces(
+    path: str, expected: FileDigest, boundaries: Sequence[tuple[int, int]],
+    pool: concurrent.futures.Executor,
+) -> FileDigest:
+    """Checks the records between known boundaries in parallel, while this thread
+    reads the whole file once for its size and checksums.
+
+    Raises:
+      RecordError: at the first faulty record, or where a piece does not hold
+        the records its boundaries say.
+    """
+    edges = [(0, 0), *boundaries, (expected.bytes, expected.records)]
+    pieces = [pool.submit(verify_range, path, start, end, index)
+              for (start, index), (end, _) in zip(edges, edges[1:])]
+    with files.open_read(path) as stream:
+        size, crc, sha = digest_stream(stream)
+    records = 0
+    for (start, index), (_, next_index), piece in zip(edges, edges[1:], pieces):
+        count = piece.result()
+        if count != next_index - index:
+            raise RecordError("truncated", index + count, start,
+                              f"{count} records between byte {start} and the next boundary, "
+                              f"{next_index - index} written")
+        records += count
+    return FileDigest(records, size, crc, sha)
+
+
+def verify_shard(
+    path: str,
+    compression: str,
+    expected: FileDigest | None = None,
+    boundaries: Sequence[tuple[int, int]] = (),
+    pool: concurrent.futures.Executor | None = None,
+) -> tuple[FileDigest | None, str]:
+    """Re-reads a shard from where it is stored and checks every record.
+
+    Args:
+      path: the shard's path or URI.
+      compression: ``none`` or ``gzip``.
+      expected: what the file should hold; ``None`` for a CRC scan only.
+      boundaries: ``(offset, index)`` of record boundaries the writer reported;
+        with ``pool``, the pieces between them are checked in parallel
+        (uncompressed shards only). A wrong boundary fails the check.
+      pool: where to check pieces (helper processes).
+
+    Returns:
+      ``(digest, error)``: the digest read back (``None`` if the file could not
+      be read) and ``''`` when everything matched, else what did not.
+    """
+    try:
+        if boundaries and pool is not None and compression == "none" and expected is not None:
+            digest = _scan_in_pieces(path, expected, boundaries, pool)
+        else:
+            with files.open_read(path) as stream:
+                digest = scan_stream(stream, compression)
+    except RecordError as err:
+        return None, str(err)
+    except zlib.error as err:  # A damaged gzip stream: a fault of the shard, not of the store.
+        return None, f"corrupt gzip stream: {err}"
+    except (OSError, EOFError, BeamIOError) as err:
+        return None, f"cannot read: {err}"
+    if expected is None:
+        return digest, ""
+    mismatches = [
+        f"{field} {getattr(digest, field)} != expected {getattr(expected, field)}"
+        for field in ("records", "bytes", "crc32c", "sha256")
+        if getattr(digest, field) != getattr(expected, field)
+    ]
+    return digest, "; ".join(mismatches)
+
+
+class _VerifyShardFn(beam.DoFn):
+    """``ShardResult`` → the same, with ``verified`` and ``verify_error`` set.
+
+    Re-reading runs on a background thread, so a shard is checked while the
+    writer, fused before this step, writes the next one; results come out as
+    checks finish, and all of them by the end of the bundle. A shard whose
+    write already failed passes through unchanged. A ``gs://`` shard is re-read
+    only with ``reread``; otherwise the CRC-32C and size GCS reports (computed by
+    the store from the bytes it received) must equal the writer's.
+    """
+
+    def __init__(self, compression: str, helper_processes: int, reread: bool = True):
+        self._compression = compression
+        self._processes = helper_processes
+        self._reread = reread
+        self._pool = None
+        self._pending: list[concurrent.futures.Future] = []
+
+    def setup(self):
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="verify-shard")
+
+    def teardown(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def start_bundle(self):
+        self._pending = []
+
+    def _verify_once(self, result: ShardResult, path: str
+                     ) -> tuple[str | None, str, StoredObject | None]:
+        """``(crc32c GCS reports, error, the object read)``: the object is the same
+        (``stored_object``) before the first byte is read and after the last, or
+        the check fails."""
+        expected = FileDigest(result.records, result.bytes, result.crc32c, result.sha256)
+        try:
+            before, stored = _stored(path)
+        except FileNotFoundError:
+            return None, f"{path} is not in the store", None
+        except OSError as err:  # Not a regular file (a link put in its place, ...).
+            return None, str(err), None
+        error = _crc32c_error(stored, result.crc32c)
+        if error:
+            return stored, error, None
+        if stored is not None and not self._reread:
+            # GCS computed this CRC-32C from the bytes it stored; equal to the writer's
+            # (and the size too), the object holds what was written and framed.
+            if before.size != result.bytes:
+                return stored, (f"GCS holds {before.size} bytes for the object, but "
+                                f"{result.bytes} were written"), None
+            return stored, "", before
+        many_small = result.records and result.bytes < SMALL_FILE_BYTES * result.records
+        helpers = None
+        if result.checkpoints and many_small and self._processes > 0:
+            helpers = ready_helper_pool(self._processes)  # Per-record checks dominate: split them.
+        hold_point("mid_verify")
+        _, error = verify_shard(path, self._compression, expected, result.checkpoints, helpers)
+        if error:
+            return stored, error, None
+        try:
+            after = stored_object(path)
+        except OSError as err:
+            after = err
+        if after != before:
+            return stored, "the file was replaced or changed while it was verified", None
+        return stored, "", before
+
+    def _verify(self, result: ShardResult) -> ShardResult:
+        if result.verify_error:
+            return result
+        path = result.temp_path or result.path
+        start = time.monotonic()
+        def attempt() -> tuple:
+            try:
+                return self._verify_once(result, path)
+            except STORAGE_ERRORS as err:  # The store refused or failed the read (a GCS 403, ...).
+                return None, f"cannot read: {type(err).__name__}: {err}", None
+
+        def failure(outcome: tuple) -> str:
+            # A read that failed, or anything odd on a remote store, is read again:
+            # a flaky connection must not fail a good shard. A local mismatch is final.
+            error = outcome[1]
+            return error if error.startswith("cannot read") or (error and not files.is_local(path)) else ""
+
+        stored, error, read = retried(attempt, failure, lambda _: f"Verifying {path}", "re-reading", _log)
+        if error:
+            _log.error("Verification failed for %s: %s", path, error)
+        else:
+            _log.info("Verified %s in %.1f s: every record and checksum matches",
+                      path.rsplit("/", 1)[-1], time.monotonic() - start)
+        return dataclasses.replace(result, verified=not error, verify_error=error,
+                                   storage_crc32c=stored or "", verified_as=read)
+
+    def _done(self, wait: bool) -> list[ShardResult]:
+        finished = [f for f in self._pending if wait or f.done()]
+        self._pending = [f for f in self._pending if f not in finished]
+        results = [f.result() for f in finished]
+        for result in results:
+            # Counted here, on the bundle's thread: Beam's metrics are per thread.
+            beam.metrics.Metrics.counter("verify", "shards" if result.verified else "failed").inc()
+        run_progress.add(shards=len(results))
+        return results
+
+    def process(self, result: ShardResult) -> Iterator[ShardResult]:
+        self._pending.append(self._pool.submit(self._verify, result))
+        yield from self._done(wait=False)
+
+    def finish_bundle(self):
+        for result in self._done(wait=True):
+            yield WindowedValue(result, MIN_TIMESTAMP, [GlobalWindow()])
+
+
+class VerifyShards(beam.PTransform):
+    """Re-reads each written shard from storage and proves it against the writer.
+
+    Args:
+      compression: ``none`` or ``gzip``.
+      helper_processes: helper processes that may check pieces of shards of many
+        small records in parallel (0: none).
+      reread: re-read ``gs://`` shards too (default). ``False`` trusts, on GCS, the
+        CRC-32C and size the store reports for the object when they equal the
+        writer's (one metadata request, nothing downloaded); local shards are
+        always re-read.
+    """
+
+    def __init__(self, compression: str = "none", helper_processes: int = 0, reread: bool = True):
+        super().__init__()
+        self._compression = compression
+        self._processes = helper_processes
+        self._reread = reread
+
+    def expand(self, results):
+        return results | "ReRead" >> beam.ParDo(
+            _VerifyShardFn(self._compression, self._processes, self._reread))
