@@ -40,6 +40,7 @@ from beam_tfrecords.schemas.manifest import (
     REPORT_NAME,
     parse_manifest,
 )
+from beam_tfrecords.schemas.options import CSV_MANIFEST, CSV_TABLE, IMAGES, TABLES, flags_only_for
 from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.schemas.table_schema import TableSchema, load_schema
 from beam_tfrecords.transforms import worker_listing
@@ -133,29 +134,16 @@ _PATH_SAMPLE_ROWS = 20
 _CSV_SUFFIXES = (".csv", ".tsv")
 # Always tables (never image manifests).
 _TYPED_SUFFIXES = PARQUET_SUFFIXES + JSONL_SUFFIXES
-_CSV_DIALECT_FLAGS = (("--no_header", "no_header"), ("--columns", "columns"),
-                      ("--csv_delimiter", "csv_delimiter"), ("--csv_quote", "csv_quote"),
-                      ("--encoding", "encoding"), ("--no_quoted_newlines", "quoted_newlines"))
 _GLOB = re.compile(r"[*?\[]")
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ConvertConfig)
              if f.default is not dataclasses.MISSING}
-# Flags that only tables use, and flags that only images use: (flag, ConvertConfig field).
-_TABLE_FLAGS = (
-    ("--schema", "schema"), ("--split_column", "split_column"), ("--key_column", "key_column"), ("--sequence_key", "sequence_key"),
-    ("--sequence_order", "sequence_order"), ("--no_header", "no_header"), ("--columns", "columns"),
-    ("--csv_delimiter", "csv_delimiter"), ("--csv_quote", "csv_quote"), ("--encoding", "encoding"),
-    ("--no_quoted_newlines", "quoted_newlines"), ("--strict_schema", "strict_schema"),
-)
-_IMAGE_FLAGS = (("--labels", "labels"), ("--validate", "validate"), ("--max_pixels", "max_pixels"),
-                ("--read_threads", "read_threads"), ("--image_bytes", "image_bytes"),
-                ("--split_by", "split_by"), ("--drop_duplicates", "drop_duplicates"),
-                ("--fail_on_leakage", "fail_on_leakage"), ("--max_side", "max_side"),
-                ("--min_side", "min_side"), ("--size", "size"), ("--fit", "fit"),
-                ("--image_format", "image_format"), ("--jpeg_quality", "jpeg_quality"),
-                ("--color_mode", "color_mode"), ("--follow_links_outside", "follow_links_outside"),
-                ("--max_file_bytes", "max_file_bytes"))
-_MANIFEST_FLAGS = (("--image_column", "image_column"), ("--label_column", "label_column"),
-                   ("--allowed_roots", "allowed_roots"), ("--allow_paths_outside", "allow_paths_outside"))
+# Flags that apply only to some inputs, as (flag, ConvertConfig field), read off
+# their declarations (schemas.options): tables, CSV tables, images (a CSV image
+# manifest among them), CSV image manifests.
+_TABLE_FLAGS = flags_only_for(TABLES)
+_CSV_DIALECT_FLAGS = flags_only_for({CSV_TABLE})
+_IMAGE_FLAGS = flags_only_for(IMAGES)
+_MANIFEST_FLAGS = flags_only_for({CSV_MANIFEST})
 
 
 class ConvertError(ValueError):
@@ -1120,7 +1108,7 @@ def _plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
     else:
         why = "a CSV without an image column"
         hint = " (or pass --image_column NAME to read the CSV as an image manifest)"
-    _refuse(_given(config, _IMAGE_FLAGS + _MANIFEST_FLAGS), "images",
+    _refuse(_given(config, _IMAGE_FLAGS), "images",
             f"{config.input} is a table ({why})", hint)
     typed = [path for path, _ in found if table_format(path) != "csv"]
     if typed:
