@@ -114,14 +114,14 @@ def _positive(text: str) -> int:
     return value
 
 
-def _convert_parser(prog: str) -> argparse.ArgumentParser:
+def _convert_parser(prog: str, options: Sequence[Option] = CONVERT_OPTIONS) -> argparse.ArgumentParser:
     p = _Parser(
         prog=prog,
         description="Convert images to verified, size-banded TFRecord shards. "
         "Any Beam flag (--runner, --direct_num_workers, --project, ...) is passed to Beam.",
         allow_abbrev=False,
     )
-    _add_options(p, CONVERT_OPTIONS)
+    _add_options(p, options)
     return p
 
 
@@ -159,9 +159,11 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
     return ConvertConfig(**option_values(vars(args)))
 
 
-def convert_parser(prog: str = "beam-tfrecords convert") -> argparse.ArgumentParser:
-    """The ``convert`` flags (without Beam's), for entry points other than the CLI."""
-    return _convert_parser(prog)
+def convert_parser(prog: str = "beam-tfrecords convert",
+                   options: Sequence[Option] = CONVERT_OPTIONS) -> argparse.ArgumentParser:
+    """The ``convert`` flags (without Beam's), for entry points other than the CLI: one
+    per option of ``options`` (default: every declared one, ``schemas.options``)."""
+    return _convert_parser(prog, options)
 
 
 def _stray_arguments(beam_args: Sequence[str]) -> list[str]:

@@ -20,6 +20,7 @@ from beam_tfrecords.schemas.options import (
     SPLIT_BY,
     VALIDATE_MODES,
     check_options,
+    option_fields,
     parse_date,
     parse_roots,
     parse_size,
@@ -131,7 +132,7 @@ class TableLayout:
 
 
 # The order in which manifests have always recorded the options (``to_json``): the
-# fields of ConvertConfig, then any option declared since, in declaration order.
+# fields of ConvertConfig in it, then any option declared since, in declaration order.
 _RECORDED_ORDER = (
     "input", "output", "layout", "labels", "compression", "validate", "max_pixels", "image_bytes",
     "shard_min_mb", "shard_max_mb", "max_bad_fraction", "overwrite", "read_threads", "encode_processes",
@@ -145,20 +146,7 @@ _RECORDED_ORDER = (
 )
 
 
-def _declared_fields(cls):
-    """``cls`` as a frozen dataclass with one field per declared option
-    (``schemas.options.CONVERT_OPTIONS``), its type and default as declared."""
-    declared = {o.name: o for o in CONVERT_OPTIONS if o.config}
-    order = sorted(declared, key=lambda name: (_RECORDED_ORDER.index(name) if name in _RECORDED_ORDER
-                                               else len(_RECORDED_ORDER)))
-    cls.__annotations__ = {name: declared[name].annotation for name in order}
-    for name in order:
-        if not declared[name].required:
-            setattr(cls, name, declared[name].default)
-    return dataclasses.dataclass(frozen=True)(cls)
-
-
-@_declared_fields
+@option_fields(CONVERT_OPTIONS, _RECORDED_ORDER)
 class ConvertConfig:
     """What to convert, where to, and how: one field per option of ``convert``, each
     declared once in ``schemas.options`` (its flag, default, help and check), and
@@ -169,7 +157,7 @@ class ConvertConfig:
     """
 
     def __post_init__(self):
-        check_options(self)  # Each option's own check, then those across options.
+        check_options(self, self.OPTIONS)  # Each option's own check, then those across options.
         reshape = self.reshape  # Checks the image reshape flags.
         if reshape.size and reshape.size[0] * reshape.size[1] > self.max_pixels:
             raise ValueError(f"--size {reshape.size[0]}x{reshape.size[1]} is "

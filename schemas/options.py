@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from beam_tfrecords.schemas.inputs import SKIPPED_EXIT_STATUS
 from beam_tfrecords.schemas.shards import COMPRESSIONS, clashing_split_names, is_valid_split_name
@@ -31,7 +31,7 @@ __all__ = ["ALL_KINDS", "COLOR_MODES", "CONVERT_OPTIONS", "CSV_MANIFEST", "CSV_T
            "DEFAULT_MAX_PIXELS", "DRIFT_EXIT_STATUS", "DRIFT_MAX_CLASS_SHARE_CHANGE", "DRIFT_MAX_MEAN_SHIFT",
            "DRIFT_MAX_MISSING_CHANGE", "FINGERPRINTS", "FITS", "GROUP_TITLES", "IMAGES", "IMAGE_BYTES_MODES",
            "IMAGE_FOLDERS", "IMAGE_FORMATS", "LAYOUTS", "Option", "PROGRESS_MODES", "SPLIT_BY", "TABLES",
-           "TYPED_TABLE", "VALIDATE_MODES", "check_options", "flags_only_for", "option_values", "parse_date",
+           "TYPED_TABLE", "VALIDATE_MODES", "check_options", "flags_only_for", "option_fields", "option_values", "parse_date",
            "parse_roots", "parse_size", "parse_splits"]
 
 LAYOUTS = ("auto", "class_folders", "cifar", "csv", "table")
@@ -477,7 +477,25 @@ def option_values(parsed: Mapping[str, object], options=CONVERT_OPTIONS) -> dict
     return values
 
 
-def check_options(config: object, options=CONVERT_OPTIONS) -> None:
+def option_fields(options: Sequence[Option] = CONVERT_OPTIONS, first: Sequence[str] = ()):
+    """A class decorator: the class as a frozen dataclass with one field per option
+    of ``options`` (its type and default as declared; ``required`` ones without a
+    default), those named in ``first`` first, in its order, then the others in
+    declaration order; ``cls.OPTIONS`` keeps ``options`` (``check_options`` reads it)."""
+
+    def make(cls):
+        declared = {o.name: o for o in options if o.config}
+        order = [name for name in first if name in declared] + [n for n in declared if n not in first]
+        cls.__annotations__ = {name: declared[name].annotation for name in order}
+        for name in order:
+            if not declared[name].required:
+                setattr(cls, name, declared[name].default)
+        cls.OPTIONS = tuple(options)
+        return dataclasses.dataclass(frozen=True)(cls)
+    return make
+
+
+def check_options(config: object, options: Sequence[Option] = CONVERT_OPTIONS) -> None:
     """Each option's own check of its value in ``config``, in ``--help``'s order.
 
     Raises:
