@@ -133,13 +133,18 @@ def _add_options(p: argparse.ArgumentParser, options: Sequence[Option]) -> None:
         if title is not None and title not in groups:
             groups[title] = p.add_argument_group(title)
         where = groups[title] if title is not None else p
+        kwargs: dict = {"help": option.help}
         if option.switch:
-            where.add_argument(option.flag, action="store_true", help=option.help)
-            continue
-        parse = option.parse if option.parse in (None, int, float) else _flag_value(option.parse)
-        where.add_argument(option.flag, help=option.help, **({"required": True} if option.required else {
-            "default": option.default}), **({"type": parse} if parse else {}),
-            **({"choices": option.choices} if option.choices else {}))
+            kwargs["action"] = "store_true"
+        elif option.required:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = option.default
+        if option.parse is not None:
+            kwargs["type"] = option.parse if option.parse in (int, float) else _flag_value(option.parse)
+        if option.choices:
+            kwargs["choices"] = option.choices
+        where.add_argument(option.flag, **kwargs)
 
 
 _DIALECT = tuple(o for o in CONVERT_OPTIONS if o.group == "dialect")

@@ -20,6 +20,7 @@ from beam_tfrecords.schemas.options import (
     SPLIT_BY,
     VALIDATE_MODES,
     check_options,
+    check_values,
     option_fields,
     parse_date,
     parse_roots,
@@ -82,17 +83,9 @@ class ImageReshape:
                                        ("--size", self.size)) if on]
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)}: give one way to size images")
-        for flag, value in (("--max_side", self.max_side), ("--min_side", self.min_side)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{flag} must be a positive whole number; got {value!r}")
-        if self.size and (len(self.size) != 2 or min(self.size) < 1):
-            raise ValueError(f"--size must be WIDTHxHEIGHT, both positive; got {self.size!r}")
-        for flag, value, allowed in (("--fit", self.fit, FITS), ("--image_format", self.format,
-                                     IMAGE_FORMATS), ("--color_mode", self.color, COLOR_MODES)):
-            if value not in allowed:
-                raise ValueError(f"{flag} must be one of {', '.join(allowed)}; got {value!r}")
-        if not 1 <= self.quality <= 95:
-            raise ValueError(f"--jpeg_quality must be within 1..95; got {self.quality}")
+        check_values({"max_side": self.max_side, "min_side": self.min_side, "size": self.size,
+                      "fit": self.fit, "image_format": self.format, "jpeg_quality": self.quality,
+                      "color_mode": self.color})  # The options' own checks (schemas.options).
         if self.fit != "stretch" and not self.size:
             raise ValueError(f"--fit {self.fit} applies only with --size WIDTHxHEIGHT")
 

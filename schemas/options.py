@@ -31,7 +31,7 @@ __all__ = ["ALL_KINDS", "COLOR_MODES", "CONVERT_OPTIONS", "CSV_MANIFEST", "CSV_T
            "DEFAULT_MAX_PIXELS", "DRIFT_EXIT_STATUS", "DRIFT_MAX_CLASS_SHARE_CHANGE", "DRIFT_MAX_MEAN_SHIFT",
            "DRIFT_MAX_MISSING_CHANGE", "FINGERPRINTS", "FITS", "GROUP_TITLES", "IMAGES", "IMAGE_BYTES_MODES",
            "IMAGE_FOLDERS", "IMAGE_FORMATS", "LAYOUTS", "Option", "PROGRESS_MODES", "SPLIT_BY", "TABLES",
-           "TYPED_TABLE", "VALIDATE_MODES", "check_options", "flags_only_for", "option_fields", "option_values", "parse_date",
+           "TYPED_TABLE", "VALIDATE_MODES", "check_options", "check_values", "flags_only_for", "option_fields", "option_values", "parse_date",
            "parse_roots", "parse_size", "parse_splits"]
 
 LAYOUTS = ("auto", "class_folders", "cifar", "csv", "table")
@@ -289,6 +289,7 @@ def _parse_columns(text: str) -> tuple[str, ...]:
 _ONE_CHARACTER = _bounded(lambda v: len(v) == 1 and v not in "\r\n", "one character (not a newline)", repr)
 _COLUMN = _bounded(_column, "name a CSV column (no surrounding spaces)", repr)
 _POSITIVE_WHOLE = _bounded(_whole, "a positive whole number", repr)
+_WHOLE_OR_OFF = _bounded(lambda v: v == 0 or _whole(v), "a positive whole number", repr)
 
 
 def _text(name: str, group: str, help: str, **more) -> Option:  # pylint: disable=redefined-builtin
@@ -350,19 +351,21 @@ _MAIN = (
             "docs/scaling.md); the launcher lists folders only. Not with --skip_unchanged, "
             "--incremental, --drop_duplicates, --split_by content or resizing flags"),
 )
-# ImageReshape (schemas.config) checks these, as it is made.
+# ImageReshape (schemas.config) runs these checks too, as it is made.
 _RESIZE = (
     Option("max_side", "resize", "shrink the longest side to N pixels (aspect kept, never enlarged)",
-           0, "int", int, kinds=IMAGES),
+           0, "int", int, kinds=IMAGES, check=_WHOLE_OR_OFF),
     Option("min_side", "resize", "shrink the shortest side to N pixels (aspect kept, never enlarged)",
-           0, "int", int, kinds=IMAGES),
+           0, "int", int, kinds=IMAGES, check=_WHOLE_OR_OFF),
     Option("size", "resize", "make every image WIDTHxHEIGHT (e.g. 224x224), by --fit",
-           (), "tuple[int, ...]", parse_size, kinds=IMAGES),
+           (), "tuple[int, ...]", parse_size, kinds=IMAGES,
+           check=_bounded(lambda v: not v or (len(v) == 2 and min(v) >= 1), "WIDTHxHEIGHT, both positive", repr)),
     Option("fit", "resize", "with --size: stretch (aspect not kept), crop (cover, centre cut) or pad "
            "(fit, centred on black)", "stretch", "str", choices=FITS, kinds=IMAGES),
     Option("image_format", "resize", "format of changed images: keep (JPEG stays JPEG, PNG stays PNG, "
            "others become PNG), jpeg or png", "keep", "str", choices=IMAGE_FORMATS, kinds=IMAGES),
-    Option("jpeg_quality", "resize", "JPEG quality, 1-95 (default 90)", 90, "int", int, kinds=IMAGES),
+    Option("jpeg_quality", "resize", "JPEG quality, 1-95 (default 90)", 90, "int", int, kinds=IMAGES,
+           check=_bounded(lambda v: 1 <= v <= 95, "within 1..95")),
     Option("color_mode", "resize", "keep, rgb or l (grey)", "keep", "str", choices=COLOR_MODES,
            kinds=IMAGES),
 )
@@ -501,6 +504,16 @@ def check_options(config: object, options: Sequence[Option] = CONVERT_OPTIONS) -
     Raises:
       ValueError: naming the flag to change.
     """
+    check_values({o.name: getattr(config, o.name) for o in options if o.config}, options)
+
+
+def check_values(values: Mapping[str, object], options: Sequence[Option] = CONVERT_OPTIONS) -> None:
+    """The checks of the options named in ``values`` (by ``Option.name``), of those
+    values, in ``--help``'s order.
+
+    Raises:
+      ValueError: naming the flag to change.
+    """
     for o in options:
-        if o.config:
-            o.validate(getattr(config, o.name))
+        if o.name in values:
+            o.validate(values[o.name])
