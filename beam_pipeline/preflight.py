@@ -138,12 +138,12 @@ _GLOB = re.compile(r"[*?\[]")
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ConvertConfig)
              if f.default is not dataclasses.MISSING}
 # Flags that apply only to some inputs, as (flag, ConvertConfig field), read off
-# their declarations (schemas.options): tables, CSV tables, images (a CSV image
-# manifest among them), CSV image manifests.
+# their declarations (schemas.options): tables, CSV tables, CSV image manifests, and
+# images (folders and manifests alike).
 _TABLE_FLAGS = flags_only_for(TABLES)
 _CSV_DIALECT_FLAGS = flags_only_for({CSV_TABLE})
-_IMAGE_FLAGS = flags_only_for(IMAGES)
 _MANIFEST_FLAGS = flags_only_for({CSV_MANIFEST})
+_IMAGE_FLAGS = tuple(f for f in flags_only_for(IMAGES) if f not in _MANIFEST_FLAGS)
 
 
 class ConvertError(ValueError):
@@ -1108,7 +1108,7 @@ def _plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
     else:
         why = "a CSV without an image column"
         hint = " (or pass --image_column NAME to read the CSV as an image manifest)"
-    _refuse(_given(config, _IMAGE_FLAGS), "images",
+    _refuse(_given(config, _IMAGE_FLAGS + _MANIFEST_FLAGS), "images",
             f"{config.input} is a table ({why})", hint)
     typed = [path for path, _ in found if table_format(path) != "csv"]
     if typed:
