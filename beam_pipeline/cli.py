@@ -37,28 +37,16 @@ from beam_tfrecords.inspect import (
 )
 from beam_tfrecords.pipeline import ConvertError, JobInterrupted, convert, interrupt_job
 from beam_tfrecords.preflight import infer_table_schema, resolve_config, table_inputs
-from beam_tfrecords.schemas.config import (
-    COLOR_MODES,
-    DEFAULT_MAX_FILE_BYTES,
-    DEFAULT_MAX_PIXELS,
-    DRIFT_MAX_CLASS_SHARE_CHANGE,
-    DRIFT_MAX_MEAN_SHIFT,
-    DRIFT_MAX_MISSING_CHANGE,
-    FINGERPRINTS,
-    FITS,
-    IMAGE_BYTES_MODES,
-    IMAGE_FORMATS,
-    LAYOUTS,
-    SPLIT_BY,
-    VALIDATE_MODES,
-    ConvertConfig,
-    parse_roots,
-    parse_size,
-    parse_splits,
-)
+from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.inputs import SKIPPED_EXIT_STATUS
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME, shown_value
-from beam_tfrecords.schemas.shards import COMPRESSIONS
+from beam_tfrecords.schemas.options import (
+    CONVERT_OPTIONS,
+    DRIFT_EXIT_STATUS,
+    GROUP_TITLES,
+    Option,
+    option_values,
+)
 from beam_tfrecords.schemas.table_schema import dump_schema
 from beam_tfrecords.schemas.version import __version__
 from beam_tfrecords.transforms.io import files
@@ -71,7 +59,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 # The run worked but its statistics moved past the drift gate's limits (status
 # drift_found): nothing published. Apart from 1 so a scheduler can tell "the data
 # changed, look at it" from "the run broke".
-EXIT_DRIFT = 3
+EXIT_DRIFT = DRIFT_EXIT_STATUS
 _PROG = "beam-tfrecords"
 
 
@@ -126,183 +114,45 @@ def _positive(text: str) -> int:
     return value
 
 
-def _convert_parser(prog: str) -> argparse.ArgumentParser:
+def _convert_parser(prog: str, options: Sequence[Option] = CONVERT_OPTIONS) -> argparse.ArgumentParser:
     p = _Parser(
         prog=prog,
         description="Convert images to verified, size-banded TFRecord shards. "
         "Any Beam flag (--runner, --direct_num_workers, --project, ...) is passed to Beam.",
         allow_abbrev=False,
     )
-    p.add_argument("--input", required=True,
-                   help="folder, glob or CSV manifest (local path or gs://; gs:// on Dataflow)")
-    p.add_argument("--output", required=True,
-                   help="folder for shards and manifest.json (local path or gs://; gs:// on Dataflow)")
-    p.add_argument("--layout", default="auto", choices=LAYOUTS,
-                   help="input layout (default: auto-detect)")
-    p.add_argument("--labels", default=None,
-                   help="file of class names, one per line; line index = label")
-    p.add_argument("--compression", default="none", choices=COMPRESSIONS,
-                   help="gzip writes .tfrecord.gz (default: none)")
-    p.add_argument("--validate", default="structure", choices=VALIDATE_MODES,
-                   help="headers: container checks only, no decoding (fastest); structure "
-                   "(default): also checks the compressed data (JPEG decoded at 1/8 size, PNG "
-                   "inflated, other formats decoded), refusing what a full decode would; "
-                   "decode: full decode")
-    p.add_argument("--max_pixels", type=int, default=DEFAULT_MAX_PIXELS,
-                   help="refuse images whose header declares more pixels (width x height), "
-                   f"before any decode (default {DEFAULT_MAX_PIXELS:,} = 2**27, about 11585 x 11585)")
-    p.add_argument("--max_file_bytes", type=int, default=DEFAULT_MAX_FILE_BYTES,
-                   help="dead-letter (file_too_large), without reading it, an image file larger "
-                   f"than this (default {DEFAULT_MAX_FILE_BYTES:,} = 256 MiB)")
-    p.add_argument("--follow_links_outside", action="store_true",
-                   help="follow symbolic links inside --input that lead outside it (default: "
-                   "passed over, listed in the plan and dead_letter/skipped.jsonl)")
-    p.add_argument("--shard_min_mb", type=float, default=100.0, help="shard size floor, MB (default 100)")
-    p.add_argument("--shard_max_mb", type=float, default=200.0, help="shard size cap, MB (default 200)")
-    p.add_argument("--max_bad_fraction", type=float, default=0.01,
-                   help="fail the run when more than this fraction of inputs is bad (default 0.01)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace a dataset already in --output (its old shards are removed)")
-    p.add_argument("--read_threads", type=int, default=4,
-                   help="threads reading and checking images inside each shard writer (default 4)")
-    p.add_argument("--encode_processes", type=int, default=-1,
-                   help="helper processes per shard writer; -1 (default): all cores on the "
-                   "DirectRunner, none on distributed runners")
-    p.add_argument("--reread", action="store_true",
-                   help="gs:// output: verify every shard by downloading and re-reading it too "
-                   "(default: the CRC-32C and size GCS reports for it must equal the writer's); "
-                   "local shards are always re-read")
-    p.add_argument("--image_bytes", default="readable", choices=IMAGE_BYTES_MODES,
-                   help="readable (default): an image tf.io.decode_image cannot read as stored "
-                   "(TIFF, WebP, CMYK or 12-bit JPEG, BMP other than 24-bit) is stored as a "
-                   "lossless PNG, counted in the manifest; original: every file's own bytes")
-    p.add_argument("--list_on_workers", action="store_true",
-                   help="gs:// image folders only: list the bucket on the workers, folder by "
-                   "folder, and cut the shards there (for millions of objects; see "
-                   "docs/scaling.md); the launcher lists folders only. Not with --skip_unchanged, "
-                   "--incremental, --drop_duplicates, --split_by content or resizing flags")
-    r = p.add_argument_group("resize and re-encode images (default: keep them as they are)")
-    r.add_argument("--max_side", type=int, default=0,
-                   help="shrink the longest side to N pixels (aspect kept, never enlarged)")
-    r.add_argument("--min_side", type=int, default=0,
-                   help="shrink the shortest side to N pixels (aspect kept, never enlarged)")
-    r.add_argument("--size", type=_flag_value(parse_size), default=(),
-                   help="make every image WIDTHxHEIGHT (e.g. 224x224), by --fit")
-    r.add_argument("--fit", default="stretch", choices=FITS,
-                   help="with --size: stretch (aspect not kept), crop (cover, centre cut) or pad "
-                   "(fit, centred on black)")
-    r.add_argument("--image_format", default="keep", choices=IMAGE_FORMATS,
-                   help="format of changed images: keep (JPEG stays JPEG, PNG stays PNG, others "
-                   "become PNG), jpeg or png")
-    r.add_argument("--jpeg_quality", type=int, default=90, help="JPEG quality, 1-95 (default 90)")
-    r.add_argument("--color_mode", default="keep", choices=COLOR_MODES,
-                   help="keep, rgb or l (grey)")
-    p.add_argument("--drop_duplicates", action="store_true",
-                   help="leave out images whose bytes equal another's (keeping the first by "
-                   "ordering key; listed in the manifest); reads every file once more")
-    p.add_argument("--fail_on_leakage", action="store_true",
-                   help="publish nothing (exit 1) when an image's content sits in more than one "
-                   "split; without it such copies are listed in the manifest")
-    p.add_argument("--progress", default="auto", choices=console.PROGRESS_MODES,
-                   help="auto (default): one line updated in place on a terminal, else a log line "
-                   "every --progress_seconds; bar, log, or off")
-    p.add_argument("--progress_seconds", type=float, default=30.0,
-                   help="seconds between progress log lines (default 30; 0: no progress)")
-    p.add_argument("--report_json", default=None,
-                   help="also write the run report to this local file")
-    p.add_argument("--on_interrupt", default="cancel", choices=("cancel", "keep"),
-                   help="on Dataflow, what Ctrl-C or SIGTERM does to the job convert waits for: "
-                   "cancel (default): cancel it, and release the output's lock once it ended; keep: "
-                   "leave it running, and its lock until it ends")
-    u = p.add_argument_group("scheduled runs (see 'Scheduled runs' in the README)")
-    u.add_argument("--skip_unchanged", action="store_true",
-                   help="when the input files and the options that shape the records match the "
-                   f"dataset at --output, do nothing and exit {SKIPPED_EXIT_STATUS}; otherwise "
-                   "a full run (which needs --overwrite to replace the dataset)")
-    u.add_argument("--incremental", action="store_true",
-                   help="convert only inputs the dataset at --output does not hold (new files, "
-                   "and changed ones, reported) into a new part OUT/part-NNNNN/, listed in the "
-                   f"dataset's manifest; nothing new: exit {SKIPPED_EXIT_STATUS}. A first run "
-                   "(no dataset yet) is a full run")
-    u.add_argument("--fingerprint", default="stat", choices=FINGERPRINTS,
-                   help="how a local file counts as unchanged: stat (default): the same size and "
-                   "modification time, or, if the time moved, the same content hash; content: "
-                   "the same content hash, every file read")
-    u.add_argument("--date", default="",
-                   help="YYYY-MM-DD filling {date}, {yyyy}, {mm}, {dd}, {yyyymmdd} in --input "
-                   "and --output (default: today, UTC)")
-    m = p.add_argument_group("CSV image manifests (default: the usual column names)")
-    m.add_argument("--image_column", default=None,
-                   help="the column of image paths (default: the first of image, image_uri, "
-                   "image_path, path, filename, file, uri)")
-    m.add_argument("--label_column", default=None,
-                   help="the column of labels (default: the first of label, class, category)")
-    m.add_argument("--allowed_roots", type=_flag_value(parse_roots), default=(),
-                   help="folders or buckets outside the CSV's folder whose images the rows may "
-                   "name, comma-separated (gs://photos,/data/imgs); rows naming others refuse the run")
-    m.add_argument("--allow_paths_outside", action="store_true",
-                   help="read the images the rows name wherever they are (default: only inside "
-                   "the CSV's folder and --allowed_roots)")
-    _add_table_flags(p)
-    t = p.add_argument_group("tables (--layout table, or a CSV without an image column)")
-    t.add_argument("--schema", default=None,
-                   help="YAML or JSON table schema (default: inferred from the first rows)")
-    t.add_argument("--strict_schema", action="store_true",
-                   help="refuse a CSV with columns that --schema does not name (default: they "
-                   "are dropped and listed; name them with 'skip: true' to drop them on purpose)")
-    t.add_argument("--split_column", default=None, help="column naming each row's split")
-    t.add_argument("--splits", default=None, type=_flag_value(parse_splits),
-                   help="hash splits by ratio, e.g. train=0.8,validation=0.1,test=0.1 (tables, "
-                   "and images without split folders or a split column)")
-    t.add_argument("--split_by", default="path", choices=SPLIT_BY,
-                   help="images with --splits: hash the path relative to --input (default), or "
-                   "the file's content (copies of an image land in one split; reads every "
-                   "file once more)")
-    t.add_argument("--key_column", default=None,
-                   help="with --splits: the column hashed to pick a row's split (default: the row)")
-    t.add_argument("--sequence_key", default=None,
-                   help="group the rows of each key into one SequenceExample")
-    t.add_argument("--sequence_order", default=None,
-                   help="with --sequence_key: the column that orders rows within a sequence")
-    g = p.add_argument_group("drift gate (see 'Statistics and drift gate' in the README)")
-    g.add_argument("--compare_to", default=None,
-                   help="compare the run's statistics with this dataset's (a manifest.json, a "
-                   "dataset folder, local or gs://, or 'previous': the one at --output, if any) "
-                   f"and publish nothing (exit {EXIT_DRIFT}) when they moved past the limits")
-    g.add_argument("--drift_max_mean_shift", type=float, default=DRIFT_MAX_MEAN_SHIFT,
-                   help="standard deviations (of the old values) a numeric feature's mean may "
-                   f"move (default {DRIFT_MAX_MEAN_SHIFT:g})")
-    g.add_argument("--drift_max_missing_change", type=float, default=DRIFT_MAX_MISSING_CHANGE,
-                   help="how much a feature's missing rate, or a numeric feature's share of "
-                   "NaN and infinite values, may change, absolute (default "
-                   f"{DRIFT_MAX_MISSING_CHANGE:g})")
-    g.add_argument("--drift_max_class_share_change", type=float,
-                   default=DRIFT_MAX_CLASS_SHARE_CHANGE,
-                   help="how much an image class's share of the records, or a string feature's "
-                   f"top value's share, may change, absolute (default {DRIFT_MAX_CLASS_SHARE_CHANGE:g})")
+    _add_options(p, options)
     return p
+
+
+def _add_options(p: argparse.ArgumentParser, options: Sequence[Option]) -> None:
+    """One flag per declared option (``schemas.options``), in its ``--help`` section."""
+    groups: dict[str, argparse._ArgumentGroup] = {}  # pylint: disable=protected-access
+    for option in options:
+        title = GROUP_TITLES[option.group]
+        if title is not None and title not in groups:
+            groups[title] = p.add_argument_group(title)
+        where = groups[title] if title is not None else p
+        kwargs: dict = {"help": option.help}
+        if option.switch:
+            kwargs["action"] = "store_true"
+        elif option.required:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = option.default
+        if option.parse is not None:
+            kwargs["type"] = option.parse if option.parse in (int, float) else _flag_value(option.parse)
+        if option.choices:
+            kwargs["choices"] = option.choices
+        where.add_argument(option.flag, **kwargs)
+
+
+_DIALECT = tuple(o for o in CONVERT_OPTIONS if o.group == "dialect")
 
 
 def _add_table_flags(p: argparse.ArgumentParser) -> None:
     """The CSV dialect flags, shared by ``convert`` and ``infer-schema``."""
-    d = p.add_argument_group("CSV dialect (not for Parquet or JSON Lines)")
-    d.add_argument("--csv_delimiter", default=",", help="cell delimiter (default ','; '\\t' for TSV)")
-    d.add_argument("--csv_quote", default='"', help="quote character (default '\"')")
-    d.add_argument("--no_header", action="store_true", help="the files have no header row")
-    d.add_argument("--columns", default=None,
-                   help="with --no_header: column names in file order, comma-separated")
-    d.add_argument("--encoding", default="utf-8", help="text encoding (default utf-8)")
-    d.add_argument("--no_quoted_newlines", action="store_true",
-                   help="a row whose quoted cell holds a newline is dead-lettered (for data known "
-                   "to have none, so that rows a stray quote pair merges are not written)")
-
-
-def _dialect(args: argparse.Namespace) -> dict:
-    delimiter = "\t" if args.csv_delimiter in ("\\t", "tab") else args.csv_delimiter
-    columns = tuple(c.strip() for c in args.columns.split(",")) if args.columns else ()
-    return dict(csv_delimiter=delimiter, csv_quote=args.csv_quote, no_header=args.no_header,
-                columns=columns, encoding=args.encoding,
-                quoted_newlines=not args.no_quoted_newlines)
+    _add_options(p, _DIALECT)
 
 
 def config_from_args(args: argparse.Namespace) -> ConvertConfig:
@@ -311,35 +161,14 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
     Raises:
       ValueError: naming the flag to change.
     """
-    return ConvertConfig(
-        input=args.input, output=args.output, layout=args.layout, labels=args.labels,
-        compression=args.compression, validate=args.validate, max_pixels=args.max_pixels,
-        image_bytes=args.image_bytes,
-        shard_min_mb=args.shard_min_mb, shard_max_mb=args.shard_max_mb,
-        max_bad_fraction=args.max_bad_fraction, overwrite=args.overwrite,
-        read_threads=args.read_threads, encode_processes=args.encode_processes,
-        schema=args.schema, strict_schema=args.strict_schema, split_column=args.split_column, splits=args.splits or (),
-        key_column=args.key_column, split_by=args.split_by, sequence_key=args.sequence_key,
-        drop_duplicates=args.drop_duplicates, fail_on_leakage=args.fail_on_leakage,
-        max_side=args.max_side, min_side=args.min_side, size=tuple(args.size), fit=args.fit,
-        image_format=args.image_format, jpeg_quality=args.jpeg_quality, color_mode=args.color_mode,
-        sequence_order=args.sequence_order, image_column=args.image_column,
-        label_column=args.label_column, allowed_roots=tuple(args.allowed_roots),
-        allow_paths_outside=args.allow_paths_outside, skip_unchanged=args.skip_unchanged,
-        incremental=args.incremental, fingerprint=args.fingerprint, date=args.date,
-        list_on_workers=args.list_on_workers,
-        follow_links_outside=args.follow_links_outside, max_file_bytes=args.max_file_bytes,
-        reread=args.reread,
-        compare_to=args.compare_to, drift_max_mean_shift=args.drift_max_mean_shift,
-        drift_max_missing_change=args.drift_max_missing_change,
-        drift_max_class_share_change=args.drift_max_class_share_change,
-        **_dialect(args),
-    )
+    return ConvertConfig(**option_values(vars(args)))
 
 
-def convert_parser(prog: str = "beam-tfrecords convert") -> argparse.ArgumentParser:
-    """The ``convert`` flags (without Beam's), for entry points other than the CLI."""
-    return _convert_parser(prog)
+def convert_parser(prog: str = "beam-tfrecords convert",
+                   options: Sequence[Option] = CONVERT_OPTIONS) -> argparse.ArgumentParser:
+    """The ``convert`` flags (without Beam's), for entry points other than the CLI: one
+    per option of ``options`` (default: every declared one, ``schemas.options``)."""
+    return _convert_parser(prog, options)
 
 
 def _stray_arguments(beam_args: Sequence[str]) -> list[str]:
@@ -695,7 +524,7 @@ def _run_infer_schema(argv: Sequence[str], prog: str) -> int:
     _add_table_flags(p)
     args = p.parse_args(argv)
     try:
-        config = ConvertConfig(input=args.input, output="-", layout="table", **_dialect(args))
+        config = ConvertConfig(input=args.input, output="-", layout="table", **option_values(vars(args), _DIALECT))
         config = resolve_config(config, PipelineOptions([]))
         found = table_inputs(config.input)
         header = table_header(config.dialect, found[0][0])

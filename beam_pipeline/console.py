@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
+from beam_tfrecords.schemas.options import PROGRESS_MODES
 from beam_tfrecords.transforms.io import progress
 
 __all__ = [
@@ -45,7 +46,7 @@ __all__ = [
     "summary_table",
 ]
 
-PROGRESS_MODES = ("auto", "bar", "log", "off")
+# PROGRESS_MODES: --progress's choices, declared with it (schemas.options).
 _BAR_SECONDS = 0.25  # Redraws of the terminal line: at most 4 a second.
 _RATE_WINDOW = 5.0  # Seconds over which the rate is measured.
 _log = logging.getLogger("beam_tfrecords.progress")

@@ -44,6 +44,7 @@ from beam_tfrecords.planners import plan_images, plan_on_workers, plan_table
 from beam_tfrecords.run_plan import ConvertError, OutputBusy, OutputExistsError, OutputNotOursError, RunPlan
 from beam_tfrecords.schemas.config import ConvertConfig, CsvDialect, expand_templates
 from beam_tfrecords.schemas.manifest import parse_manifest
+from beam_tfrecords.schemas.options import CSV_MANIFEST, CSV_TABLE, IMAGES, TABLES, flags_only_for
 from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.transforms.images import read_labels_text
 from beam_tfrecords.transforms.io import files, gcs
@@ -88,29 +89,16 @@ __all__ = [
 _CSV_SUFFIXES = (".csv", ".tsv")
 # Always tables (never image manifests).
 _TYPED_SUFFIXES = PARQUET_SUFFIXES + JSONL_SUFFIXES
-_CSV_DIALECT_FLAGS = (("--no_header", "no_header"), ("--columns", "columns"),
-                      ("--csv_delimiter", "csv_delimiter"), ("--csv_quote", "csv_quote"),
-                      ("--encoding", "encoding"), ("--no_quoted_newlines", "quoted_newlines"))
 _GLOB = re.compile(r"[*?\[]")
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ConvertConfig)
              if f.default is not dataclasses.MISSING}
-# Flags that only tables use, and flags that only images use: (flag, ConvertConfig field).
-_TABLE_FLAGS = (
-    ("--schema", "schema"), ("--split_column", "split_column"), ("--key_column", "key_column"), ("--sequence_key", "sequence_key"),
-    ("--sequence_order", "sequence_order"), ("--no_header", "no_header"), ("--columns", "columns"),
-    ("--csv_delimiter", "csv_delimiter"), ("--csv_quote", "csv_quote"), ("--encoding", "encoding"),
-    ("--no_quoted_newlines", "quoted_newlines"), ("--strict_schema", "strict_schema"),
-)
-_IMAGE_FLAGS = (("--labels", "labels"), ("--validate", "validate"), ("--max_pixels", "max_pixels"),
-                ("--read_threads", "read_threads"), ("--image_bytes", "image_bytes"),
-                ("--split_by", "split_by"), ("--drop_duplicates", "drop_duplicates"),
-                ("--fail_on_leakage", "fail_on_leakage"), ("--max_side", "max_side"),
-                ("--min_side", "min_side"), ("--size", "size"), ("--fit", "fit"),
-                ("--image_format", "image_format"), ("--jpeg_quality", "jpeg_quality"),
-                ("--color_mode", "color_mode"), ("--follow_links_outside", "follow_links_outside"),
-                ("--max_file_bytes", "max_file_bytes"))
-_MANIFEST_FLAGS = (("--image_column", "image_column"), ("--label_column", "label_column"),
-                   ("--allowed_roots", "allowed_roots"), ("--allow_paths_outside", "allow_paths_outside"))
+# Flags that apply only to some inputs, as (flag, ConvertConfig field), read off
+# their declarations (schemas.options): tables, CSV tables, CSV image manifests, and
+# images (folders and manifests alike).
+_TABLE_FLAGS = flags_only_for(TABLES)
+_CSV_DIALECT_FLAGS = flags_only_for({CSV_TABLE})
+_MANIFEST_FLAGS = flags_only_for({CSV_MANIFEST})
+_IMAGE_FLAGS = tuple(f for f in flags_only_for(IMAGES) if f not in _MANIFEST_FLAGS)
 
 
 

@@ -1,15 +1,15 @@
 """Writes ``dataflow/metadata.json``, the Flex Template's parameters, from the
-``convert`` flags themselves (``beam_tfrecords.cli.convert_parser``).
+``convert`` options' declarations (``beam_tfrecords.schemas.options``), which the
+command line's parser is made from too.
 
-One parameter per flag, in the parser's order: its name, its help as
-``convert --help`` prints it, whether it is required, its default, and a type
-and regex read from the flag (a choice: ``ENUM``; a flag without a value:
-``BOOLEAN``, ``true`` or ``false``; ``int``/``float``: ``NUMBER``; anything else:
-``TEXT``). Only what a parser cannot know is written here: which flags are paths
-(a picker in the Dataflow UI, and ``gs://`` only, since the workers cannot see the
-launcher's disk); the flags a template cannot use (``flex_main.TEMPLATE_REFUSES``)
-are left out.
-A flag added to ``convert`` becomes a parameter on the next run of this script;
+One parameter per option, in ``convert --help``'s order: its flag's name, its help,
+whether it is required, its default, and a type and regex read from the declaration
+(a choice: ``ENUM``; a flag without a value: ``BOOLEAN``, ``true`` or ``false``;
+``int``/``float``: ``NUMBER``; anything else: ``TEXT``). Only what a declaration
+does not say is written here: which flags are paths (a picker in the Dataflow UI, and
+``gs://`` only, since the workers cannot see the launcher's disk); the flags a
+template cannot use (``flex_main.TEMPLATE_REFUSES``) are left out.
+An option declared for ``convert`` becomes a parameter on the next run of this script;
 ``tests/test_dataflow_template.py`` fails while the file is out of date.
 
     python dataflow/make_metadata.py           # writes dataflow/metadata.json (make metadata)
@@ -23,10 +23,11 @@ import json
 import os
 import re
 import sys
+from collections.abc import Sequence
 
 from flex_main import TEMPLATE_REFUSES
 
-from beam_tfrecords.cli import convert_parser
+from beam_tfrecords.schemas.options import CONVERT_OPTIONS, Option
 
 __all__ = ["METADATA_FILE", "metadata", "parameter", "render"]
 
@@ -64,44 +65,33 @@ def _label(name: str) -> str:
     return " ".join([words[0][:1].upper() + words[0][1:], *words[1:]])
 
 
-def _help(action: argparse.Action, prog: str) -> str:
-    """The help as ``--help`` prints it (``%(default)s`` and the like filled in)."""
-    values = {**vars(action), "prog": prog}
-    text = (action.help or "") % values if "%" in (action.help or "") else action.help or ""
-    return text[:1].upper() + text[1:]
-
-
-def parameter(action: argparse.Action, prog: str = "beam-tfrecords convert") -> dict:
-    """The template parameter of one ``convert`` flag."""
-    name = action.option_strings[0][2:]
-    param: dict = {"name": name, "label": _label(name), "helpText": _help(action, prog),
-                   "isOptional": not action.required}
-    if isinstance(action, argparse._StoreTrueAction):  # pylint: disable=protected-access
+def parameter(option: Option) -> dict:
+    """The template parameter of one ``convert`` option."""
+    name = option.flag[2:]
+    param: dict = {"name": name, "label": _label(name), "helpText": option.help[:1].upper() + option.help[1:],
+                   "isOptional": not option.required}
+    if option.switch:
         param.update(paramType="BOOLEAN", regexes=["^(true|false)$"], defaultValue="false")
         return param
-    if action.choices:
+    if option.choices:
         param.update(paramType="ENUM",
-                     regexes=["^(" + "|".join(re.escape(str(c)) for c in action.choices) + ")$"],
-                     enumOptions=[{"value": str(c), "label": str(c)} for c in action.choices])
+                     regexes=["^(" + "|".join(re.escape(str(c)) for c in option.choices) + ")$"],
+                     enumOptions=[{"value": str(c), "label": str(c)} for c in option.choices])
     elif name in PATH_TYPES:
         param.update(paramType=PATH_TYPES[name], regexes=[_PATH_REGEXES.get(name, _GCS)])
-    elif action.type in (int, float):
-        param.update(paramType="NUMBER", regexes=[_INT if action.type is int else _FLOAT])
+    elif option.parse in (int, float):
+        param.update(paramType="NUMBER", regexes=[_INT if option.parse is int else _FLOAT])
     else:
         param.update(paramType="TEXT", regexes=[_TEXT])
-    if action.default not in (None, "", ()):
-        param["defaultValue"] = str(action.default)
+    if option.default not in (None, "", ()) and not option.required:
+        param["defaultValue"] = str(option.default)
     return param
 
 
-def metadata(parser: argparse.ArgumentParser | None = None) -> dict:
-    """The template's metadata: one parameter per flag of ``parser`` (default: the
-    ``convert`` parser), but those in ``TEMPLATE_REFUSES``."""
-    parser = parser or convert_parser()
-    params = [parameter(action, parser.prog) for action in parser._actions  # pylint: disable=protected-access
-              if action.option_strings and action.option_strings[0].startswith("--")
-              and action.option_strings[0][2:] not in TEMPLATE_REFUSES
-              and not isinstance(action, argparse._HelpAction)]  # pylint: disable=protected-access
+def metadata(options: Sequence[Option] = CONVERT_OPTIONS) -> dict:
+    """The template's metadata: one parameter per option of ``options`` (default:
+    ``convert``'s), but those in ``TEMPLATE_REFUSES``."""
+    params = [parameter(option) for option in options if option.flag[2:] not in TEMPLATE_REFUSES]
     return {"name": NAME, "description": DESCRIPTION, "parameters": params}
 
 

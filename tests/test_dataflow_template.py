@@ -30,6 +30,7 @@ from beam_tfrecords.cli import config_from_args, convert_parser, main
 from beam_tfrecords.preflight import plan_run
 from beam_tfrecords.samples import CLASSES, make_csv_manifest_sample
 from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.schemas.options import CONVERT_OPTIONS, Option
 from beam_tfrecords.transforms.io import progress
 from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 from tests.test_dataflow import (  # noqa: F401  (fixtures)
@@ -88,9 +89,10 @@ def test_metadata_json_is_the_convert_flags(template):
             expected = value == "true" if param["paramType"] == "BOOLEAN" else (
                 action.default if value == param.get("defaultValue") else value)
             assert getattr(args, action.dest) == expected, (name, value)
-    # A flag added to convert is a parameter at once (this is what keeps the file complete).
-    parser.add_argument("--new_switch", action="store_true", help="a switch added later")
-    (added,) = [p for p in make_metadata.metadata(parser)["parameters"] if p["name"] == "new_switch"]
+    # An option declared for convert is a parameter at once (this is what keeps the file complete).
+    planted = Option("new_switch", "main", "a switch added later", False, "bool", switch=True)
+    (added,) = [p for p in make_metadata.metadata((*CONVERT_OPTIONS, planted))["parameters"]
+                if p["name"] == "new_switch"]
     assert (added["paramType"], added["helpText"], added["defaultValue"]) == (
         "BOOLEAN", "A switch added later", "false")
 
