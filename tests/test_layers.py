@@ -68,7 +68,6 @@ LONG_FUNCTIONS = {
     "transforms/io/commit::publish": 90,
     "transforms/io/files::_walk_local": 82,
     "transforms/io/ownership::claim_output": 98,
-    "transforms/manifest::finalize": 216,
     "transforms/plan/layouts::list_csv_manifest": 81,
 }
 # File names more than one product module has, with how many have it.
