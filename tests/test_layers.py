@@ -45,7 +45,6 @@ MAX_FUNCTION, MAX_CLASS, MAX_MODULE = 80, 300, 700
 
 # Today's offenders, each at its current size: a ceiling, never to grow.
 LONG_MODULES = {
-    "beam_pipeline/cli": 790,
     "beam_pipeline/preflight": 1312,
     "transforms/codec/images": 823,
     "transforms/images": 1203,
@@ -58,9 +57,6 @@ LONG_CLASSES = {
 }
 LONG_FUNCTIONS = {
     "beam_pipeline/cli::_convert_parser": 155,
-    "beam_pipeline/cli::_print_summary": 100,
-    "beam_pipeline/pipeline::_build": 97,
-    "beam_pipeline/pipeline::convert": 88,
     "beam_pipeline/preflight::_plan_run": 161,
     "schemas/config::ConvertConfig.__post_init__": 109,
     "transforms/codec/images::_inspect_jpeg": 82,
