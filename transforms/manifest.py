@@ -17,6 +17,10 @@ already written does nothing but the cleanup. A run that publishes nothing raise
 (``RunFailed``) after writing its report, so that the job ends failed; after a
 failed commit (``commit_failed``) the temporary folder and the lock are kept, so
 that the retry can finish the commit.
+
+In three steps (``commit_run``): ``summarize_run`` (the report, ``RunReport``, and the
+facts that decide its status), ``decide_status`` (plain values in, the first status
+that holds out), ``publish_run`` (``ok`` only: the manifest, published).
 """
 
 from __future__ import annotations
@@ -66,18 +70,8 @@ from beam_tfrecords.transforms.io.progress import split_totals
 from beam_tfrecords.transforms.io.storage_errors import STORAGE_ERRORS
 from beam_tfrecords.transforms.quality.drift import DriftGate, statistics_and_drift
 
-__all__ = [
-    "Commit",
-    "CommitSettings",
-    "RunFailed",
-    "RunSummary",
-    "StatusFacts",
-    "commit_run",
-    "decide_status",
-    "finalize",
-    "publish_run",
-    "summarize_run",
-]
+__all__ = ["Commit", "CommitSettings", "RunFailed", "RunSummary", "StatusFacts", "commit_run",
+           "decide_status", "finalize", "publish_run", "summarize_run"]
 
 _log = logging.getLogger(__name__)
 
