@@ -39,7 +39,7 @@ from beam_tfrecords.pipeline import ConvertError, JobInterrupted, convert, inter
 from beam_tfrecords.preflight import infer_table_schema, resolve_config, table_inputs
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.inputs import SKIPPED_EXIT_STATUS
-from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME, shown_value
+from beam_tfrecords.schemas.manifest import MANIFEST_NAME, shown_value
 from beam_tfrecords.schemas.options import (
     CONVERT_OPTIONS,
     DRIFT_EXIT_STATUS,
@@ -47,6 +47,7 @@ from beam_tfrecords.schemas.options import (
     Option,
     option_values,
 )
+from beam_tfrecords.schemas.report import Status
 from beam_tfrecords.schemas.table_schema import dump_schema
 from beam_tfrecords.schemas.version import __version__
 from beam_tfrecords.transforms.io import files
@@ -199,108 +200,6 @@ def _unknown_beam_flags(beam_args: Sequence[str], ours: Sequence[str]) -> list[s
     return messages
 
 
-def _print_summary(report: dict, seconds: float | None = None) -> None:
-    if report["status"] == "failed":
-        where = (f"report: {files.join(report['output'], REPORT_NAME)}"
-                 if "report_not_written" not in report else "no report could be written there")
-        print(f"status: failed\noutput: {report['output']} (nothing published; {where})")
-        print(f"RUN FAILED: {report['error']}")
-        return
-    budget = report["error_budget"]
-    print(f"status: {report['status']}")
-    print(f"output: {report['output']}")
-    print(f"manifest: {report['manifest'] or 'not written'}")
-    print("\n".join(console.summary_table(report, seconds)))
-    print(f"bad inputs: {budget['bad']} of {budget['inputs']} "
-          f"({budget['bad_fraction']:.2%}; budget {budget['max_bad_fraction']:.2%})")
-    for reason, count in report["bad_records"].items():
-        print(f"  {reason}: {count}")
-    rows = report.get("rows")
-    if rows:
-        lines = rows.get("lines", {})
-        print(f"rows: {rows['in']} in = {rows.get('written', rows.get('in_sequences'))} "
-              f"{'written' if 'written' in rows else 'in sequences'} + {rows['dead_lettered']} "
-              f"dead-lettered ({rows['blank_skipped']} blank skipped); lines: {lines.get('in')} "
-              f"in the files, {lines.get('accounted_for')} accounted for")
-        multiline = rows.get("multiline_rows") or {}
-        if multiline.get("rows"):
-            print(f"note: {multiline['rows']} rows hold quoted newlines (the longest spans "
-                  f"{multiline['largest_span']} lines; first at {', '.join(multiline['first'])}); "
-                  "--no_quoted_newlines makes them errors if your data has none")
-    reshaped = report.get("image_bytes", {}).get("reshape")
-    if reshaped:
-        print(f"images reshaped: {', '.join(f'{what} {n}' for what, n in reshaped.items())}")
-    converted = report.get("image_bytes", {}).get("converted_to_png")
-    if converted:
-        print(f"converted to PNG (tf.io.decode_image cannot read them as stored): "
-              f"{', '.join(f'{why} {n}' for why, n in converted.items())}")
-    kept = report.get("image_bytes", {}).get("kept")
-    if kept:
-        print(f"kept as they are: {', '.join(f'{why} {n}' for why, n in kept.items())}"
-              + (" (16-bit PNGs decode to uint16 with dtype=tf.uint16)" if "png_16_bit" in kept else ""))
-    duplicates = report.get("duplicates")
-    if duplicates:
-        print(f"duplicates: {duplicates['images']} images share their content with another "
-              f"({duplicates['groups']} groups; {duplicates['across_splits']} across splits, "
-              f"{duplicates['within_split']} within one split); listed in the manifest's "
-              "'duplicates'" + ("" if report["status"] == "leakage_found" else
-                                (" (--fail_on_leakage refuses copies across splits)"
-                                 if duplicates["across_splits"] else "")))
-    if report.get("duplicates_dropped"):
-        print(f"left out as copies of other images: {report['duplicates_dropped']} "
-              "(--drop_duplicates; listed in the manifest's input.duplicates_dropped)")
-    if report.get("dropped_columns"):
-        late = report.get("late_columns") or {}
-        names = [f"{name} (first at {late[name]})" if name in late else name
-                 for name in report["dropped_columns"]]
-        print(f"columns dropped (not in the schema): {', '.join(names)} "
-              "(--strict_schema refuses them; 'skip: true' in the schema drops one on purpose)")
-    skipped = report.get("skipped")
-    if skipped:
-        reasons = ", ".join(f"{reason} {count}" for reason, count in skipped["by_reason"].items())
-        print(f"paths passed over while listing (not inputs): {reasons}; see "
-              f"{files.join(report['output'], skipped['file'])}")
-    for path in report["dead_letter_files"]:
-        print(f"dead letter: {files.join(report['output'], path)}")
-    for failure in report["verification_failures"]:
-        if report["status"] == "commit_failed":
-            print(f"COMMIT FAILED: {failure['error']}")
-        else:
-            print(f"VERIFICATION FAILED: {failure['path']}: {failure['error']}")
-    for path in report["shards_outside_band"]:
-        print(f"warning: shard outside the size band: {path}")
-    if report["status"] == "accounting_failed":
-        print("ACCOUNTING FAILED: the rows read do not account for every line of the input "
-              "(see rows and lines above), so nothing was published; check the file's line "
-              "endings and quoting")
-    if report["status"] == "split_name_clash":
-        clashes = "; ".join(" and ".join(f"'{name}' ({count:,} record{'' if count == 1 else 's'})"
-                                         for name, count in group.items())
-                            for group in report["split_name_clash"])
-        print(f"SPLIT NAMES CLASH: splits {clashes} differ only in case: their shard files would be "
-              "one file on a case-insensitive file system, so nothing was published; give each "
-              "split one spelling (a table: in its --split_column cells) and run again")
-    if report["status"] == "leakage_found":
-        groups = report["leakage"]["groups"]
-        print(f"LEAKAGE FOUND: {groups} image{'s have' if groups > 1 else ' has'} copies in more "
-              "than one split (see run_report.json 'leakage'), so nothing was published "
-              "(--fail_on_leakage); remove the copies (--drop_duplicates drops files with "
-              "equal bytes; copies stored alike from different files, such as one picture "
-              "as PNG and TIFF, need removing by hand)")
-    drift = report.get("drift")
-    if drift and drift["status"] == "failed" and report["status"] == "drift_found":
-        print(f"drift: {drift['message']}; DRIFT FOUND, so nothing was published (exit "
-              f"{EXIT_DRIFT}; every check is in run_report.json 'drift')")
-    elif drift:
-        print(f"drift: {drift['message']}")
-    if report["status"] == "no_records":
-        print("NO RECORDS WRITTEN: no input image or row could be converted; no manifest was written")
-    if budget["exceeded"]:
-        print("ERROR BUDGET EXCEEDED: too many inputs were bad, so nothing was published "
-              "(no manifest, no shard at a final name); see the dead letter files, fix the "
-              "inputs or raise --max_bad_fraction, and run again")
-
-
 def _print_plan(plan) -> None:
     print("\n".join(plan.describe()), flush=True)
 
@@ -402,22 +301,22 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
         if in_main_thread:
             signal.signal(signal.SIGINT, previous)
             signal.signal(signal.SIGTERM, previous_term)
-    if result.report["status"] == "skipped":
-        print(f"SKIPPED: {result.report['reason']}; nothing was written "
+    if result.report.status == Status.SKIPPED:
+        print(f"SKIPPED: {result.report.reason}; nothing was written "
               f"(exit {SKIPPED_EXIT_STATUS})")
         if args.report_json:
             with open(args.report_json, "w", encoding="utf-8") as f:
-                json.dump(result.report, f, indent=2)
+                json.dump(result.report.to_dict(), f, indent=2)
         return SKIPPED_EXIT_STATUS
-    if result.report["status"] == "dry_run":
+    if result.report.status == Status.DRY_RUN:
         print(f"dry run: the job was built and checked, not run; nothing was written to "
-              f"{result.report['output']}")
+              f"{result.report.output}")
         return EXIT_OK
-    _print_summary(result.report, reporter.elapsed)
+    console.print_summary(result.report, reporter.elapsed, EXIT_DRIFT)
     if args.report_json:
         with open(args.report_json, "w", encoding="utf-8") as f:
-            json.dump(result.report, f, indent=2)
-    if result.report["status"] == "drift_found":
+            json.dump(result.report.to_dict(), f, indent=2)
+    if result.report.status == Status.DRIFT_FOUND:
         return EXIT_DRIFT
     return EXIT_OK if result.ok else EXIT_FAILED
 

@@ -11,7 +11,8 @@ counters stay at zero, so nothing is drawn here: each worker logs its own
 counts, and Dataflow shows the ``progress`` counters.
 
 When it ends: a table per split of records, shards, MB and time, from the run
-report (``summary_table``).
+report (``summary_table``), then what the run found and, when it published
+nothing, why (``print_summary``).
 
 Also: ``quiet_logs`` drops log lines a user cannot act on (Beam saying it
 chose the DirectRunner because no ``--runner`` was given); ``printable`` and
@@ -32,8 +33,10 @@ from collections.abc import Callable, Sequence
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
+from beam_tfrecords.schemas.manifest import REPORT_NAME
 from beam_tfrecords.schemas.options import PROGRESS_MODES
-from beam_tfrecords.transforms.io import progress
+from beam_tfrecords.schemas.report import RunReport, Status
+from beam_tfrecords.transforms.io import files, progress
 
 __all__ = [
     "PROGRESS_MODES",
@@ -41,6 +44,7 @@ __all__ = [
     "EscapingStream",
     "Reporter",
     "clear_line",
+    "print_summary",
     "printable",
     "quiet_logs",
     "summary_table",
@@ -390,21 +394,147 @@ def _seconds(value: float) -> str:
     return f"{value:.1f} s" if value < 100 else _duration(value)
 
 
-def summary_table(report: dict, seconds: float | None = None) -> list[str]:
+def summary_table(report: RunReport, seconds: float | None = None) -> list[str]:
     """The lines of the end-of-run table: records, shards, MB and time per split
     (from the run report's ``splits``), and the total (the run's wall time,
     ``seconds``, when given). Without ``splits`` (an older report), one line."""
-    splits = report.get("splits")
+    splits = report.splits
     if splits is None:
-        return [f"records: {report['records']} in {report['shards']} shards, "
-                f"{report['bytes'] / 1e6:.1f} MB"]
+        return [f"records: {report.records} in {report.shards} shards, "
+                f"{report.bytes / 1e6:.1f} MB"]
     rows = [("split", "records", "shards", "MB", "time")]
     for split, values in sorted(splits.items()):
         rows.append((split, f"{values['records']:,}", f"{values['shards']:,}",
                      f"{values['bytes'] / 1e6:,.1f}", _seconds(values["seconds"])))
-    rows.append(("total", f"{report['records']:,}", f"{report['shards']:,}",
-                 f"{report['bytes'] / 1e6:,.1f}", _seconds(seconds) if seconds is not None else ""))
+    rows.append(("total", f"{report.records:,}", f"{report.shards:,}",
+                 f"{report.bytes / 1e6:,.1f}", _seconds(seconds) if seconds is not None else ""))
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     lines = ["  ".join([row[0].ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(row[1:], widths[1:]))]).rstrip()
              for row in rows]
     return [*lines, "(time: a split's from its first shard's write to its last's; total: the whole run)"]
+
+
+def print_summary(report: RunReport, seconds: float | None, drift_exit: int) -> None:
+    """Prints the end of a run: what was written (``summary_table``), what was found,
+    and why nothing was published, if so (``drift_exit``: the exit status of
+    ``drift_found``, which the line names)."""
+    if report.status == Status.FAILED:
+        where = (f"report: {files.join(report.output, REPORT_NAME)}"
+                 if report.report_not_written is None else "no report could be written there")
+        print(f"status: failed\noutput: {report.output} (nothing published; {where})")
+        print(f"RUN FAILED: {report.error}")
+        return
+    budget = report.error_budget
+    print(f"status: {report.status.value}")
+    print(f"output: {report.output}")
+    print(f"manifest: {report.manifest or 'not written'}")
+    print("\n".join(summary_table(report, seconds)))
+    print(f"bad inputs: {budget.bad} of {budget.total} "
+          f"({round(budget.bad_fraction, 6):.2%}; budget {budget.max_bad_fraction:.2%})")
+    for reason, count in report.bad_records.items():
+        print(f"  {reason}: {count}")
+    _print_rows(report.rows)
+    _print_images(report)
+    _print_findings(report)
+    _print_verdict(report, drift_exit)
+
+
+def _print_rows(rows) -> None:
+    """A table's rows and lines, as the report accounts for them."""
+    if not rows:
+        return
+    lines = rows.get("lines", {})
+    print(f"rows: {rows['in']} in = {rows.get('written', rows.get('in_sequences'))} "
+          f"{'written' if 'written' in rows else 'in sequences'} + {rows['dead_lettered']} "
+          f"dead-lettered ({rows['blank_skipped']} blank skipped); lines: {lines.get('in')} "
+          f"in the files, {lines.get('accounted_for')} accounted for")
+    multiline = rows.get("multiline_rows") or {}
+    if multiline.get("rows"):
+        print(f"note: {multiline['rows']} rows hold quoted newlines (the longest spans "
+              f"{multiline['largest_span']} lines; first at {', '.join(multiline['first'])}); "
+              "--no_quoted_newlines makes them errors if your data has none")
+
+
+def _print_images(report: RunReport) -> None:
+    """Images reshaped, converted to PNG or kept as stored; their duplicates."""
+    image_bytes = report.image_bytes or {}
+    reshaped = image_bytes.get("reshape")
+    if reshaped:
+        print(f"images reshaped: {', '.join(f'{what} {n}' for what, n in reshaped.items())}")
+    converted = image_bytes.get("converted_to_png")
+    if converted:
+        print(f"converted to PNG (tf.io.decode_image cannot read them as stored): "
+              f"{', '.join(f'{why} {n}' for why, n in converted.items())}")
+    kept = image_bytes.get("kept")
+    if kept:
+        print(f"kept as they are: {', '.join(f'{why} {n}' for why, n in kept.items())}"
+              + (" (16-bit PNGs decode to uint16 with dtype=tf.uint16)" if "png_16_bit" in kept else ""))
+    duplicates = report.duplicates
+    if duplicates:
+        print(f"duplicates: {duplicates['images']} images share their content with another "
+              f"({duplicates['groups']} groups; {duplicates['across_splits']} across splits, "
+              f"{duplicates['within_split']} within one split); listed in the manifest's "
+              "'duplicates'" + ("" if report.status == Status.LEAKAGE_FOUND else
+                                (" (--fail_on_leakage refuses copies across splits)"
+                                 if duplicates["across_splits"] else "")))
+    if report.duplicates_dropped:
+        print(f"left out as copies of other images: {report.duplicates_dropped} "
+              "(--drop_duplicates; listed in the manifest's input.duplicates_dropped)")
+
+
+def _print_findings(report: RunReport) -> None:
+    """Columns dropped, paths passed over, dead letters, failures, shards outside the band."""
+    if report.dropped_columns:
+        late = report.late_columns or {}
+        names = [f"{name} (first at {late[name]})" if name in late else name
+                 for name in report.dropped_columns]
+        print(f"columns dropped (not in the schema): {', '.join(names)} "
+              "(--strict_schema refuses them; 'skip: true' in the schema drops one on purpose)")
+    skipped = report.skipped
+    if skipped:
+        reasons = ", ".join(f"{reason} {count}" for reason, count in skipped["by_reason"].items())
+        print(f"paths passed over while listing (not inputs): {reasons}; see "
+              f"{files.join(report.output, skipped['file'])}")
+    for path in report.dead_letter_files:
+        print(f"dead letter: {files.join(report.output, path)}")
+    for failure in report.failures:
+        if report.status == Status.COMMIT_FAILED:
+            print(f"COMMIT FAILED: {failure.error}")
+        else:
+            print(f"VERIFICATION FAILED: {failure.path}: {failure.error}")
+    for path in report.shards_outside_band:
+        print(f"warning: shard outside the size band: {path}")
+
+
+def _print_verdict(report: RunReport, drift_exit: int) -> None:
+    """Why nothing was published (one line per reason), and the drift gate's verdict."""
+    if report.status == Status.ACCOUNTING_FAILED:
+        print("ACCOUNTING FAILED: the rows read do not account for every line of the input "
+              "(see rows and lines above), so nothing was published; check the file's line "
+              "endings and quoting")
+    if report.status == Status.SPLIT_NAME_CLASH:
+        clashes = "; ".join(" and ".join(f"'{name}' ({count:,} record{'' if count == 1 else 's'})"
+                                         for name, count in group.items())
+                            for group in report.split_name_clash)
+        print(f"SPLIT NAMES CLASH: splits {clashes} differ only in case: their shard files would be "
+              "one file on a case-insensitive file system, so nothing was published; give each "
+              "split one spelling (a table: in its --split_column cells) and run again")
+    if report.status == Status.LEAKAGE_FOUND:
+        groups = report.leakage["groups"]
+        print(f"LEAKAGE FOUND: {groups} image{'s have' if groups > 1 else ' has'} copies in more "
+              "than one split (see run_report.json 'leakage'), so nothing was published "
+              "(--fail_on_leakage); remove the copies (--drop_duplicates drops files with "
+              "equal bytes; copies stored alike from different files, such as one picture "
+              "as PNG and TIFF, need removing by hand)")
+    drift = report.drift
+    if drift and drift["status"] == "failed" and report.status == Status.DRIFT_FOUND:
+        print(f"drift: {drift['message']}; DRIFT FOUND, so nothing was published (exit "
+              f"{drift_exit}; every check is in run_report.json 'drift')")
+    elif drift:
+        print(f"drift: {drift['message']}")
+    if report.status == Status.NO_RECORDS:
+        print("NO RECORDS WRITTEN: no input image or row could be converted; no manifest was written")
+    if report.error_budget.exceeded:
+        print("ERROR BUDGET EXCEEDED: too many inputs were bad, so nothing was published "
+              "(no manifest, no shard at a final name); see the dead letter files, fix the "
+              "inputs or raise --max_bad_fraction, and run again")

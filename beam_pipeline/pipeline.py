@@ -1,6 +1,7 @@
 """The library API: build the conversion pipeline, or run it and get its result.
 
-``build_pipeline`` returns an un-run pipeline (for tests, or to run elsewhere);
+``build_pipeline`` returns an un-run pipeline (for tests, or to run elsewhere; the
+steps are wired in ``job_graph``);
 ``convert`` plans the run (``preflight``), takes the output folder, runs the
 pipeline on the runner the Beam options name (DirectRunner by default), and
 returns the run report that the last step wrote.
@@ -22,40 +23,25 @@ import signal
 from collections.abc import Callable, Sequence
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import (
-    GoogleCloudOptions,
-    PipelineOptions,
-    StandardOptions,
-    TestOptions,
-)
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, TestOptions
 
+from beam_tfrecords.job_graph import build_graph
 from beam_tfrecords.preflight import (
     ConvertError,
     OutputBusy,
     OutputExistsError,
     RunPlan,
     check_output,
-    drift_gate,
     plan_run,
     runs_on_dataflow,
     take_output,
 )
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME
+from beam_tfrecords.schemas.report import RunReport, Status
 from beam_tfrecords.schemas.shards import WORK_DIR
-from beam_tfrecords.transforms.image_contents import HashImages, add_contents_outcome
-from beam_tfrecords.transforms.images import (
-    ImageRecords,
-    ListImages,
-    PlanImageShards,
-    SpoolImages,
-    add_spool_dead_letters,
-    drop_listing,
-    joined_parts,
-    listing_size,
-    write_listing,
-)
-from beam_tfrecords.transforms.io import files, progress
+from beam_tfrecords.transforms.images import drop_listing
+from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.commit import LOCK_NAME, record_job, release_lock, remove_run_folder
 from beam_tfrecords.transforms.io.dataflow_jobs import (
     ENDED_STATES,
@@ -69,15 +55,6 @@ from beam_tfrecords.transforms.io.dataflow_jobs import (
 from beam_tfrecords.transforms.io.faults import announce_hooks, hold_point
 from beam_tfrecords.transforms.io.helpers import helper_pool
 from beam_tfrecords.transforms.io.ownership import write_owned
-from beam_tfrecords.transforms.listing_plan import PlanListingParts
-from beam_tfrecords.transforms.manifest import Commit, CommitSettings
-from beam_tfrecords.transforms.plan import handoff
-from beam_tfrecords.transforms.plan.layouts import resolve_input
-from beam_tfrecords.transforms.sequences import BuildSequences, PlanSequenceShards
-from beam_tfrecords.transforms.shards import SpoolCopy, VerifyShards, WriteShards
-from beam_tfrecords.transforms.tables import EncodeTables, PlanTableShards, table_summary
-from beam_tfrecords.transforms.worker_listing import ListAndPlanOnWorkers
-from beam_tfrecords.updates import config_fingerprint
 
 _log = logging.getLogger(__name__)
 
@@ -97,168 +74,24 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class ConvertResult:
-    """The outcome of a run: the report ``run_report.json`` holds."""
+    """The outcome of a run: the report ``run_report.json`` holds (``RunReport``,
+    read by attribute: ``result.report.status``, ``result.report.records``)."""
 
-    report: dict
+    report: RunReport
 
     @property
     def ok(self) -> bool:
         """Every shard proved and published, and the error budget kept."""
-        return self.report["status"] == "ok"
+        return self.report.ok
 
     @property
     def skipped(self) -> bool:
         """A scheduled run that found nothing to do (and wrote nothing)."""
-        return self.report["status"] == "skipped"
+        return self.report.status == Status.SKIPPED
 
     @property
     def manifest_path(self) -> str | None:
-        return self.report["manifest"]
-
-
-def _commit_settings(plan: RunPlan) -> CommitSettings:
-    config = plan.config
-    _, root, _ = resolve_input(config.input, config.layout)
-    is_part = plan.update is not None and plan.update.action == "part"
-    options = config.to_json()
-    if is_part:
-        options["output"] = plan.dataset_output
-    return CommitSettings(plan.target, config.band, config.max_bad_fraction,
-                          options=tuple(options.items()), overwrite=True,
-                          release_lock=plan.target.run_id, dropped_columns=plan.dropped_columns,
-                          fail_on_leakage=config.fail_on_leakage,
-                          options_fingerprint=config_fingerprint(config), input_root=root,
-                          dataset_output=plan.dataset_output if is_part else "",
-                          part=plan.update.part if is_part else "",
-                          update=json.dumps(plan.update.to_json()) if plan.update else "",
-                          drift=drift_gate(config, plan.dataset_output),
-                          input_units=len(plan.units.units) if plan.units is not None else 0)
-
-
-_DIRECT_RUNNER_NAMES = (None, "DirectRunner", "direct", "SwitchingDirectRunner")
-
-
-def _local_runner(options: PipelineOptions):
-    """The engine the DirectRunner runs a batch pipeline on in this process (Beam's
-    ``FnApiRunner``, given the options as the DirectRunner gives them), or ``None``
-    when the options name another runner.
-
-    Chosen here, not by the DirectRunner: Beam 2.77's DirectRunner first tries the
-    Prism runner, which downloads a binary from GitHub at run time (on a machine
-    without network access the download fails and it falls back) and runs the
-    pipeline in a process of its own, where the progress line, the in-process
-    listing hand-over and the helper processes this product plans for do not hold.
-    A run never fetches and runs code it was not installed with.
-    """
-    if options.view_as(StandardOptions).runner not in _DIRECT_RUNNER_NAMES:
-        return None
-    # pylint: disable=import-outside-toplevel
-    from apache_beam.portability.api import beam_provision_api_pb2
-    from apache_beam.runners.portability.fn_api_runner import fn_runner
-    from apache_beam.runners.portability.portable_runner import JobServiceHandle
-
-    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
-        beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
-
-
-def _build(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
-    config, target = plan.config, plan.target
-    carried = options.view_as(progress.ProgressOptions)
-    if carried.progress_seconds is None:  # The job carries it to the processes running its steps.
-        carried.progress_seconds = progress.interval()
-    pipeline = beam.Pipeline(runner=_local_runner(options), options=options)
-    verify = VerifyShards(config.compression, config.encode_processes, reread=config.reread)
-    left_out = None  # Files the listing named that hashing on the workers left out.
-    if plan.is_table:
-        schema = plan.schema
-        spool_dir = files.join(target.temp_dir, "spool")
-        encoded = pipeline | "EncodeTables" >> EncodeTables(
-            plan.table_inputs, schema, config.dialect, config.table_layout, config.output, spool_dir,
-            config.encode_processes)
-        if config.sequence_key:
-            spools = encoded.rows | "BuildSequences" >> BuildSequences(schema, spool_dir)
-            specs, grouped = spools | "PlanSequenceShards" >> PlanSequenceShards(
-                config.band, config.compression)
-            summary = (
-                encoded.infos
-                | "CollectFiles" >> beam.combiners.ToList()
-                | "Summarize" >> beam.Map(table_summary, config.input, schema, True,
-                                          beam.pvalue.AsSingleton(grouped))
-            )
-        else:
-            specs, summary = encoded.infos | "PlanTableShards" >> PlanTableShards(
-                config.band, config.compression, config.input, schema)
-        results = (
-            specs
-            | "WriteShards" >> WriteShards(target, SpoolCopy())
-            | "VerifyShards" >> verify
-        )
-    elif plan.units is not None:
-        # Listed and planned on the workers (--list_on_workers).
-        specs, summary = pipeline | "ListOnWorkers" >> ListAndPlanOnWorkers(plan.units)
-        source = ImageRecords(config.validate, config.read_threads, config.encode_processes,
-                              max_pixels=config.max_pixels, image_bytes=config.image_bytes,
-                              reshape=config.reshape, max_file_bytes=config.max_file_bytes)
-        results = (
-            specs
-            | "WriteShards" >> WriteShards(target, source)
-            | "VerifyShards" >> verify
-        )
-    else:
-        digest = ""
-        if plan.listing_path:
-            # The steps run elsewhere: they take this listing, not another, and only
-            # if the file still has the digest the job graph carries (a dry run
-            # builds the same job, and writes nothing).
-            dry = options.view_as(TestOptions).dry_run
-            digest = write_listing(None if dry else plan.listing_path, plan.listing, handoff.PART_ROWS)
-        # A large listing travels as parts, planned without one step holding it all;
-        # images hashed on the workers travel as parts too.
-        part_rows = handoff.PART_ROWS
-        in_parts = plan.contents_on_workers or (
-            not config.reshape.active and listing_size(plan.listing) > part_rows)
-        listing = pipeline | "ListImages" >> ListImages(
-            config.input, config.layout, config.labels, config.output, config.encode_processes,
-            config.image_column, config.label_column, kept=plan.listing,
-            splits=config.splits, split_by=config.split_by, drop_duplicates=config.drop_duplicates,
-            vocabulary=plan.vocabulary, only=plan.only, listing_path=plan.listing_path,
-            follow_links_outside=config.follow_links_outside, max_file_bytes=config.max_file_bytes,
-            listing_sha256=digest, part_rows=part_rows if in_parts else 0,
-            contents_on_workers=plan.contents_on_workers)
-        refs, summary = listing.refs, listing.summary
-        if plan.contents_on_workers:
-            hashing = HashImages(config.output, config.splits if config.split_by == "content" else (),
-                                 config.drop_duplicates, config.max_file_bytes)
-            refs = refs | "HashImages" >> hashing
-            summary, left_out = add_contents_outcome(summary, hashing.outcome), hashing.left_out
-        source = ImageRecords(config.validate, config.read_threads, config.encode_processes,
-                              max_pixels=config.max_pixels, image_bytes=config.image_bytes,
-                              reshape=config.reshape, max_file_bytes=config.max_file_bytes)
-        if config.reshape.active:
-            # Resized or re-encoded records are sized only once encoded: encode to
-            # spools first, then cut shards by exact sizes.
-            if in_parts:
-                refs = refs | "CollectParts" >> beam.combiners.ToList() | "JoinParts" >> beam.Map(joined_parts)
-            specs, spools = refs | "SpoolImages" >> SpoolImages(
-                source, files.join(target.temp_dir, "spool"), config.output, config.band,
-                config.compression)
-            summary = add_spool_dead_letters(summary, spools)
-            results = (
-                specs
-                | "WriteShards" >> WriteShards(target, SpoolCopy())
-                | "VerifyShards" >> verify
-            )
-        else:
-            planner = PlanListingParts if in_parts else PlanImageShards
-            results = (
-                refs
-                | "PlanShards" >> planner(config.band, config.compression)
-                | "WriteShards" >> WriteShards(target, source)
-                | "VerifyShards" >> verify
-            )
-    _ = results | "WriteManifest" >> Commit(_commit_settings(plan), summary, left_out)
-    return pipeline
+        return self.report.manifest
 
 
 def build_pipeline(config: ConvertConfig | RunPlan, options: PipelineOptions | None = None) -> beam.Pipeline:
@@ -274,12 +107,12 @@ def build_pipeline(config: ConvertConfig | RunPlan, options: PipelineOptions | N
     """
     options = options or PipelineOptions([])
     plan = config if isinstance(config, RunPlan) else plan_run(config, options)
-    return _build(plan, options)
+    return build_graph(plan, options)
 
 
 def _start(plan: RunPlan, options: PipelineOptions):
     """Builds and starts the pipeline (which, on the DirectRunner, runs it)."""
-    pipeline = _build(plan, options)
+    pipeline = build_graph(plan, options)
     if plan.is_table and plan.config.encode_processes > 0:
         # Start them, and their imports, now, while the runner starts.
         helper_pool(plan.config.encode_processes,
@@ -313,24 +146,24 @@ def _failure(err: BaseException) -> str:
     return text[:600] + (f" (in step {step.group(1)})" if step else "")
 
 
-def _record_failure(plan: RunPlan, err: BaseException) -> dict:
+def _record_failure(plan: RunPlan, err: BaseException) -> RunReport:
     """The report of a run whose pipeline raised: written to the output when it
     can be (best effort, as the storage may be what failed); the run's
     temporaries are removed so a full disk gets its space back (but for what a commit
     stopped before publishing kept of the old dataset: ``remove_run_folder``)."""
     _log.error("The pipeline failed", exc_info=err)
     output, target = plan.dataset_output or plan.config.output, plan.target
-    report = {"status": "failed", "output": output, "manifest": None, "error": _failure(err),
-              "run_id": target.run_id}
+    report = RunReport(Status.FAILED, output, None, run_id=target.run_id, error=_failure(err))
     try:
         remove_run_folder(target.output, target.temp_dir)
     except Exception as cleanup:  # pylint: disable=broad-except
         _log.warning("Could not remove %s: %s", target.temp_dir, cleanup)
     try:
         # Recorded in the output's journal first: the next run may then replace it.
-        write_owned(output, REPORT_NAME, json.dumps(report, indent=2).encode())
+        write_owned(output, REPORT_NAME, json.dumps(report.to_dict(), indent=2).encode())
     except Exception as unwritten:  # pylint: disable=broad-except
-        report["report_not_written"] = str(unwritten).splitlines()[0] if str(unwritten) else ""
+        report = dataclasses.replace(
+            report, report_not_written=str(unwritten).splitlines()[0] if str(unwritten) else "")
     return report
 
 
@@ -516,25 +349,24 @@ def _job_ended(launch: _Launch) -> bool:
         return False
 
 
-def _lost_job(plan: RunPlan, launch: _Launch, err: BaseException) -> dict:
+def _lost_job(plan: RunPlan, launch: _Launch, err: BaseException) -> RunReport:
     """The report of a run that stopped waiting for a Dataflow job that may still run:
     its temporaries and lock stay, nothing is written to the output."""
     job = launch.job
-    return {"status": "failed", "output": launch.output, "manifest": None, "run_id": plan.target.run_id,
-            "error": f"{_failure(err)}; {job.describe()} may still be running ({job.console_url}): "
-                     f"the lock {launch.lock_path} stays until it ends",
-            "report_not_written": "the Dataflow job may still be running"}
+    return RunReport(Status.FAILED, launch.output, None, run_id=plan.target.run_id,
+                     error=f"{_failure(err)}; {job.describe()} may still be running ({job.console_url}): "
+                           f"the lock {launch.lock_path} stays until it ends",
+                     report_not_written="the Dataflow job may still be running")
 
 
-def _own_report(plan: RunPlan) -> dict | None:
+def _own_report(plan: RunPlan) -> RunReport | None:
     """This run's report, when its commit wrote one (it names the run); else ``None``."""
     try:
         data = files.read_bytes_if_exists(files.join(plan.dataset_output or plan.config.output, REPORT_NAME))
-        report = json.loads(data) if data else None
+        report = RunReport.from_json(data) if data else None
     except Exception:  # pylint: disable=broad-except  # Unreadable: the failure is recorded anew.
         return None
-    ours = isinstance(report, dict) and report.get("run_id") == plan.target.run_id
-    return report if ours and isinstance(report.get("status"), str) else None
+    return report if report is not None and report.run_id == plan.target.run_id else None
 
 
 def submit(config: ConvertConfig, beam_args: Sequence[str] = ()):
@@ -585,7 +417,7 @@ def _dry_run(plan: RunPlan, options: PipelineOptions):
             result = _start(plan, options)
             result.wait_until_finish()
             return result
-        _build(plan, options)
+        build_graph(plan, options)
         return None
     finally:
         drop_listing(plan.listing)
@@ -599,12 +431,12 @@ def _skipped(plan: RunPlan) -> bool:
     return plan.update is not None and plan.update.action == "skip"
 
 
-def _skip_report(plan: RunPlan) -> dict:
+def _skip_report(plan: RunPlan) -> RunReport:
     """The report of a run that found nothing to do (written nowhere: the output
     is not touched)."""
-    return {"status": "skipped", "output": plan.dataset_output or plan.config.output,
-            "manifest": files.join(plan.dataset_output or plan.config.output, MANIFEST_NAME),
-            "reason": plan.update.reason, "update": plan.update.to_json()}
+    return RunReport(Status.SKIPPED, plan.dataset_output or plan.config.output,
+                     files.join(plan.dataset_output or plan.config.output, MANIFEST_NAME),
+                     reason=plan.update.reason, update=plan.update.to_json())
 
 
 def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
@@ -628,21 +460,9 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
     announce_hooks()
     options = PipelineOptions(list(beam_args))
     plan = plan_run(config, options)
-    if _skipped(plan):
-        if on_plan is not None:
-            on_plan(plan)
-        return ConvertResult(_skip_report(plan))
-    if options.view_as(TestOptions).dry_run:
-        if on_plan is not None:
-            on_plan(plan)
-        _dry_run(plan, options)
-        return ConvertResult({"status": "dry_run", "output": plan.config.output, "manifest": None})
-    if on_plan is not None:
-        try:
-            on_plan(plan)
-        except BaseException:
-            drop_listing(plan.listing)
-            raise
+    stopped = _shown(plan, options, on_plan)
+    if stopped is not None:
+        return stopped
     launch = _launch_of(plan, options)
     _take(plan, launch)
     output = plan.dataset_output or plan.config.output
@@ -663,16 +483,7 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
         except Exception as err:  # pylint: disable=broad-except
             own = _own_report(plan)
             if own is not None:
-                # The commit wrote its report, then raised so that the job ends failed
-                # (transforms.manifest.RunFailed); no retry follows here, so what it
-                # kept for one (after commit_failed) goes, but for what it kept of the old
-                # dataset while no new manifest is published.
-                _log.info("The run published nothing: %s", own["status"])
-                try:
-                    remove_run_folder(plan.target.output, plan.target.temp_dir)
-                except Exception as cleanup:  # pylint: disable=broad-except
-                    _log.warning("Could not remove %s: %s", plan.target.temp_dir, cleanup)
-                return ConvertResult(own)
+                return ConvertResult(_published_nothing(plan, own))
             # Inputs are dead-lettered, not raised: this is the storage, the runner or a bug.
             if launch is not None and launch.job.job_id and not release and not _job_ended(launch):
                 return ConvertResult(_lost_job(plan, launch, err))
@@ -694,4 +505,39 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
     report_path = files.join(output, REPORT_NAME)
     if not files.exists(report_path):
         raise RuntimeError(f"the pipeline finished without writing {report_path}")
-    return ConvertResult(json.loads(files.read_text(report_path)))
+    return ConvertResult(RunReport.from_json(files.read_text(report_path)))
+
+
+def _shown(plan: RunPlan, options: PipelineOptions,
+           on_plan: Callable[[RunPlan], None] | None) -> ConvertResult | None:
+    """Shows the plan (``on_plan``); the result of a run that ends there (a scheduled
+    run with nothing to do, a dry run), else ``None``: the run goes on."""
+    if _skipped(plan):
+        if on_plan is not None:
+            on_plan(plan)
+        return ConvertResult(_skip_report(plan))
+    if options.view_as(TestOptions).dry_run:
+        if on_plan is not None:
+            on_plan(plan)
+        _dry_run(plan, options)
+        return ConvertResult(RunReport(Status.DRY_RUN, plan.config.output, None))
+    if on_plan is not None:
+        try:
+            on_plan(plan)
+        except BaseException:
+            drop_listing(plan.listing)
+            raise
+    return None
+
+
+def _published_nothing(plan: RunPlan, own: RunReport) -> RunReport:
+    """After the pipeline raised, this run's report, which its commit wrote before it
+    raised so that the job ends failed (``transforms.manifest.RunFailed``); no retry
+    follows here, so what it kept for one (after commit_failed) goes, but for what it
+    kept of the old dataset while no new manifest is published."""
+    _log.info("The run published nothing: %s", own.status.value)
+    try:
+        remove_run_folder(plan.target.output, plan.target.temp_dir)
+    except Exception as cleanup:  # pylint: disable=broad-except
+        _log.warning("Could not remove %s: %s", plan.target.temp_dir, cleanup)
+    return own

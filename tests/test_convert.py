@@ -292,11 +292,11 @@ def test_default_validation_catches_garbled_scan_data_that_headers_lets_through(
     (root / "circles" / "garbled.jpg").write_bytes(data[:scan] + garbage + b"\xff\xd9")
 
     headers = run_convert(str(root), str(tmp_path / "headers"), validate="headers", max_bad_fraction=0.5)
-    assert headers.ok and headers.report["records"] == 9  # Headers and markers only: let through.
+    assert headers.ok and headers.report.records == 9  # Headers and markers only: let through.
     for mode in ("structure", "decode"):  # The default, and the full decode, refuse it.
         run = run_convert(str(root), str(tmp_path / mode), validate=mode, max_bad_fraction=0.5)
-        assert run.ok and run.report["records"] == 8, mode
-        assert run.report["bad_records"] == {"decode_error": 1}, mode
+        assert run.ok and run.report.records == 8, mode
+        assert run.report.bad_records == {"decode_error": 1}, mode
         letters = dead_letters(str(tmp_path / mode))
         assert [os.path.basename(d["source"]) for d in letters] == ["garbled.jpg"], mode
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from beam_tfrecords.pipeline import ConvertError
+from beam_tfrecords.schemas.report import Status
 from beam_tfrecords.transforms.quality.drift import DriftGate, baseline_of, compare
 from tests.conftest import load_manifest
 
@@ -147,9 +148,9 @@ def _again(tmp_path, run_convert, out, name, compare_to="previous", **table):
 def test_mean_shift_of_three_std_fails_and_publishes_nothing(tmp_path, run_convert, dataset):
     before = _published(dataset)
     result = _again(tmp_path, run_convert, dataset, "v2", seed=2, shift=30.0)
-    assert result.report["status"] == "drift_found"
-    assert result.report["manifest"] is None
-    drift = result.report["drift"]
+    assert result.report.status == Status.DRIFT_FOUND
+    assert result.report.manifest is None
+    drift = result.report.drift
     assert drift["status"] == "failed"
     assert len(drift["failures"]) == 1
     [mean] = [c for c in drift["checks"] if c["check"] == "mean" and c["feature"] == "age"]
@@ -169,8 +170,8 @@ def test_mean_shift_of_three_std_fails_and_publishes_nothing(tmp_path, run_conve
 def test_missing_rate_jump_fails_naming_the_feature(tmp_path, run_convert, dataset):
     before = _published(dataset)
     result = _again(tmp_path, run_convert, dataset, "v2", seed=3, missing=0.30)
-    assert result.report["status"] == "drift_found"
-    [failure] = result.report["drift"]["failures"]
+    assert result.report.status == Status.DRIFT_FOUND
+    [failure] = result.report.drift["failures"]
     assert failure.startswith("feature 'score' missing rate moved 0.")
     assert _published(dataset) == before
 
@@ -179,8 +180,8 @@ def test_missing_rate_jump_fails_naming_the_feature(tmp_path, run_convert, datas
 def test_schema_change_fails(tmp_path, run_convert, dataset):
     before = _published(dataset)
     result = _again(tmp_path, run_convert, dataset, "v2", seed=1, score_type="string")
-    assert result.report["status"] == "drift_found"
-    assert "feature 'score' changed from float32 [None] to string [None]" in result.report["drift"]["failures"]
+    assert result.report.status == Status.DRIFT_FOUND
+    assert "feature 'score' changed from float32 [None] to string [None]" in result.report.drift["failures"]
     assert _published(dataset) == before
 
 
@@ -189,16 +190,16 @@ def test_same_distribution_passes_and_publishes(tmp_path, run_convert, dataset):
     old = load_manifest(dataset)
     result = _again(tmp_path, run_convert, dataset, "v2", seed=99)  # Another sample, same law.
     assert result.ok, result.report
-    assert result.report["drift"]["status"] == "passed"
-    assert result.report["drift"]["failures"] == []
+    assert result.report.drift["status"] == "passed"
+    assert result.report.drift["failures"] == []
     assert load_manifest(dataset)["created"] >= old["created"]
     # The identical table, compared with the dataset folder by path: passes too.
     copy = str(tmp_path / "copy")
     result = _again(tmp_path, run_convert, copy, "v3", compare_to=dataset, seed=99)
     assert result.ok, result.report
-    assert result.report["drift"]["message"].endswith(f"against {dataset}/manifest.json")
-    assert all(c["verdict"] != "failed" for c in result.report["drift"]["checks"])
-    shifts = [c["shift_std"] for c in result.report["drift"]["checks"] if c["check"] == "mean"]
+    assert result.report.drift["message"].endswith(f"against {dataset}/manifest.json")
+    assert all(c["verdict"] != "failed" for c in result.report.drift["checks"])
+    shifts = [c["shift_std"] for c in result.report.drift["checks"] if c["check"] == "mean"]
     assert shifts and all(s == 0 for s in shifts)
 
 
@@ -206,8 +207,8 @@ def test_same_distribution_passes_and_publishes(tmp_path, run_convert, dataset):
 def test_previous_without_a_dataset_passes_with_a_note(tmp_path, run_convert):
     result = _again(tmp_path, run_convert, str(tmp_path / "new"), "v1", seed=1)
     assert result.ok
-    assert result.report["drift"]["status"] == "skipped"
-    assert "nothing to compare with" in result.report["drift"]["note"]
+    assert result.report.drift["status"] == "skipped"
+    assert "nothing to compare with" in result.report.drift["note"]
 
 
 @pytest.mark.e2e

@@ -447,12 +447,12 @@ def test_conversion_dead_letters_bombs_and_honours_max_pixels(tmp_path, run_conv
     (root / "circles" / "bomb.png").write_bytes(_png_bomb(65535, 65535))
     (root / "circles" / "bomb.jpg").write_bytes(_jpeg_bomb(65535, 65535))
     result = run_convert(str(root), str(tmp_path / "out"), max_bad_fraction=0.5)
-    assert result.ok and result.report["records"] == 8
-    assert result.report["bad_records"] == {"too_many_pixels": 2}
+    assert result.ok and result.report.records == 8
+    assert result.report.bad_records == {"too_many_pixels": 2}
     letters = dead_letters(str(tmp_path / "out"))
     assert sorted(os.path.basename(d["source"]) for d in letters) == ["bomb.jpg", "bomb.png"]
     assert all("--max_pixels" in d["message"] for d in letters)
     # A limit below the smallest sample image (64 x 64): every image refused.
     low = run_convert(str(root), str(tmp_path / "low"), max_bad_fraction=1.0, max_pixels=64 * 64 - 1)
-    assert low.report["records"] == 0
-    assert low.report["bad_records"] == {"too_many_pixels": 10}
+    assert low.report.records == 0
+    assert low.report.bad_records == {"too_many_pixels": 10}

@@ -53,13 +53,9 @@ LONG_CLASSES = {
     "transforms/tables::_EncodeCsvFn": 497,
 }
 LONG_FUNCTIONS = {
-    "beam_pipeline/cli::_print_summary": 100,
-    "beam_pipeline/pipeline::_build": 97,
-    "beam_pipeline/pipeline::convert": 88,
     "transforms/codec/images::_inspect_jpeg": 82,
     "transforms/codec/images::_inspect_png": 91,
     "transforms/io/files::_walk_local": 82,
-    "transforms/manifest::finalize": 216,
     "transforms/plan/layouts::list_csv_manifest": 81,
 }
 # File names more than one product module has, with how many have it.

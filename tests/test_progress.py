@@ -23,6 +23,7 @@ from beam_tfrecords.cli import main
 from beam_tfrecords.pipeline import build_pipeline
 from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.schemas.report import RunReport, Status
 from beam_tfrecords.transforms.io import progress
 
 _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO beam_tfrecords\.progress: "
@@ -42,9 +43,9 @@ def _cli(*argv, **kwargs):
                           text=True, timeout=300, check=False, **kwargs)
 
 
-def _report(out) -> dict:
-    with open(os.path.join(out, "run_report.json"), encoding="utf-8") as f:
-        return json.load(f)
+def _report(out) -> RunReport:
+    with open(os.path.join(out, "run_report.json"), "rb") as f:
+        return RunReport.from_json(f.read())
 
 
 def _table_rows(stdout: str) -> dict[str, list[str]]:
@@ -132,7 +133,7 @@ def test_a_failed_shard_attempt_is_taken_back():
 
 @pytest.mark.unit
 def test_the_summary_table_without_per_split_totals_is_one_line():
-    report = {"records": 5, "shards": 1, "bytes": 2_000_000}
+    report = RunReport(Status.OK, "out", records=5, shards=1, bytes=2_000_000)
     assert console.summary_table(report) == ["records: 5 in 1 shards, 2.0 MB"]
 
 
@@ -148,10 +149,10 @@ def test_beam_counters_count_what_was_written(tmp_path):
     counters = {c.key.metric.name: c.committed for c in
                 result.metrics().query(MetricsFilter().with_namespace("progress"))["counters"]}
     report = _report(out)
-    assert counters["records_written"] == report["records"]
-    assert counters["bytes_written"] == report["bytes"]
-    assert counters["shards_done"] == report["shards"]
-    assert counters["inputs_read"] == report["error_budget"]["inputs"]
+    assert counters["records_written"] == report.records
+    assert counters["bytes_written"] == report.bytes
+    assert counters["shards_done"] == report.shards
+    assert counters["inputs_read"] == report.error_budget.total
     # What the plan expects, beside them (a runner's UI: shards done of planned).
     assert counters["shards_planned"] == counters["shards_done"]
     assert counters["inputs_planned"] == counters["inputs_read"]
@@ -173,15 +174,15 @@ def test_the_counters_add_up_to_the_report(tmp_path, kind):
     flags = ["--split_column", "split"] if kind == "table" else []
     assert main(["convert", "--input", source, "--output", out, "--progress", "log", *flags]) == 0
     snap, report = progress.snapshot(), _report(out)
-    assert (snap.records, snap.bytes, snap.shards) == (report["records"], report["bytes"], report["shards"])
-    assert snap.planned_shards == report["shards"]
-    assert snap.inputs == report["error_budget"]["inputs"]
+    assert (snap.records, snap.bytes, snap.shards) == (report.records, report.bytes, report.shards)
+    assert snap.planned_shards == report.shards
+    assert snap.inputs == report.error_budget.total
     assert snap.input_bytes == snap.planned_input_bytes > 0
     if kind == "table":
-        assert snap.inputs == report["rows"]["in"] == 3000
+        assert snap.inputs == report.rows["in"] == 3000
         assert snap.input_bytes == os.path.getsize(source)
-    assert sorted(report["splits"]) == ["test", "train"]
-    assert sum(s["records"] for s in report["splits"].values()) == report["records"]
+    assert sorted(report.splits) == ["test", "train"]
+    assert sum(s["records"] for s in report.splits.values()) == report.records
 
 
 @pytest.mark.e2e
@@ -216,14 +217,14 @@ def test_log_mode_logs_the_line_every_n_seconds_and_the_table_matches_the_report
     report = _report(out)
     rows = _table_rows(run.stdout)
     assert rows["split"] == ["records", "shards", "MB", "time"]
-    for split, values in report["splits"].items():
+    for split, values in report.splits.items():
         records, shards, mb, seconds, unit = rows[split]
         assert (int(records.replace(",", "")), int(shards)) == (values["records"], values["shards"])
         assert float(mb.replace(",", "")) == round(values["bytes"] / 1e6, 1)
         assert (float(seconds), unit) == (round(values["seconds"], 1), "s")
     records, shards, mb = rows["total"][:3]
-    assert (int(records.replace(",", "")), int(shards)) == (report["records"], report["shards"])
-    assert float(mb.replace(",", "")) == round(report["bytes"] / 1e6, 1)
+    assert (int(records.replace(",", "")), int(shards)) == (report.records, report.shards)
+    assert float(mb.replace(",", "")) == round(report.bytes / 1e6, 1)
     assert run.stdout.splitlines()[0].startswith("plan: ") and "status: ok" in run.stdout
 
 

@@ -17,6 +17,10 @@ already written does nothing but the cleanup. A run that publishes nothing raise
 (``RunFailed``) after writing its report, so that the job ends failed; after a
 failed commit (``commit_failed``) the temporary folder and the lock are kept, so
 that the retry can finish the commit.
+
+In three steps (``commit_run``): ``summarize_run`` (the report, ``RunReport``, and the
+facts that decide its status), ``decide_status`` (plain values in, the first status
+that holds out), ``publish_run`` (``ok`` only: the manifest, published).
 """
 
 from __future__ import annotations
@@ -27,14 +31,15 @@ import hashlib
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import apache_beam as beam
 
-from beam_tfrecords.schemas.elements import InputSummary, ShardResult
+from beam_tfrecords.schemas.elements import CompletedInputs, InputSummary, ShardResult
 from beam_tfrecords.schemas.features import FeatureSpec, image_feature_spec
 from beam_tfrecords.schemas.inputs import INPUTS_NAME
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME, ErrorBudget, build_manifest
+from beam_tfrecords.schemas.report import Failure, RunReport, Status
 from beam_tfrecords.schemas.shards import ShardBand, ShardTarget, clashing_split_names
 from beam_tfrecords.schemas.version import __version__
 from beam_tfrecords.transforms.gather import GatherContents, Gathered, gather_in_process, join_gathered
@@ -65,7 +70,8 @@ from beam_tfrecords.transforms.io.progress import split_totals
 from beam_tfrecords.transforms.io.storage_errors import STORAGE_ERRORS
 from beam_tfrecords.transforms.quality.drift import DriftGate, statistics_and_drift
 
-__all__ = ["Commit", "CommitSettings", "RunFailed", "finalize"]
+__all__ = ["Commit", "CommitSettings", "RunFailed", "RunSummary", "StatusFacts", "commit_run",
+           "decide_status", "finalize", "publish_run", "summarize_run"]
 
 _log = logging.getLogger(__name__)
 
@@ -118,12 +124,6 @@ class CommitSettings:
 
 class RunFailed(RuntimeError):
     """The commit published nothing (its report, already written, says why)."""
-
-
-def _failure_line(report: dict) -> str:
-    failures = "; ".join(f"{f['path']}: {f['error']}" for f in report.get("verification_failures", []))
-    return (f"the run published nothing ({report['status']}) in {report['output']}"
-            + (f": {failures}" if failures else ""))
 
 
 def _json_bytes(value: dict) -> bytes:
@@ -208,66 +208,194 @@ def _part_entry(settings: CommitSettings, manifest: dict, manifest_bytes: bytes)
 def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: InputSummary,
              gathered: Gathered | None = None) -> dict:
     """Publishes the dataset (if every shard was proved and the budget held) and
-    writes the run report.
+    writes the run report: ``commit_run``, its report as JSON values.
 
     ``gathered``: the duplicates report and the completed ``inputs.jsonl``
     (``transforms.gather``); gathered here from the shards' side files when ``None``.
 
     Returns:
-      The run report: ``status`` is ``ok``, or, with nothing published,
-      ``verification_failed`` (a shard did not write or verify), ``commit_failed``
-      (the store refused moving a shard to its final name),
-      ``split_name_clash`` (split names that differ only in case, listed in
-      ``split_name_clash``), ``no_records``, ``error_budget_exceeded``, ``leakage_found``, ``drift_found``
-      (statistics moved past ``settings.drift``'s limits) or ``output_exists``. In memory
-      only, ``manifest_json`` holds the published manifest.
+      The run report as ``run_report.json`` holds it (``RunReport.to_dict``; the
+      ``Commit`` step yields it so), and, in memory only, ``manifest_json``: the
+      published manifest.
+    """
+    report = commit_run(settings, results, summary, gathered)
+    values = report.to_dict()
+    if report.manifest_json is not None:
+        values["manifest_json"] = report.manifest_json
+    return values
+
+
+def commit_run(settings: CommitSettings, results: Sequence[ShardResult], summary: InputSummary,
+               gathered: Gathered | None = None) -> RunReport:
+    """The commit: ``summarize_run``, ``decide_status``, then, for ``ok``, ``publish_run``;
+    the report is written, and the run's temporaries and lock go (``_clean_up``).
+
+    Returns:
+      The run report: ``status`` is ``ok``, or, with nothing published, the first
+      status ``decide_status`` finds, or ``commit_failed`` (the store refused moving
+      a shard to its final name). ``manifest_json`` holds the published manifest.
     """
     target = settings.target
     ended = _ended_report(settings)
     if ended is not None:  # A retry of a commit that ended: only its cleanup again.
         _clean_up(settings, summary, ended)
         return ended
+    run = summarize_run(settings, results, summary, gathered)
+    manifest_path = files.join(target.output, MANIFEST_NAME)
+    status = decide_status(run.facts, lambda: not settings.overwrite and files.exists(manifest_path)
+                           and not _published_here(target))
+    report = dataclasses.replace(run.report, status=status)
+    if status == Status.SPLIT_NAME_CLASH:
+        # Their shards would be one file on a case-insensitive file system: publish nothing.
+        report = dataclasses.replace(report, split_name_clash=tuple(
+            {name: run.report.splits[name]["records"] for name in group}
+            for group in clashing_split_names(run.report.splits)))
+    elif status == Status.LEAKAGE_FOUND:
+        report = dataclasses.replace(report, leakage=run.duplicates["across_splits"])
+    elif status == Status.OK:
+        report = publish_run(settings, run)
+    if report.status not in (Status.OK, Status.COMMIT_FAILED):
+        _remove_temporaries(target)  # Nothing of a failed run reaches a final name.
+    hold_point("before_report")
+    home = settings.dataset_output or target.output
+    if report.manifest is not None:  # It names the manifest's SHA-256: proof enough.
+        write_atomic(files.join(home, REPORT_NAME), report.to_bytes())
+    else:  # Recorded in the journal first, so that the next run can prove it ours.
+        write_owned(home, REPORT_NAME, report.to_bytes())
+    hold_point("report_written")
+    _clean_up(settings, summary, report)
+    return report
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusFacts:
+    """What decides a commit's status (see ``decide_status``), as plain values.
+
+    Attributes:
+      split_name_clash: split names differ only in case.
+      rows_accounted: a table's rows and lines are all accounted for (``True``
+        for other inputs).
+      verification_failed: a shard did not write or verify.
+      records: the records written.
+      budget_exceeded: the error budget was exceeded.
+      leakage: ``--fail_on_leakage`` and an image's content sits in two splits.
+      drift_failed: the statistics moved past ``--compare_to``'s limits.
+    """
+
+    split_name_clash: bool = False
+    rows_accounted: bool = True
+    verification_failed: bool = False
+    records: int = 1
+    budget_exceeded: bool = False
+    leakage: bool = False
+    drift_failed: bool = False
+
+
+def decide_status(facts: StatusFacts, output_taken: Callable[[], bool] = lambda: False) -> Status:
+    """The commit's status: the first of these that holds, in this order, else ``ok``.
+
+    ``split_name_clash``, ``accounting_failed`` (rows or lines went missing between
+    the file and the records), ``verification_failed``, ``no_records`` (an empty
+    dataset must not look like a finished one), ``error_budget_exceeded``,
+    ``leakage_found``, ``drift_found`` (the old dataset stays as it is), then
+    ``output_exists``: ``output_taken()`` (asked last: it reads the output), a
+    manifest that may not be replaced and that this run did not publish.
+    """
+    for holds, status in ((facts.split_name_clash, Status.SPLIT_NAME_CLASH),
+                          (not facts.rows_accounted, Status.ACCOUNTING_FAILED),
+                          (facts.verification_failed, Status.VERIFICATION_FAILED),
+                          (facts.records == 0, Status.NO_RECORDS),
+                          (facts.budget_exceeded, Status.ERROR_BUDGET_EXCEEDED),
+                          (facts.leakage, Status.LEAKAGE_FOUND),
+                          (facts.drift_failed, Status.DRIFT_FOUND)):
+        if holds:
+            return status
+    return Status.OUTPUT_EXISTS if output_taken() else Status.OK
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    """What ``summarize_run`` counted: the report but its status and publication,
+    what decides the status, and what the manifest is built from.
+
+    Attributes:
+      report: the run report, status ``ok``, nothing published yet.
+      facts: what ``decide_status`` decides by.
+      results: the shards' results, by split and index.
+      bad: the dead letters by reason; ``budget``: the error budget.
+      input_json: the manifest's ``input`` (but its ``files_list``).
+      duplicates: the duplicates report (``transforms.gather``), or ``{}``.
+      statistics: the manifest's statistics; ``root``: the input's root.
+      completed: the completed ``inputs.jsonl`` to publish, or ``None``.
+      summary: what the listing or the table step read and refused.
+    """
+
+    report: RunReport
+    facts: StatusFacts
+    results: tuple[ShardResult, ...]
+    bad: Mapping[str, int]
+    budget: ErrorBudget
+    input_json: Mapping
+    duplicates: Mapping
+    statistics: Mapping
+    root: str
+    completed: CompletedInputs | None
+    summary: InputSummary
+
+
+def summarize_run(settings: CommitSettings, results: Sequence[ShardResult], summary: InputSummary,
+                  gathered: Gathered | None = None) -> RunSummary:
+    """Sums what the shards and the listing reported; reads nothing but the
+    gathered side files (when ``gathered`` is ``None``) and the drift baseline."""
     results = sorted(results, key=lambda r: (r.split, r.index))
     bad: Counter = Counter(dict(summary.bad_counts))
     for result in results:
         bad.update(dict(result.bad_counts))
-    written = sum(r.records for r in results)
-    dead = sum(bad.values())
+    written, dead = sum(r.records for r in results), sum(bad.values())
     # The budget counts inputs: rows for a table (a sequence holds many), else records.
-    inputs = summary.rows_in if summary.layout == "table" else written + dead
-    budget = ErrorBudget(settings.max_bad_fraction, dead, inputs)
-    failures = [{"path": r.path, "error": r.verify_error} for r in results if not r.verified]
-    dead_letter_files = sorted(
-        p for p in [summary.dead_letter_path, *summary.dead_letter_paths,
-                    *(r.dead_letter_path for r in results)] if p
-    )
-    report = {
-        "status": "ok",
-        "run_id": target.run_id,
-        "output": target.output,
-        "manifest": None,
-        "records": written,
-        "bytes": sum(r.bytes for r in results),
-        "shards": len(results),
-        "bad_records": dict(sorted(bad.items())),
-        "dead_letter_files": dead_letter_files,
-        "error_budget": budget.to_json(),
-        "verification_failures": failures,
-        "shards_outside_band": [],
-        "removed_stale_shards": [],
-    }
-    report["splits"] = split_totals(results)  # For the CLI's summary table.
-    late = [name for name, _ in summary.late_columns if name not in settings.dropped_columns]
-    if settings.dropped_columns or late:
-        report["dropped_columns"] = list(settings.dropped_columns) + late
-    if summary.late_columns:
-        report["late_columns"] = dict(summary.late_columns)
-    notes = _image_notes(results)
-    if notes:
-        report["image_bytes"] = notes
+    budget = ErrorBudget(settings.max_bad_fraction, dead, summary.rows_in if summary.layout == "table"
+                         else written + dead)
+    failures = tuple(Failure(r.path, r.verify_error) for r in results if not r.verified)
     root = settings.input_root or summary.root
-    # Input paths are published relative to the root, which is named without the
-    # folders above it (see fingerprint.published_root) and identified by root_id.
+    input_json = _input_json(summary, root)
+    gathered = _gathered(settings, results, gathered)
+    duplicates = gathered.duplicates or {}
+    rows = _rows(summary, written, dead) if summary.layout == "table" else None
+    if rows is not None:
+        input_json["rows"] = rows
+    statistics, drift = statistics_and_drift(settings.drift, results, summary,
+                                             _feature_spec(summary).to_json())
+    late = [name for name, _ in summary.late_columns if name not in settings.dropped_columns]
+    report = RunReport(
+        Status.OK, settings.target.output, manifest=None,
+        run_id=settings.target.run_id, records=written, bytes=sum(r.bytes for r in results),
+        shards=len(results), bad_records=dict(sorted(bad.items())),
+        dead_letter_files=_dead_letter_files(summary, results), error_budget=budget,
+        verification_failures=failures, shards_outside_band=(), removed_stale_shards=(),
+        splits=split_totals(results),  # For the CLI's summary table.
+        dropped_columns=(*settings.dropped_columns, *late) if settings.dropped_columns or late else None,
+        late_columns=dict(summary.late_columns) or None, image_bytes=_image_notes(results) or None,
+        skipped=input_json.get("skipped"),
+        duplicates_dropped=len(summary.duplicates_dropped) or None,
+        duplicates={"groups": duplicates["groups"], "images": duplicates["images"],
+                    "across_splits": duplicates["across_splits"]["groups"],
+                    "within_split": duplicates["within_split"]["groups"]} if duplicates else None,
+        rows=rows, update=json.loads(settings.update) if settings.update else None,
+        part=settings.part or None, drift=drift or None)
+    facts = StatusFacts(
+        split_name_clash=bool(clashing_split_names(report.splits)),
+        rows_accounted=rows is None or rows["accounted"], verification_failed=bool(failures),
+        records=written, budget_exceeded=budget.exceeded,
+        leakage=bool(settings.fail_on_leakage and duplicates and duplicates["across_splits"]["groups"]),
+        drift_failed=bool(drift) and drift["status"] == "failed")
+    return RunSummary(report, facts, tuple(results), bad, budget, input_json, duplicates,
+                      statistics, root, gathered.inputs, summary)
+
+
+def _input_json(summary: InputSummary, root: str) -> dict:
+    """The manifest's ``input``, but its rows and its ``files_list``. Input paths are
+    published relative to the root, which is named without the folders above it
+    (see fingerprint.published_root) and identified by root_id."""
     input_json = {
         "root": published_root(root) if root else "",
         "root_id": root_identity(root) if root else "",
@@ -278,149 +406,116 @@ def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: 
     }
     if summary.skipped:
         input_json["skipped"] = {"by_reason": dict(summary.skipped), "file": summary.skipped_path}
-        report["skipped"] = input_json["skipped"]
     if summary.duplicates_dropped:
         input_json["duplicates_dropped"] = [
             {"filename": dropped, "split": split, "copy_of": kept}
             for dropped, split, kept in summary.duplicates_dropped]
-        report["duplicates_dropped"] = len(summary.duplicates_dropped)
-    gathered = _gathered(settings, results, gathered)
-    duplicates = gathered.duplicates
-    if duplicates:
-        report["duplicates"] = {"groups": duplicates["groups"], "images": duplicates["images"],
-                                "across_splits": duplicates["across_splits"]["groups"],
-                                "within_split": duplicates["within_split"]["groups"]}
-    if summary.layout == "table":
-        input_json["rows"] = report["rows"] = _rows(summary, written, dead)
-    if settings.update:
-        report["update"] = json.loads(settings.update)
-    if settings.part:
-        report["part"] = settings.part
-    statistics, drift = statistics_and_drift(settings.drift, results, summary,
-                                             _feature_spec(summary).to_json())
-    if drift:
-        report["drift"] = drift
-    manifest_path = files.join(target.output, MANIFEST_NAME)
-    clash = clashing_split_names(report["splits"])
-    if clash:
-        # Their shards would be one file on a case-insensitive file system: publish nothing.
-        report["status"] = "split_name_clash"
-        report["split_name_clash"] = [{name: report["splits"][name]["records"] for name in group}
-                                      for group in clash]
-    elif summary.layout == "table" and not report["rows"]["accounted"]:
-        # Rows or lines went missing between the file and the records: publish nothing.
-        report["status"] = "accounting_failed"
-    elif failures:
-        report["status"] = "verification_failed"
-    elif written == 0:
-        # Nothing to describe: an empty dataset must not look like a finished one.
-        report["status"] = "no_records"
-    elif budget.exceeded:
-        report["status"] = "error_budget_exceeded"
-    elif settings.fail_on_leakage and duplicates and duplicates["across_splits"]["groups"]:
-        report["status"] = "leakage_found"
-        report["leakage"] = duplicates["across_splits"]
-    elif drift and drift["status"] == "failed":
-        report["status"] = "drift_found"  # Nothing published: the old dataset stays as it is.
-    elif not settings.overwrite and files.exists(manifest_path) and not _published_here(target):
-        report["status"] = "output_exists"
-    else:
-        relative = [dataclasses.replace(r, path=r.path.rsplit("/", 1)[-1]) for r in results]
-        completed = gathered.inputs
-        renames = [(r.temp_path or r.path, r.path) for r in results]
-        # What the commit's journal records of each file it puts at a final name.
-        digests = {r.path: Claim(r.path, r.bytes, r.sha256, r.crc32c) for r in results}
-        if completed is not None:
-            renames.append((completed.path, files.join(target.output, INPUTS_NAME)))
-            digests[renames[-1][1]] = Claim(INPUTS_NAME, completed.size, completed.sha256)
-            input_json["files_list"] = {
-                "path": INPUTS_NAME, "root": input_json["root"], "root_id": input_json["root_id"],
-                "files": completed.files,
-                "sha256": completed.sha256}
-            input_json["fingerprint"] = completed.fingerprint
-            input_json["options_fingerprint"] = settings.options_fingerprint
-        manifest = build_manifest(
-            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            tool_version=__version__,
-            options=_published_options(dict(settings.options), root),
-            input_summary=input_json,
-            results=relative,
-            vocabulary=summary.vocabulary,
-            feature_spec=_feature_spec(summary),
-            bad_counts=bad,
-            dead_letter_files=dead_letter_files,
-            budget=budget,
-            band=settings.band,
-            statistics=statistics,
-        )
-        if notes:
-            manifest["image_bytes"] = notes
-        if duplicates:
-            manifest["duplicates"] = duplicates
-        if summary.schema:
-            manifest["schema"] = json.loads(summary.schema)
-        if summary.sequence_features:
-            manifest["sequence_features"] = FeatureSpec(
-                {name: (dtype, list(shape)) for name, dtype, shape in summary.sequence_features}
-            ).to_json()
-        manifest_bytes = _json_bytes(manifest)
-        try:
-            earlier = _staged_manifest(target, manifest)
-            if earlier is not None:  # A retry publishes what its first attempt staged.
-                manifest_bytes, manifest = earlier, json.loads(earlier)
-            verified = {r.temp_path or r.path: r.verified_as for r in results}
-            # What of the output this product can prove it wrote: only that is replaced
-            # or removed (the commit refuses, publishing nothing, when a file it cannot
-            # prove sits where it would put or remove its own).
-            claims = claim_output(target.output)
-            if not settings.dataset_output and claims.owns(REPORT_NAME):
-                # The last run's report (a launcher removes it before its run starts; a
-                # pipeline of the user's does not): it describes the dataset being
-                # replaced, and once the new manifest is published it names none.
-                files.delete_files([files.join(target.output, REPORT_NAME)])
-            published = publish(target.output, target.temp_dir, renames, manifest_bytes,
-                                verified, claims, digests, remove_parts=not settings.part,
-                                remove_inputs=completed is None and not settings.part)
-            report["manifest_sha256"] = hashlib.sha256(manifest_bytes).hexdigest()
-            if settings.part:
-                hold_point("before_register")
-                report["manifest_sha256"] = register_part(
-                    settings.dataset_output, _part_entry(settings, manifest, manifest_bytes))
-            else:
-                report["removed_parts"] = list(published.removed_parts)
-        except STORAGE_ERRORS as err:
-            # No new manifest was published; some shards may sit at final names
-            # (recorded in the journal). A retry of this step finishes the commit; or
-            # the next run replaces or removes them.
-            report.pop("manifest_sha256", None)
-            report["status"] = "commit_failed"
-            report["verification_failures"] = [{"path": target.output, "error": str(err)}]
+    return input_json
+
+
+def _dead_letter_files(summary: InputSummary, results: Sequence[ShardResult]) -> tuple[str, ...]:
+    return tuple(sorted(p for p in [summary.dead_letter_path, *summary.dead_letter_paths,
+                                    *(r.dead_letter_path for r in results)] if p))
+
+
+def _run_manifest(settings: CommitSettings, run: RunSummary) -> dict:
+    """The manifest to publish (its ``created`` time now)."""
+    summary = run.summary
+    input_json = dict(run.input_json)
+    completed = run.completed
+    if completed is not None:
+        input_json["files_list"] = {
+            "path": INPUTS_NAME, "root": input_json["root"], "root_id": input_json["root_id"],
+            "files": completed.files,
+            "sha256": completed.sha256}
+        input_json["fingerprint"] = completed.fingerprint
+        input_json["options_fingerprint"] = settings.options_fingerprint
+    manifest = build_manifest(
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        tool_version=__version__,
+        options=_published_options(dict(settings.options), run.root),
+        input_summary=input_json,
+        results=[dataclasses.replace(r, path=r.path.rsplit("/", 1)[-1]) for r in run.results],
+        vocabulary=summary.vocabulary,
+        feature_spec=_feature_spec(summary),
+        bad_counts=run.bad,
+        dead_letter_files=list(run.report.dead_letter_files),
+        budget=run.budget,
+        band=settings.band,
+        statistics=run.statistics,
+    )
+    if run.report.image_bytes:
+        manifest["image_bytes"] = run.report.image_bytes
+    if run.duplicates:
+        manifest["duplicates"] = run.duplicates
+    if summary.schema:
+        manifest["schema"] = json.loads(summary.schema)
+    if summary.sequence_features:
+        manifest["sequence_features"] = FeatureSpec(
+            {name: (dtype, list(shape)) for name, dtype, shape in summary.sequence_features}
+        ).to_json()
+    return manifest
+
+
+def publish_run(settings: CommitSettings, run: RunSummary) -> RunReport:
+    """Publishes the run's shards, ``inputs.jsonl`` and manifest (``io.commit.publish``);
+    a part is then listed in its dataset's manifest (``register_part``).
+
+    Returns:
+      ``run.report`` with what was published, or, when the store refused,
+      ``commit_failed`` with what it said (no new manifest was published; some
+      shards may sit at final names, recorded in the journal: a retry of this
+      step finishes the commit, or the next run replaces or removes them).
+    """
+    target, results, completed = settings.target, run.results, run.completed
+    renames = [(r.temp_path or r.path, r.path) for r in results]
+    # What the commit's journal records of each file it puts at a final name.
+    digests = {r.path: Claim(r.path, r.bytes, r.sha256, r.crc32c) for r in results}
+    if completed is not None:
+        renames.append((completed.path, files.join(target.output, INPUTS_NAME)))
+        digests[renames[-1][1]] = Claim(INPUTS_NAME, completed.size, completed.sha256)
+    manifest = _run_manifest(settings, run)
+    manifest_bytes = _json_bytes(manifest)
+    try:
+        earlier = _staged_manifest(target, manifest)
+        if earlier is not None:  # A retry publishes what its first attempt staged.
+            manifest_bytes, manifest = earlier, json.loads(earlier)
+        verified = {r.temp_path or r.path: r.verified_as for r in results}
+        # What of the output this product can prove it wrote: only that is replaced
+        # or removed (the commit refuses, publishing nothing, when a file it cannot
+        # prove sits where it would put or remove its own).
+        claims = claim_output(target.output)
+        if not settings.dataset_output and claims.owns(REPORT_NAME):
+            # The last run's report (a launcher removes it before its run starts; a
+            # pipeline of the user's does not): it describes the dataset being
+            # replaced, and once the new manifest is published it names none.
+            files.delete_files([files.join(target.output, REPORT_NAME)])
+        published = publish(target.output, target.temp_dir, renames, manifest_bytes,
+                            verified, claims, digests, remove_parts=not settings.part,
+                            remove_inputs=completed is None and not settings.part)
+        manifest_sha256, removed_parts = hashlib.sha256(manifest_bytes).hexdigest(), None
+        if settings.part:
+            hold_point("before_register")
+            manifest_sha256 = register_part(
+                settings.dataset_output, _part_entry(settings, manifest, manifest_bytes))
         else:
-            # The new manifest lists what the journal recorded, or it was removed.
-            for folder in (target.output, settings.dataset_output):
-                try:
-                    if folder:
-                        prune_journal(folder)
-                except STORAGE_ERRORS as err:
-                    _log.warning("Could not tidy the journal of %s (the next run will): %s", folder, err)
-            report["manifest"] = published.manifest_path
-            report["manifest_json"] = manifest
-            report["shards_outside_band"] = [
-                path for split in manifest["splits"].values() for path in split["shards_outside_band"]
-            ]
-            report["removed_stale_shards"] = list(published.removed_stale_shards)
-    if report["status"] not in ("ok", "commit_failed"):
-        _remove_temporaries(target)  # Nothing of a failed run reaches a final name.
-    hold_point("before_report")
-    home = settings.dataset_output or target.output
-    report_bytes = _json_bytes({k: v for k, v in report.items() if k != "manifest_json"})
-    if report["manifest"] is not None:  # It names the manifest's SHA-256: proof enough.
-        write_atomic(files.join(home, REPORT_NAME), report_bytes)
-    else:  # Recorded in the journal first, so that the next run can prove it ours.
-        write_owned(home, REPORT_NAME, report_bytes)
-    hold_point("report_written")
-    _clean_up(settings, summary, report)
-    return report
+            removed_parts = tuple(published.removed_parts)
+    except STORAGE_ERRORS as err:
+        return dataclasses.replace(run.report, status=Status.COMMIT_FAILED,
+                                   verification_failures=(Failure(target.output, str(err)),))
+    # The new manifest lists what the journal recorded, or it was removed.
+    for folder in (target.output, settings.dataset_output):
+        try:
+            if folder:
+                prune_journal(folder)
+        except STORAGE_ERRORS as err:
+            _log.warning("Could not tidy the journal of %s (the next run will): %s", folder, err)
+    return dataclasses.replace(
+        run.report, manifest=published.manifest_path, manifest_json=manifest,
+        shards_outside_band=tuple(path for split in manifest["splits"].values()
+                                  for path in split["shards_outside_band"]),
+        removed_stale_shards=tuple(published.removed_stale_shards),
+        manifest_sha256=manifest_sha256, removed_parts=removed_parts)
 
 
 def _remove_temporaries(target: ShardTarget) -> None:
@@ -430,13 +525,13 @@ def _remove_temporaries(target: ShardTarget) -> None:
         _log.warning("Could not remove %s (the next run will): %s", target.temp_dir, err)
 
 
-def _clean_up(settings: CommitSettings, summary: InputSummary, report: dict) -> None:
+def _clean_up(settings: CommitSettings, summary: InputSummary, report: RunReport) -> None:
     """What follows the report, each step harmless to repeat: the temporary folder
     goes (after a published commit, or after any failure but ``commit_failed``,
     whose retry needs it), spools outside it go, and the lock is released
     (``commit_failed`` keeps it: the retry still writes to the output; the
     launcher releases it when the job ends)."""
-    if report["status"] == "commit_failed":
+    if report.status == Status.COMMIT_FAILED:
         return
     _remove_temporaries(settings.target)
     hold_point("temporaries_removed")
@@ -446,7 +541,7 @@ def _clean_up(settings: CommitSettings, summary: InputSummary, report: dict) -> 
         release_lock(settings.dataset_output or settings.target.output, settings.release_lock)
 
 
-def _ended_report(settings: CommitSettings) -> dict | None:
+def _ended_report(settings: CommitSettings) -> RunReport | None:
     """This run's report when an earlier attempt of this step already wrote it (and
     not ``commit_failed``, which a retry tries again), with the published manifest
     for an ``ok`` one (``manifest_json``); ``None`` when the commit is still to make.
@@ -459,13 +554,12 @@ def _ended_report(settings: CommitSettings) -> dict | None:
     home = settings.dataset_output or target.output
     path = files.join(home, REPORT_NAME)
     try:
-        report = json.loads(files.read_bytes_if_exists(path) or b"null")
+        report = RunReport.from_json(files.read_bytes_if_exists(path) or b"null")
     except ValueError:
         report = None
-    if isinstance(report, dict) and report.get("run_id") == target.run_id \
-            and report.get("status") != "commit_failed":
-        if report.get("status") == "ok" and report.get("manifest"):
-            report["manifest_json"] = json.loads(files.read_bytes(report["manifest"]))
+    if report is not None and report.run_id == target.run_id and report.status != Status.COMMIT_FAILED:
+        if report.ok and report.manifest:
+            report = dataclasses.replace(report, manifest_json=json.loads(files.read_bytes(report.manifest)))
         return report
     if settings.release_lock and holds_lock(home, settings.release_lock) is False:
         raise RunFailed(f"the commit of run {target.run_id} into {home} ran again after another "
@@ -548,12 +642,12 @@ class _CommitFn(beam.DoFn):
         ended = _ended_report(settings) is not None
         gathered = None if ended else join_gathered(parts, settings.target.temp_dir,
                                                      settings.options_fingerprint)
-        report = finalize(settings, results.results(), summary, gathered)
+        report = finalize(settings, results.results(), summary, gathered)  # As JSON values.
         _log.info("Run finished: %s", report["status"])
         if report["status"] != "ok":
             # After the report: the job ends failed, not done (and a retry of this
             # step finds the report, or, after commit_failed, tries the commit again).
-            raise RunFailed(_failure_line(report))
+            raise RunFailed(RunReport.from_dict(report).failure_line())
         yield report
 
 

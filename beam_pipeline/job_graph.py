@@ -1,0 +1,218 @@
+"""The conversion's Beam graph: the steps for each kind of input, ending in the commit.
+
+``build_graph`` wires a ``RunPlan`` (``preflight.plan_run``) into a pipeline:
+a table is encoded into spools, then cut into shards (or grouped into
+sequences first); images are listed on the launcher (hashed on the workers, or
+not; resized into spools first, or not) or on the workers (``--list_on_workers``);
+every branch writes and verifies its shards and ends in ``transforms.manifest.Commit``,
+which publishes the dataset and writes the run report. ``beam_pipeline.pipeline``
+runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
+
+from beam_tfrecords.preflight import RunPlan, drift_gate
+from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.transforms.image_contents import HashImages, add_contents_outcome
+from beam_tfrecords.transforms.images import (
+    ImageRecords,
+    ListImages,
+    PlanImageShards,
+    SpoolImages,
+    add_spool_dead_letters,
+    joined_parts,
+    listing_size,
+    write_listing,
+)
+from beam_tfrecords.transforms.io import files, progress
+from beam_tfrecords.transforms.listing_plan import PlanListingParts
+from beam_tfrecords.transforms.manifest import Commit, CommitSettings
+from beam_tfrecords.transforms.plan import handoff
+from beam_tfrecords.transforms.plan.layouts import resolve_input
+from beam_tfrecords.transforms.sequences import BuildSequences, PlanSequenceShards
+from beam_tfrecords.transforms.shards import SpoolCopy, VerifyShards, WriteShards
+from beam_tfrecords.transforms.tables import EncodeTables, PlanTableShards, table_summary
+from beam_tfrecords.transforms.worker_listing import ListAndPlanOnWorkers
+from beam_tfrecords.updates import config_fingerprint
+
+__all__ = ["build_graph"]
+
+
+def _commit_settings(plan: RunPlan) -> CommitSettings:
+    config = plan.config
+    _, root, _ = resolve_input(config.input, config.layout)
+    is_part = plan.update is not None and plan.update.action == "part"
+    options = config.to_json()
+    if is_part:
+        options["output"] = plan.dataset_output
+    return CommitSettings(plan.target, config.band, config.max_bad_fraction,
+                          options=tuple(options.items()), overwrite=True,
+                          release_lock=plan.target.run_id, dropped_columns=plan.dropped_columns,
+                          fail_on_leakage=config.fail_on_leakage,
+                          options_fingerprint=config_fingerprint(config), input_root=root,
+                          dataset_output=plan.dataset_output if is_part else "",
+                          part=plan.update.part if is_part else "",
+                          update=json.dumps(plan.update.to_json()) if plan.update else "",
+                          drift=drift_gate(config, plan.dataset_output),
+                          input_units=len(plan.units.units) if plan.units is not None else 0)
+
+
+_DIRECT_RUNNER_NAMES = (None, "DirectRunner", "direct", "SwitchingDirectRunner")
+
+
+def _local_runner(options: PipelineOptions):
+    """The engine the DirectRunner runs a batch pipeline on in this process (Beam's
+    ``FnApiRunner``, given the options as the DirectRunner gives them), or ``None``
+    when the options name another runner.
+
+    Chosen here, not by the DirectRunner: Beam 2.77's DirectRunner first tries the
+    Prism runner, which downloads a binary from GitHub at run time (on a machine
+    without network access the download fails and it falls back) and runs the
+    pipeline in a process of its own, where the progress line, the in-process
+    listing hand-over and the helper processes this product plans for do not hold.
+    A run never fetches and runs code it was not installed with.
+    """
+    if options.view_as(StandardOptions).runner not in _DIRECT_RUNNER_NAMES:
+        return None
+    # pylint: disable=import-outside-toplevel
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
+        beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+
+
+def build_graph(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
+    """The conversion planned as ``plan`` as an un-run Beam pipeline, on the runner
+    ``options`` name (see ``_local_runner``)."""
+    config = plan.config
+    carried = options.view_as(progress.ProgressOptions)
+    if carried.progress_seconds is None:  # The job carries it to the processes running its steps.
+        carried.progress_seconds = progress.interval()
+    pipeline = beam.Pipeline(runner=_local_runner(options), options=options)
+    verify = VerifyShards(config.compression, config.encode_processes, reread=config.reread)
+    if plan.is_table:
+        steps = _table_steps(pipeline, plan, verify)
+    elif plan.units is not None:
+        # Listed and planned on the workers (--list_on_workers).
+        specs, summary = pipeline | "ListOnWorkers" >> ListAndPlanOnWorkers(plan.units)
+        results = (
+            specs
+            | "WriteShards" >> WriteShards(plan.target, _image_records(config))
+            | "VerifyShards" >> verify
+        )
+        steps = _Steps(results, summary)
+    else:
+        steps = _image_steps(pipeline, plan, options, verify)
+    _ = steps.results | "WriteManifest" >> Commit(_commit_settings(plan), steps.summary, steps.left_out)
+    return pipeline
+
+
+@dataclasses.dataclass(frozen=True)
+class _Steps:
+    """What the commit takes: the shards' results, the input's summary (a PCollection
+    of one ``InputSummary``) and, for images hashed on the workers, the files they
+    left out (see ``transforms.gather.GatherContents``)."""
+
+    results: beam.PCollection
+    summary: beam.PCollection
+    left_out: beam.PCollection | None = None
+
+
+def _image_records(config: ConvertConfig) -> ImageRecords:
+    return ImageRecords(config.validate, config.read_threads, config.encode_processes,
+                        max_pixels=config.max_pixels, image_bytes=config.image_bytes,
+                        reshape=config.reshape, max_file_bytes=config.max_file_bytes)
+
+
+def _table_steps(pipeline: beam.Pipeline, plan: RunPlan, verify: VerifyShards) -> _Steps:
+    config, target, schema = plan.config, plan.target, plan.schema
+    spool_dir = files.join(target.temp_dir, "spool")
+    encoded = pipeline | "EncodeTables" >> EncodeTables(
+        plan.table_inputs, schema, config.dialect, config.table_layout, config.output, spool_dir,
+        config.encode_processes)
+    if config.sequence_key:
+        spools = encoded.rows | "BuildSequences" >> BuildSequences(schema, spool_dir)
+        specs, grouped = spools | "PlanSequenceShards" >> PlanSequenceShards(
+            config.band, config.compression)
+        summary = (
+            encoded.infos
+            | "CollectFiles" >> beam.combiners.ToList()
+            | "Summarize" >> beam.Map(table_summary, config.input, schema, True,
+                                      beam.pvalue.AsSingleton(grouped))
+        )
+    else:
+        specs, summary = encoded.infos | "PlanTableShards" >> PlanTableShards(
+            config.band, config.compression, config.input, schema)
+    results = (
+        specs
+        | "WriteShards" >> WriteShards(target, SpoolCopy())
+        | "VerifyShards" >> verify
+    )
+    return _Steps(results, summary)
+
+
+def _image_steps(pipeline: beam.Pipeline, plan: RunPlan, options: PipelineOptions,
+                 verify: VerifyShards) -> _Steps:
+    """Images listed on the launcher: the listing, hashed on the workers or not, then
+    shards planned from it (or, resized, from their spools)."""
+    config, target = plan.config, plan.target
+    left_out = None  # Files the listing named that hashing on the workers left out.
+    digest = ""
+    if plan.listing_path:
+        # The steps run elsewhere: they take this listing, not another, and only
+        # if the file still has the digest the job graph carries (a dry run
+        # builds the same job, and writes nothing).
+        dry = options.view_as(TestOptions).dry_run
+        digest = write_listing(None if dry else plan.listing_path, plan.listing, handoff.PART_ROWS)
+    # A large listing travels as parts, planned without one step holding it all;
+    # images hashed on the workers travel as parts too.
+    part_rows = handoff.PART_ROWS
+    in_parts = plan.contents_on_workers or (
+        not config.reshape.active and listing_size(plan.listing) > part_rows)
+    listing = pipeline | "ListImages" >> ListImages(
+        config.input, config.layout, config.labels, config.output, config.encode_processes,
+        config.image_column, config.label_column, kept=plan.listing,
+        splits=config.splits, split_by=config.split_by, drop_duplicates=config.drop_duplicates,
+        vocabulary=plan.vocabulary, only=plan.only, listing_path=plan.listing_path,
+        follow_links_outside=config.follow_links_outside, max_file_bytes=config.max_file_bytes,
+        listing_sha256=digest, part_rows=part_rows if in_parts else 0,
+        contents_on_workers=plan.contents_on_workers)
+    refs, summary = listing.refs, listing.summary
+    if plan.contents_on_workers:
+        hashing = HashImages(config.output, config.splits if config.split_by == "content" else (),
+                             config.drop_duplicates, config.max_file_bytes)
+        refs = refs | "HashImages" >> hashing
+        summary, left_out = add_contents_outcome(summary, hashing.outcome), hashing.left_out
+    source = _image_records(config)
+    if config.reshape.active:
+        # Resized or re-encoded records are sized only once encoded: encode to
+        # spools first, then cut shards by exact sizes.
+        if in_parts:
+            refs = refs | "CollectParts" >> beam.combiners.ToList() | "JoinParts" >> beam.Map(joined_parts)
+        specs, spools = refs | "SpoolImages" >> SpoolImages(
+            source, files.join(target.temp_dir, "spool"), config.output, config.band,
+            config.compression)
+        summary = add_spool_dead_letters(summary, spools)
+        results = (
+            specs
+            | "WriteShards" >> WriteShards(target, SpoolCopy())
+            | "VerifyShards" >> verify
+        )
+    else:
+        planner = PlanListingParts if in_parts else PlanImageShards
+        results = (
+            refs
+            | "PlanShards" >> planner(config.band, config.compression)
+            | "WriteShards" >> WriteShards(target, source)
+            | "VerifyShards" >> verify
+        )
+    return _Steps(results, summary, left_out)
