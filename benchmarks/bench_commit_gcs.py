@@ -8,7 +8,7 @@ the requests of verifying them, against a storage emulator on loopback.
 N small shards (3 records each) are uploaded to the server under a run's
 temporary folder (``<shard>.<attempt id>``), with a result for each as the shard
 verifier leaves it (size, CRC-32C, SHA-256, the generation read); the run's lock is
-taken. Then the commit step (``transforms.manifest.finalize``) runs once, every
+taken. Then the commit step (``transforms.manifest.commit_run``) runs once, every
 request of it through ``tests/harness/fault_proxy.py``'s ``FaultProxy``, whose log is
 counted by kind (``fault_proxy.request_kind``). ``--verify`` also runs the
 pipeline's verification step (``VerifyShards``, on the in-process runner) over the
@@ -154,7 +154,7 @@ def main() -> int:
                 from beam_tfrecords.schemas.shards import ShardBand, ShardTarget
                 from beam_tfrecords.transforms.io import gcs
                 from beam_tfrecords.transforms.io.commit import acquire_lock, new_run_id
-                from beam_tfrecords.transforms.manifest import CommitSettings, finalize
+                from beam_tfrecords.transforms.manifest import CommitSettings, commit_run
 
                 gcs.use_anonymous_credentials()
                 client.create_bucket("bench")
@@ -167,7 +167,7 @@ def main() -> int:
                     old = _uploaded(client, "bench", out, old_id, args.shards, tag=" (older)")
                     settings = CommitSettings(ShardTarget(out, "none", old_id), ShardBand(1, 1 << 30), 0.0,
                                               release_lock=old_id)
-                    figures["older dataset"] = finalize(settings, old, summary)["status"]
+                    figures["older dataset"] = str(commit_run(settings, old, summary).status)
                 run_id = new_run_id()
                 acquire_lock(out, run_id)
                 results = _uploaded(client, "bench", out, run_id, args.shards)
@@ -183,11 +183,11 @@ def main() -> int:
                                           release_lock=run_id)
                 proxy.clear_log()
                 began = time.monotonic()
-                report = finalize(settings, results, summary)
+                report = commit_run(settings, results, summary)
                 figures["commit"] = {"seconds": round(time.monotonic() - began, 2), **_counts(proxy)}
-                figures["status"] = report["status"]
-                if report["status"] != "ok":
-                    figures["failures"] = report.get("verification_failures", [])[:1]
+                figures["status"] = str(report.status)
+                if report.status != "ok":
+                    figures["failures"] = [f.to_json() for f in report.verification_failures or ()][:1]
         finally:
             server.stop()
     for key, value in figures.items():

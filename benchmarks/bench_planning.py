@@ -463,7 +463,7 @@ def _cut(count: int) -> dict:
     return row
 
 
-# --- --commit: the commit worker (transforms.manifest finalize) ----------------------------
+# --- --commit: the commit worker (transforms.manifest commit_run) ----------------------------
 
 COMMIT_RECORDS_PER_SHARD = 1360  # A 150 MB shard of ~110 KB images.
 COMMIT_COPY_EVERY = 1000  # One record in this many holds the content of the one before it.
@@ -627,7 +627,7 @@ def commit_gather(folder: str) -> dict:
 
 def commit_measure(folder: str) -> dict:
     """The commit worker: receives every ``ShardResult`` (and, with side files, the
-    gathered parts), then ``finalize`` publishes the dataset. Peak RSS over the
+    gathered parts), then ``commit_run`` publishes the dataset. Peak RSS over the
     process's RSS after its imports, and wall time."""
     # pylint: disable=import-outside-toplevel
     from beam_tfrecords.schemas.shards import ShardBand
@@ -647,15 +647,15 @@ def commit_measure(folder: str) -> dict:
         with open(os.path.join(folder, "parts.pickle"), "rb") as f:
             parts = pickle.load(f)
         gathered = manifest.join_gathered(parts, target.temp_dir, settings.options_fingerprint)
-        report = manifest.finalize(settings, folded.results(), summary, gathered)
-    else:  # The code before issue 19: list(grouped["results"]), then finalize.
-        report = manifest.finalize(settings, list(results), summary)
+        report = manifest.commit_run(settings, folded.results(), summary, gathered)
+    else:  # The code before issue 19: list(grouped["results"]), then the commit.
+        report = manifest.commit_run(settings, list(results), summary)
     seconds = time.perf_counter() - start
     peak = _memory()[1] - before
-    assert report["status"] == "ok", report["status"]
-    manifest_json = report["manifest_json"]
+    assert report.status == "ok", report.status
+    manifest_json = report.manifest_json
     return {"commit_s": round(seconds, 1), "commit_peak_mb": round(peak / 1e6, 1),
-            "commit_base_mb": round(before / 1e6, 1), "records": report["records"],
+            "commit_base_mb": round(before / 1e6, 1), "records": report.records,
             "duplicate_groups": manifest_json.get("duplicates", {}).get("groups", 0),
             "input_files": manifest_json["input"]["files_list"]["files"]}
 
@@ -696,7 +696,7 @@ def main(argv=None) -> int:
                         "read by the listing step): the pickle of before issue 18 against the Arrow "
                         "file with its digest check")
     parser.add_argument("--commit", action="store_true",
-                        help="measure the commit worker: finalize of synthetic ShardResults (content "
+                        help="measure the commit worker: commit_run of synthetic ShardResults (content "
                         "lists in side files, gathered on the workers first; or, with the code before "
                         "issue 19, in the results); peak RSS over the process's RSS after its imports")
     parser.add_argument("--commit_step", nargs=2, help=argparse.SUPPRESS)

@@ -6,7 +6,7 @@ instead of a download (``--reread`` off).
 
 The shards are written by the product's own writer (``write_shard``) under their
 per-attempt temporary names and proved as the verifier would (``stored_object``);
-the commit is ``finalize``, as the pipeline's last step runs it. "An older dataset"
+the commit is ``commit_run``, as the pipeline's last step runs it. "An older dataset"
 is one published there first, with three shards; the new one has six (other names):
 at every crash the old dataset is whole or the new one is. Where the new one has
 three shards too (the same names, other bytes), the old manifest and each shard
@@ -33,7 +33,7 @@ from beam_tfrecords.schemas.elements import InputSummary, ShardSpec
 from beam_tfrecords.schemas.shards import WORK_DIR, ShardBand, ShardTarget, shard_name
 from beam_tfrecords.transforms.io import gcs as gcs_io
 from beam_tfrecords.transforms.io.commit import KEPT_ASIDE, acquire_lock, stored_object
-from beam_tfrecords.transforms.manifest import CommitSettings, finalize
+from beam_tfrecords.transforms.manifest import CommitSettings, commit_run
 from beam_tfrecords.transforms.shards import FramedRecords, VerifyShards, write_shard
 from tests.harness.fault_proxy import FaultProxy, request_kind
 from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
@@ -97,19 +97,19 @@ def test_a_gcs_commit_crashed_anywhere_then_run_again_keeps_one_whole_dataset(gc
     for point, nth in POINTS:
         out = f"{BUCKET}/{point}-{nth}"
         old_settings, old_results, summary = _prepared(out, 3)
-        assert finalize(old_settings, old_results, summary)["status"] == "ok"
+        assert commit_run(old_settings, old_results, summary).status == "ok"
         old = gcs.download(f"{out}/manifest.json")
         settings, results, _ = _prepared(out, 6)
         with crash_at(point, nth) as seen, pytest.raises(Crash):
-            finalize(settings, results, summary)
+            commit_run(settings, results, summary)
         assert seen, point
         now = _read(gcs, f"{out}/manifest.json")
         published = point in ("manifest_published", "before_report", "report_written")
         assert _whole(gcs, out, now, 6 if published else 3), point
         assert (now == old) is not published, point  # The old manifest stays until replaced.
         staged = _read(gcs, f"{settings.target.temp_dir}/manifest.json")
-        retried = finalize(settings, results, summary)  # The retry.
-        assert retried["status"] == "ok", (point, retried["verification_failures"])
+        retried = commit_run(settings, results, summary)  # The retry.
+        assert retried.status == "ok", (point, retried.verification_failures)
         final = gcs.download(f"{out}/manifest.json")
         assert _whole(gcs, out, final, 6) and final == staged, point
         left = gcs.list(f"{out}/")
@@ -128,7 +128,7 @@ def test_a_gcs_commit_lists_once_and_moves_side_by_side(gcs, proxy):
     shards = 24
     settings, results, summary = _prepared(out, shards)
     proxy.clear_log()
-    assert finalize(settings, results, summary)["status"] == "ok"
+    assert commit_run(settings, results, summary).status == "ok"
     kinds = Counter(request_kind(e.method, e.target) for e in proxy.log)
     print(f"\n[commit of {shards} shards on gs://] requests: {dict(sorted(kinds.items()))}")
     shard_requests = Counter(request_kind(e.method, e.target) for e in proxy.log
@@ -185,21 +185,21 @@ def test_a_gcs_commit_over_shards_of_the_same_names_keeps_the_old_ones_aside_unt
     for point, nth in (("undisturbed", 0), *SAME_NAMES_POINTS):
         out = f"{BUCKET}/same-{point}-{nth}"
         old_settings, old_results, summary = _prepared(out, 3)
-        assert finalize(old_settings, old_results, summary)["status"] == "ok"
+        assert commit_run(old_settings, old_results, summary).status == "ok"
         old = gcs.download(f"{out}/manifest.json")
         settings, results, _ = _prepared(out, 3, tag="new")
         assert [r.path for r in results] == [r.path for r in old_results]  # The same names.
         temp_dir = settings.target.temp_dir
         if not nth:
             proxy.clear_log()
-            assert finalize(settings, results, summary)["status"] == "ok"
+            assert commit_run(settings, results, summary).status == "ok"
             kinds = Counter(request_kind(e.method, e.target) for e in proxy.log)
             print(f"\n[commit of 3 shards over 3 of the same names on gs://] requests: "
                   f"{dict(sorted(kinds.items()))}")
             assert kinds["rewrite"] == 2 * 3 + 1, kinds  # Each shard in, each old one and the manifest aside.
         else:
             with crash_at(point, nth) as seen, pytest.raises(Crash):
-                finalize(settings, results, summary)
+                commit_run(settings, results, summary)
             assert seen, point
             published = point == "manifest_published"
             now = _read(gcs, f"{out}/manifest.json")
@@ -207,7 +207,7 @@ def test_a_gcs_commit_over_shards_of_the_same_names_keeps_the_old_ones_aside_unt
             assert _kept_whole(gcs, out, temp_dir, old) if not published else _whole(gcs, out, now, 3), point
             if point == "kept_aside":  # The first shard replaced, at least, is kept aside.
                 assert len(gcs.list(f"{temp_dir}/{KEPT_ASIDE}/")) >= 2, point
-            assert finalize(settings, results, summary)["status"] == "ok", point  # The retry.
+            assert commit_run(settings, results, summary).status == "ok", point  # The retry.
         assert _whole(gcs, out, gcs.download(f"{out}/manifest.json"), 3), point
         assert not [p for p in gcs.list(f"{out}/") if f"/{WORK_DIR}/" in p], point  # Nothing kept.
         assert _verifies(out), point

@@ -8,7 +8,7 @@ a copy has new inodes) into one of three states: a fresh folder; an older datase
 there whose shards have other names (another size band); an older dataset whose
 shards have the same names and other bytes (other inputs).
 
-Then ``finalize`` runs, is stopped by a crash (an exception no handler catches,
+Then ``commit_run`` runs, is stopped by a crash (an exception no handler catches,
 raised at a hold point: before the first move, before each move, half way, after
 the last, after the manifest, before the report, after it, after the temporaries
 went, and, where a new shard takes an old one's name, after each old file is kept
@@ -47,6 +47,7 @@ from beam_tfrecords.preflight import plan_run, take_output
 from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.elements import ShardSpec
+from beam_tfrecords.schemas.report import RunReport, Status
 from beam_tfrecords.schemas.shards import WORK_DIR, ShardTarget, shard_name
 from beam_tfrecords.transforms import manifest as commit_step
 from beam_tfrecords.transforms.io import commit, commit_moves
@@ -58,7 +59,7 @@ from beam_tfrecords.transforms.io.commit import (
     stored_object,
 )
 from beam_tfrecords.transforms.io.ownership import claim_output
-from beam_tfrecords.transforms.manifest import RunFailed, finalize
+from beam_tfrecords.transforms.manifest import RunFailed, commit_run
 from beam_tfrecords.transforms.shards import FramedRecords, verify_shard, write_shard
 
 pytestmark = pytest.mark.beam
@@ -117,7 +118,7 @@ def captured(tmp_path_factory) -> Captured:
     def keep(settings, results, summary, gathered=None):
         # The gathering step's inputs.jsonl stays in the temporary folder, saved with it.
         kept.update(settings=settings, results=list(results), summary=summary, gathered=gathered)
-        return {"status": "ok"}  # Nothing committed: the folder stays as the commit finds it.
+        return RunReport(status=Status.OK, output=out)  # Nothing committed: the folder stays as the commit finds it.
 
     real_join = commit_step.join_gathered
 
@@ -127,7 +128,7 @@ def captured(tmp_path_factory) -> Captured:
         return real_join(parts, *args)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(commit_step, "finalize", keep)
+        patch.setattr(commit_step, "commit_run", keep)
         patch.setattr(commit_step, "join_gathered", join)
         build_pipeline(plan).run().wait_until_finish()
     assert len(kept["results"]) == 3 and all(r.verified for r in kept["results"])
@@ -284,8 +285,8 @@ def _points(moves: int, kept: int) -> list[tuple[str, int]]:
 def test_a_commit_crashed_anywhere_then_run_again_publishes_the_undisturbed_dataset(captured, state):
     cap = captured
     with crash_at("kept_aside", nth=-1) as kept:  # Never crashes: counts the files kept aside.
-        undisturbed = finalize(cap.settings, _restore(cap, state), cap.summary, cap.gathered)
-    assert undisturbed["status"] == "ok"
+        undisturbed = commit_run(cap.settings, _restore(cap, state), cap.summary, cap.gathered)
+    assert undisturbed.status == "ok"
     # Where new shards take the old ones' names, each of those and inputs.jsonl is kept.
     assert len(kept) == (len(cap.results) + 1 if state == "same-names" else 0), kept
     reference = _published(cap.out)
@@ -297,7 +298,7 @@ def test_a_commit_crashed_anywhere_then_run_again_publishes_the_undisturbed_data
         where = f"{state}, crashed at {point} #{nth}"
         results = _restore(cap, state)
         with crash_at(point, nth) as seen, pytest.raises(Crash):
-            finalize(cap.settings, results, cap.summary, cap.gathered)
+            commit_run(cap.settings, results, cap.summary, cap.gathered)
         assert len(seen) == nth, where
         # At the crash: the old dataset whole, or the new one (or, where new shards take
         # the old ones' names, no manifest, with the old one in the journal).
@@ -329,8 +330,8 @@ def test_a_commit_crashed_anywhere_then_run_again_publishes_the_undisturbed_data
                 staged = f.read()
         # Run again, as the runner retries the step: later (another created time).
         with _later():
-            report = finalize(cap.settings, results, cap.summary, cap.gathered)
-        assert report["status"] == "ok", f"{where}: {report}"
+            report = commit_run(cap.settings, results, cap.summary, cap.gathered)
+        assert report.status == "ok", f"{where}: {report}"
         assert _published(cap.out) == reference, where
         if staged is not None:  # The retry published what the first attempt staged.
             with open(os.path.join(cap.out, "manifest.json"), "rb") as f:
@@ -342,11 +343,11 @@ def test_a_commit_crashed_anywhere_then_run_again_publishes_the_undisturbed_data
 def test_a_commit_run_twice_changes_nothing_the_second_time(captured):
     cap = captured
     results = _restore(cap, "same-names")
-    first = finalize(cap.settings, results, cap.summary, cap.gathered)
+    first = commit_run(cap.settings, results, cap.summary, cap.gathered)
     published = _files(cap.out)
     with _later():
-        second = finalize(cap.settings, results, cap.summary, cap.gathered)
-    assert first["status"] == "ok" and json.dumps(second) == json.dumps(first)
+        second = commit_run(cap.settings, results, cap.summary, cap.gathered)
+    assert first.status == "ok" and second.to_bytes() == first.to_bytes()
     assert _files(cap.out) == published  # Byte for byte: manifest, shards, report.
     # The commit step itself retried (its temporary folder and the gathered files gone
     # with the run): it finds the report, yields it, and the job ends done.
@@ -354,7 +355,7 @@ def test_a_commit_run_twice_changes_nothing_the_second_time(captured):
     assert any(kind == "piece" for kind, _ in cap.parts)
     with beam.Pipeline() as p:
         reports = p | beam.Create([(None, group)]) | beam.ParDo(commit_step._CommitFn(cap.settings))
-        assert_that(reports | beam.Map(lambda report: report["status"]), equal_to(["ok"]))
+        assert_that(reports | beam.Map(lambda report: str(report.status)), equal_to(["ok"]))
     assert _files(cap.out) == published
     assert _verifies(cap.out)
 
@@ -366,14 +367,14 @@ def test_a_retried_commit_that_published_keeps_the_dataset_without_the_report_gu
     cap = captured
     results = _restore(cap, "other-names")
     with crash_at("before_report"), pytest.raises(Crash):
-        finalize(cap.settings, results, cap.summary, cap.gathered)
+        commit_run(cap.settings, results, cap.summary, cap.gathered)
     manifest = os.path.join(cap.out, "manifest.json")
     before = os.stat(manifest)
     with crash_at("report_written"), pytest.raises(Crash):
-        finalize(cap.settings, results, cap.summary, cap.gathered)
+        commit_run(cap.settings, results, cap.summary, cap.gathered)
     after = os.stat(manifest)
     assert (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns)  # Not rewritten.
-    assert finalize(cap.settings, results, cap.summary, cap.gathered)["status"] == "ok"
+    assert commit_run(cap.settings, results, cap.summary, cap.gathered).status == "ok"
     assert _verifies(cap.out)
 
 

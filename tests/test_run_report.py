@@ -3,7 +3,7 @@
 their own, with plain values.
 
 The expected bytes below were written by the dict code that built the report before
-``RunReport`` (issue 20): ``_REPORT_OK`` and ``_REPORT_CLASH`` as ``finalize``
+``RunReport`` (issue 20): ``_REPORT_OK`` and ``_REPORT_CLASH`` as the commit (then ``finalize``)
 serialized them (``json.dumps(indent=2, ensure_ascii=False)`` and a newline),
 ``_REPORT_FAILED`` as the launcher wrote a failed run's report and ``_REPORT_SKIPPED``
 as ``--report_json`` wrote a skipped run's (``json.dumps(indent=2)``); the three

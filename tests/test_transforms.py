@@ -16,9 +16,10 @@ from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.elements import InputSummary, ShardResult
 from beam_tfrecords.schemas.manifest import REPORT_NAME
+from beam_tfrecords.schemas.report import Failure
 from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.transforms.images import ImageRecords, ListImages, PlanImageShards
-from beam_tfrecords.transforms.manifest import CommitSettings, finalize
+from beam_tfrecords.transforms.manifest import CommitSettings, commit_run
 from beam_tfrecords.transforms.shards import VerifyShards, WriteShards
 
 
@@ -76,7 +77,7 @@ def test_verify_step_catches_a_shard_changed_after_writing(tmp_path):
 
 
 @pytest.mark.unit
-def test_finalize_writes_no_manifest_when_a_shard_failed(tmp_path):
+def test_the_commit_writes_no_manifest_when_a_shard_failed(tmp_path):
     config = _config(tmp_path)
     os.makedirs(config.output)
     good = ShardResult("train", 0, 2, f"{config.output}/train-00000-of-00002.tfrecord",
@@ -86,10 +87,10 @@ def test_finalize_writes_no_manifest_when_a_shard_failed(tmp_path):
     summary = InputSummary(root=config.input, layout="class_folders", input_files=20,
                            input_bytes=2000, ignored_files=0, vocabulary=("a",))
     settings = CommitSettings(ShardTarget(config.output), config.band, config.max_bad_fraction)
-    report = finalize(settings, [good, bad], summary)
-    assert report["status"] == "verification_failed"
-    assert report["manifest"] is None
-    assert report["verification_failures"] == [{"path": bad.path, "error": bad.verify_error}]
+    report = commit_run(settings, [good, bad], summary)
+    assert report.status == "verification_failed"
+    assert report.manifest is None
+    assert report.verification_failures == (Failure(bad.path, bad.verify_error),)
     assert not os.path.exists(os.path.join(config.output, "manifest.json"))
     with open(os.path.join(config.output, REPORT_NAME), encoding="utf-8") as f:
         assert json.load(f)["status"] == "verification_failed"

@@ -20,7 +20,7 @@ writer put in a side file (``transforms.io.contents``). From those files:
 The commit receives one ``Gathered``: the duplicates report and the staged
 ``inputs.jsonl`` (path, size, digest, file count, fingerprint). No step holds
 every record's entry. ``gather_in_process`` gives the same from the side files
-in one process (for a caller of ``finalize`` without the pipeline).
+in one process (for a caller of ``commit_run`` without the pipeline).
 """
 
 from __future__ import annotations
@@ -431,7 +431,7 @@ def _excluded(line: bytes, excluded: set[str]) -> bool:
 def gather_in_process(temp_dir: str, input_units: int, options_fingerprint: str,
                       results: Sequence[ShardResult], excluded: Iterable[str] = ()) -> Gathered:
     """What ``GatherContents`` gives, made in this process from the side files (its
-    memory grows with the records: for callers of ``finalize`` without a pipeline)."""
+    memory grows with the records: for callers of ``commit_run`` without a pipeline)."""
     duplicates = duplicate_report((digest, split, filename) for digest, split, filename, _ in _entries(results))
     return Gathered(duplicates, _complete_whole(temp_dir, input_units, options_fingerprint, results,
                                                 set(excluded)))

@@ -71,7 +71,7 @@ from beam_tfrecords.transforms.io.storage_errors import STORAGE_ERRORS
 from beam_tfrecords.transforms.quality.drift import DriftGate, statistics_and_drift
 
 __all__ = ["Commit", "CommitSettings", "RunFailed", "RunSummary", "StatusFacts", "commit_run",
-           "decide_status", "finalize", "publish_run", "summarize_run"]
+           "decide_status", "publish_run", "summarize_run"]
 
 _log = logging.getLogger(__name__)
 
@@ -203,26 +203,6 @@ def _part_entry(settings: CommitSettings, manifest: dict, manifest_bytes: bytes)
         "input_root_id": root_identity(settings.input_root) if settings.input_root else "",
         "input_files": manifest["input"].get("files_list", {}).get("files", 0),
     }
-
-
-def finalize(settings: CommitSettings, results: Sequence[ShardResult], summary: InputSummary,
-             gathered: Gathered | None = None) -> dict:
-    """Publishes the dataset (if every shard was proved and the budget held) and
-    writes the run report: ``commit_run``, its report as JSON values.
-
-    ``gathered``: the duplicates report and the completed ``inputs.jsonl``
-    (``transforms.gather``); gathered here from the shards' side files when ``None``.
-
-    Returns:
-      The run report as ``run_report.json`` holds it (``RunReport.to_dict``; the
-      ``Commit`` step yields it so), and, in memory only, ``manifest_json``: the
-      published manifest.
-    """
-    report = commit_run(settings, results, summary, gathered)
-    values = report.to_dict()
-    if report.manifest_json is not None:
-        values["manifest_json"] = report.manifest_json
-    return values
 
 
 def commit_run(settings: CommitSettings, results: Sequence[ShardResult], summary: InputSummary,
@@ -627,7 +607,7 @@ class _CommitFn(beam.DoFn):
     def __init__(self, settings: CommitSettings):
         self._settings = settings
 
-    def process(self, element) -> Iterator[dict]:
+    def process(self, element) -> Iterator[RunReport]:
         _, values = element
         results, summaries, parts = _CountsFolded(), [], []
         for kind, value in values:  # A runner may hand a large group a page at a time.
@@ -638,16 +618,16 @@ class _CommitFn(beam.DoFn):
         (summary,) = [value for _, value in summaries]
         settings = self._settings
         # A retry of a commit that ended (its report written, the temporary folder
-        # perhaps gone) joins nothing: finalize only repeats the cleanup.
+        # perhaps gone) joins nothing: commit_run only repeats the cleanup.
         ended = _ended_report(settings) is not None
         gathered = None if ended else join_gathered(parts, settings.target.temp_dir,
                                                      settings.options_fingerprint)
-        report = finalize(settings, results.results(), summary, gathered)  # As JSON values.
-        _log.info("Run finished: %s", report["status"])
-        if report["status"] != "ok":
+        report = commit_run(settings, results.results(), summary, gathered)
+        _log.info("Run finished: %s", report.status)
+        if report.status != Status.OK:
             # After the report: the job ends failed, not done (and a retry of this
             # step finds the report, or, after commit_failed, tries the commit again).
-            raise RunFailed(RunReport.from_dict(report).failure_line())
+            raise RunFailed(report.failure_line())
         yield report
 
 

@@ -36,6 +36,7 @@ from beam_tfrecords.schemas.elements import (
     ShardSpec,
     SpoolSegments,
 )
+from beam_tfrecords.schemas.report import RunReport
 from beam_tfrecords.schemas.shards import (
     COMPRESSIONS,
     ShardBand,
@@ -551,10 +552,10 @@ class WriteVerifiedShards(beam.PTransform):
         )
 
 
-def _manifest_or_raise(report: dict) -> dict:
+def _manifest_or_raise(report: RunReport) -> dict:
     """The published manifest; a run that published nothing fails the pipeline."""
-    if report.get("manifest_json") is None:
-        failures = "; ".join(f"{f['path']}: {f['error']}" for f in report["verification_failures"])
-        raise RuntimeError(f"WriteVerifiedShards published nothing ({report['status']}) in "
-                           f"{report['output']}" + (f": {failures}" if failures else ""))
-    return report["manifest_json"]
+    if report.manifest_json is None:
+        failures = "; ".join(f"{f.path}: {f.error}" for f in report.verification_failures or ())
+        raise RuntimeError(f"WriteVerifiedShards published nothing ({report.status}) in "
+                           f"{report.output}" + (f": {failures}" if failures else ""))
+    return dict(report.manifest_json)
