@@ -5,7 +5,8 @@ The layer order is declared once, in ``docs/layers.md`` (its ``layers`` block, t
 to bottom): the public API, ``__main__`` and demo → cli → console, scratch, samples,
 inspect → pipeline → preflight → updates → verify → the listing front ends
 (listing_plan, worker_listing, image_contents) → the converters (images, tables,
-sequences; peers) → spools → shards → manifest → gather → ``transforms/io`` and
+sequences; peers) → the table readers (csv_segments, typed_tables; peers) →
+table_spooling → spools → shards → manifest → gather → ``transforms/io`` and
 ``transforms/plan`` (peers) → ``transforms/codec`` → ``transforms/quality`` →
 ``schemas``. Every import of a product module by another counts, lazy ones inside
 functions too, and the test fails on:
@@ -51,11 +52,8 @@ LONG_MODULES = {
     "transforms/images": 1203,
     "transforms/io/commit": 1118,
     "transforms/shards": 811,
-    "transforms/tables": 1449,
 }
-LONG_CLASSES = {
-    "transforms/tables::_EncodeCsvFn": 497,
-}
+LONG_CLASSES: dict[str, int] = {}
 LONG_FUNCTIONS = {
     "beam_pipeline/cli::_convert_parser": 155,
     "beam_pipeline/cli::_print_summary": 100,
