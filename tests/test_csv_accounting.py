@@ -160,9 +160,9 @@ def test_a_legal_multiline_cell_is_kept_and_reported(tmp_path):
     ('no quote here', None), ('end" tail', " tail"), ('x"y,z', "y,z"),
 ])
 def test_text_after_a_closing_quote(text, after):
-    from beam_tfrecords.transforms.tables import _text_after_close
+    from beam_tfrecords.transforms.io.csv_stream import text_after_close
 
-    assert _text_after_close(text, ",", '"') == after
+    assert text_after_close(text, ",", '"') == after
 
 
 def _shards(out) -> dict[str, bytes]:
@@ -174,27 +174,27 @@ def test_the_csv_reader_reads_at_most_a_few_blocks_ahead(tmp_path, monkeypatch):
     """pyarrow's CSV reader would read up to 32 blocks ahead of the batches taken (128 MB
     at 4 MB blocks): the gate holds it to _READ_AHEAD_BLOCKS, with the same records, on
     a clean table and on one whose bad rows make the reader read some parts again."""
-    from beam_tfrecords.transforms import tables  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.io import csv_stream  # pylint: disable=import-outside-toplevel
 
-    monkeypatch.setattr(tables, "_BLOCK_BYTES", 4096)  # ~20 blocks in this table
+    monkeypatch.setattr(csv_stream, "BLOCK_BYTES", 4096)  # ~20 blocks in this table
     clean, broken = str(tmp_path / "clean.csv"), str(tmp_path / "broken.csv")
     _table(clean)
     _table(broken, {7: b'7,"unclosed\n', 2000: b'2000,"two\nlines",x\n'})
     leads: list[int] = []
-    real = tables._ReadAhead.before_read  # pylint: disable=protected-access
+    real = csv_stream.ReadAhead.before_read
 
     def before_read(self):
         real(self)
         if not self._open:  # pylint: disable=protected-access  # (open: the segment is done)
             leads.append(self._read - self._taken * self._block)  # pylint: disable=protected-access
 
-    monkeypatch.setattr(tables._ReadAhead, "before_read", before_read)  # pylint: disable=protected-access
+    monkeypatch.setattr(csv_stream.ReadAhead, "before_read", before_read)
     for name, src in (("clean", clean), ("broken", broken)):
         assert _convert(src, str(tmp_path / f"{name}-held")) == 0
         if name == "clean":
             assert len(leads) > 15
-            assert max(leads) < (tables._READ_AHEAD_BLOCKS + 1) * 4096, max(leads)  # pylint: disable=protected-access
-    monkeypatch.setattr(tables, "_READ_AHEAD_BLOCKS", 1000)  # The gate never holds it.
+            assert max(leads) < (csv_stream.READ_AHEAD_BLOCKS + 1) * 4096, max(leads)
+    monkeypatch.setattr(csv_stream, "READ_AHEAD_BLOCKS", 1000)  # The gate never holds it.
     for name, src in (("clean", clean), ("broken", broken)):
         assert _convert(src, str(tmp_path / f"{name}-free")) == 0
         held, free = str(tmp_path / f"{name}-held"), str(tmp_path / f"{name}-free")

@@ -165,9 +165,9 @@ def test_a_long_rows_end_is_found_where_pyarrow_ends_it(seed, monkeypatch):
     """The scan that finds where a long row ends (a few bytes at a time here, so quotes,
     doubled quotes and delimiters fall on its chunks' edges) cuts a CSV into the rows
     pyarrow's reader reads, with their quoted newlines."""
-    from beam_tfrecords.transforms import tables  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.io import csv_stream  # pylint: disable=import-outside-toplevel
 
-    monkeypatch.setattr(tables, "_SCAN_BYTES", 1 + seed % 5)
+    monkeypatch.setattr(csv_stream, "_SCAN_BYTES", 1 + seed % 5)
     rng = random.Random(seed)
     cells = [b"plain", b"", b'"quoted, with a comma"', b'"two\nlines"', b'"say ""hi"""',
              b'stray"quote', b'"closed"then', b'"a\n""b""\nc"', b'""']
@@ -175,7 +175,7 @@ def test_a_long_rows_end_is_found_where_pyarrow_ends_it(seed, monkeypatch):
     stream, rows, newlines = io.BytesIO(text), [], 0
     while stream.tell() < len(text):
         start = stream.tell()
-        extent = tables._row_extent(stream.read, b'"', b",")  # pylint: disable=protected-access
+        extent = csv_stream.row_extent(stream.read, b'"', b",")
         assert extent.closed
         rows.append(text[start:start + extent.size])
         newlines += extent.newlines
@@ -191,9 +191,9 @@ def test_a_long_rows_end_is_found_where_pyarrow_ends_it(seed, monkeypatch):
 
 @pytest.mark.unit
 def test_a_quote_never_closed_is_found_at_the_end():
-    from beam_tfrecords.transforms import tables  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.io import csv_stream  # pylint: disable=import-outside-toplevel
 
-    extent = tables._row_extent(io.BytesIO(b'1,"open\n2,x\n3,y').read, b'"', b",")  # pylint: disable=protected-access
+    extent = csv_stream.row_extent(io.BytesIO(b'1,"open\n2,x\n3,y').read, b'"', b",")
     assert (extent.closed, extent.more, extent.size, extent.newlines) == (False, False, 15, 2)
 
 

@@ -231,7 +231,7 @@ def test_string_hashes_are_the_documented_polynomial():
 
 
 def test_line_index_finds_line_starts(tmp_path):
-    from beam_tfrecords.transforms.tables import _LineIndex  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.io.csv_stream import LineIndex  # pylint: disable=import-outside-toplevel
 
     rng = random.Random(2)
     lines = [b"x" * rng.choice([0, 1, 80, 70_000]) for _ in range(300)]
@@ -241,7 +241,7 @@ def test_line_index_finds_line_starts(tmp_path):
     starts = [0]
     for line in lines[:-1]:
         starts.append(starts[-1] + len(line) + 1)
-    index = _LineIndex(str(path))
+    index = LineIndex(str(path))
     for line in sorted(rng.sample(range(1, 301), 60)):
         assert index.offset_of(line) == starts[line - 1]
         assert index.text_of(line, 100) == lines[line - 1][:100].decode()

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import math
 import pickle
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +36,7 @@ __all__ = [
     "BAD",
     "BLANK",
     "EncodedBatch",
+    "RowError",
     "TableTask",
     "encode_table_batch",
     "order_key",
@@ -71,6 +73,15 @@ class TableTask:
         return tuple(n for n, _ in self.splits) if self.splits else ()
 
 
+class RowError(NamedTuple):
+    """A row that cannot be encoded: its index in the batch, why (a dead letter's
+    reason) and a message that names no cell's content."""
+
+    row: int
+    reason: str
+    message: str
+
+
 @dataclasses.dataclass
 class EncodedBatch:
     """A batch's outcome.
@@ -81,7 +92,7 @@ class EncodedBatch:
       splits: split names, in order of first appearance.
       blobs: per split, its rows' framed records concatenated in row order.
       sizes: per split, each record's framed size.
-      errors: ``(row, reason, message)`` for every ``BAD`` row.
+      errors: a ``RowError`` for every ``BAD`` row, in row order.
       groups: sequence mode only: sequence key → rows of this batch, each
         ``(order, row, split, values)`` with ``values`` per kept column.
       newlines: per row, the line breaks inside its quoted cells (so the reader
@@ -95,7 +106,7 @@ class EncodedBatch:
     splits: list[str]
     blobs: list[bytes]
     sizes: list[np.ndarray]
-    errors: list[tuple[int, str, str]]
+    errors: list[RowError]
     groups: dict[str, list] = dataclasses.field(default_factory=dict)
     newlines: np.ndarray | None = None
     statistics: dict | None = None
@@ -277,7 +288,7 @@ def sequence_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBat
     values, row_errors = encoder.parse(cells)
     splits = _row_splits(task, batch)
     status = np.full(batch.num_rows, BAD, dtype=np.int16)
-    errors = {e.row: (e.row, e.reason, e.message) for e in row_errors}
+    errors = {e.row: RowError(e.row, e.reason, e.message) for e in row_errors}
     kept = [c.name for c in task.schema.kept]
     groups: dict[str, list] = {}
     for row in range(batch.num_rows):
@@ -287,9 +298,9 @@ def sequence_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBat
             continue
         key = cells[task.sequence_key][row]
         if row not in errors and key == "":
-            errors[row] = (row, "missing_sequence_key", f"column {task.sequence_key!r} is empty")
+            errors[row] = RowError(row, "missing_sequence_key", f"column {task.sequence_key!r} is empty")
         if row not in errors and splits[row] is None:
-            errors[row] = (row, "bad_split", _bad_split(task, cells[task.split_column][row]))
+            errors[row] = RowError(row, "bad_split", _bad_split(task, cells[task.split_column][row]))
         if row in errors:
             continue
         order = order_key(cells[task.sequence_order][row]) if task.sequence_order else (0, 0.0, "")
@@ -314,7 +325,7 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
     blank = _blank_rows(batch)
     codes, names = _split_codes(task, batch)
     bad = np.zeros(rows, dtype=bool)
-    errors: dict[int, tuple[int, str, str]] = {}
+    errors: dict[int, RowError] = {}
     pieces: dict[int, tuple[list, list]] = {}  # split code → (blobs, sizes) of each chunk
     kept = [c.name for c in task.schema.kept]
     for start in range(0, max(rows, 1), _CHUNK_ROWS):
@@ -324,7 +335,7 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
         bad[start:start + chunk.num_rows] = chunk_bad
         for e in row_errors:
             if not blank[start + e.row]:
-                errors[start + e.row] = (start + e.row, e.reason, e.message)
+                errors[start + e.row] = RowError(start + e.row, e.reason, e.message)
         good = ~chunk_bad & ~blank[start:start + chunk.num_rows]
         chunk_codes = codes[start:start + chunk.num_rows]
         for code in np.unique(chunk_codes[good & (chunk_codes >= 0)]).tolist():
@@ -342,7 +353,7 @@ def encode_table_batch(task_bytes: bytes, batch: pa.RecordBatch) -> EncodedBatch
     if len(bad_split):
         split_cells = batch.column(task.split_column).take(pa.array(bad_split)).to_pylist()
         for row, cell in zip(bad_split.tolist(), split_cells):
-            errors[row] = (row, "bad_split", _bad_split(task, cell))
+            errors[row] = RowError(row, "bad_split", _bad_split(task, cell))
     good = ~bad & ~blank & (codes >= 0)
     status = np.full(rows, BAD, dtype=np.int16)
     status[blank] = BLANK
