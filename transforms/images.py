@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import apache_beam as beam
 import numpy as np
@@ -45,22 +45,19 @@ from beam_tfrecords.schemas.elements import (
     SpoolSegments,
 )
 from beam_tfrecords.schemas.shards import ShardBand
-from beam_tfrecords.transforms.codec.image_example import image_example_size
-from beam_tfrecords.transforms.codec.tfrecord import RECORD_OVERHEAD
 from beam_tfrecords.transforms.io import files, progress
 from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input, sha256_input
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.fingerprint import relative_path
 from beam_tfrecords.transforms.io.gcs import is_gcs, object_info
-from beam_tfrecords.transforms.io.helpers import (
-    SMALL_FILE_BYTES,
-    encode_chunk,
-    helper_pool,
-    image_example,
-    ordered_map,
+from beam_tfrecords.transforms.io.helpers import SMALL_FILE_BYTES, helper_pool, ordered_map, ready_helper_pool
+from beam_tfrecords.transforms.io.image_records import (
+    Attachment,
+    ImageRecordBuilder,
+    estimated_record_size,
     read_failure,
-    ready_helper_pool,
+    record_overheads,
 )
 from beam_tfrecords.transforms.plan import handoff
 from beam_tfrecords.transforms.plan.handoff import (
@@ -125,12 +122,6 @@ __all__ = [
 SUMMARY_TAG = "summary"
 DEAD_LETTER_TAG = "dead_letter"
 _log = logging.getLogger(__name__)
-# Dimensions assumed when sizing a record before its header is read: they change
-# the estimate by a few bytes per record.
-_TYPICAL_SIDE = 1024
-_TYPICAL_CHANNELS = 3
-# Length varints that grow with the file size and name: 4 entries, 4 extra bytes each at most.
-_VARINT_SLACK = 16
 _CHUNK_FILES = 64
 _CHUNK_BYTES = 4 << 20
 # A folder layout listing more images than this keeps them as columns (a ``RefTable``):
@@ -766,31 +757,6 @@ class ListImages(beam.PTransform):
 
 
 
-@functools.lru_cache(maxsize=4096)
-def _record_overhead(label: int, label_text: str, extra: tuple) -> int:
-    """Record size less the file's bytes and name, at their varints' widest."""
-    return RECORD_OVERHEAD + _VARINT_SLACK + image_example_size(
-        0, "jpeg", _TYPICAL_SIDE, _TYPICAL_SIDE, _TYPICAL_CHANNELS, label, label_text, "", extra
-    )
-
-
-def record_overheads(vocabulary: Sequence[str]) -> np.ndarray:
-    """Each label's record size less the file's and its name's bytes
-    (``estimated_record_size`` of a folder layout's image), as int64 by label."""
-    return np.array([_record_overhead(label, text, ()) for label, text in enumerate(vocabulary)] or [0],
-                    dtype=np.int64)
-
-
-def estimated_record_size(ref: ImageRef) -> int:
-    """Framed size of the record an image becomes, before its header is read.
-
-    At most a few bytes above the true size (see ``image_example_size`` for the
-    exact figure), which is all a plan needs.
-    """
-    overhead = _record_overhead(ref.label, ref.label_text, ref.extra)
-    return overhead + ref.size + len(ref.filename.encode("utf-8"))
-
-
 def plan_image_shards(images: ImageRefs, band: ShardBand, compression: str) -> list[ShardSpec]:
     """Cuts each split, in key order, into shards of nearly equal bytes.
 
@@ -890,16 +856,17 @@ class ImageRecords(RecordSource):
       max_file_bytes: a file larger than this is dead-lettered unread
         (``file_too_large``); every file is read as ``io.bounded_read`` says (a
         regular file only, at most its listed size plus one byte).
+      attach: per image, what side data adds to its record (``Attachment``; see
+        ``io.image_records``, which builds every image record); picklable.
     """
 
     def __init__(self, validate: str = "structure", read_threads: int = 4, helper_processes: int = 0,
                  max_pixels: int = DEFAULT_MAX_PIXELS, image_bytes: str = "readable",
-                 reshape: ImageReshape | None = None, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES):
-        self._max_file_bytes = max_file_bytes
-        self._image_bytes = image_bytes
-        self._reshape = reshape if reshape is not None and reshape.active else None
-        self._validate = validate
-        self._max_pixels = max_pixels
+                 reshape: ImageReshape | None = None, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+                 attach: Callable[[ImageRef], Attachment | None] | None = None):
+        self._builder = ImageRecordBuilder(validate, max_pixels, image_bytes,
+                                           reshape if reshape is not None and reshape.active else None,
+                                           max_file_bytes, attach)
         self._read_threads = read_threads
         self._processes = helper_processes
         self._threads = None
@@ -927,10 +894,8 @@ class ImageRecords(RecordSource):
     def chunks(self, spec: ShardSpec) -> Iterator[Chunk]:
         pool, workers = self._pool_for(spec)
         chunks = list(_chunks(spec.records.unpack()))
-        encode = functools.partial(encode_chunk, validate=self._validate, max_pixels=self._max_pixels,
-                                   image_bytes=self._image_bytes, reshape=self._reshape,
-                                   max_file_bytes=self._max_file_bytes)
-        for chunk, (framed, outcomes) in zip(chunks, ordered_map(pool, encode, chunks, workers + 2)):
+        encoded = ordered_map(pool, self._builder.chunk, chunks, workers + 2)
+        for chunk, (framed, outcomes) in zip(chunks, encoded):
             progress.add(inputs=len(chunk), input_bytes=sum(ref.size for ref in chunk))
             dead, labels, notes, contents, images = [], [], [], [], []
             for ref, outcome in zip(chunk, outcomes):
@@ -938,10 +903,10 @@ class ImageRecords(RecordSource):
                     dead.append(outcome)
                 else:
                     labels.append(ref.label_text or str(ref.label))
-                    contents.append((outcome[2], ref.filename,
-                                     outcome[3] if outcome[3] != outcome[2] else ""))
-                    notes.append(outcome[1])
-                    images.append(outcome[4])
+                    contents.append((outcome.sha256, ref.filename,
+                                     outcome.source_sha256 if outcome.source_sha256 != outcome.sha256 else ""))
+                    notes.append(outcome.note)
+                    images.append(outcome.image)
             yield Chunk(framed, len(labels), tuple(dead), tuple(labels), len(chunk), tuple(notes),
                         tuple(contents), tuple(images))
 
@@ -952,15 +917,13 @@ class _ImageToExampleFn(beam.DoFn):
 
     def __init__(self, root: str | None, split: str, labels: Sequence[str] | None, validate: str,
                  max_pixels: int = DEFAULT_MAX_PIXELS, image_bytes: str = "readable",
-                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES):
-        self._max_file_bytes = max_file_bytes
-        self._image_bytes = image_bytes
+                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+                 attach: Callable[[ImageRef], Attachment | None] | None = None):
+        self._builder = ImageRecordBuilder(validate, max_pixels, image_bytes, None, max_file_bytes, attach)
         self._root = root.rstrip("/") + "/" if root else None
         self._split = split
         self._labels = list(labels) if labels is not None else None
         self._index = {name: i for i, name in enumerate(self._labels or ())}
-        self._validate = validate
-        self._max_pixels = max_pixels
 
     def _label(self, path: str, given) -> tuple[int, str] | str:
         if given is None:  # Class-per-folder: the parent folder names the class.
@@ -985,7 +948,7 @@ class _ImageToExampleFn(beam.DoFn):
                 DEAD_LETTER_TAG, DeadLetter(path, "list", "unknown_class", label))
             return
         try:
-            data = read_input(path, None, self._max_file_bytes)
+            data = read_input(path, None, self._builder.max_file_bytes)
         except (InputRefused, OSError, BeamIOError) as err:
             beam.metrics.Metrics.counter("images", "dead_letter").inc()
             letter = (DeadLetter(path, "read", err.reason, err.message) if isinstance(err, InputRefused)
@@ -994,7 +957,7 @@ class _ImageToExampleFn(beam.DoFn):
             return
         ref = ImageRef(self._split, stable_key(self._split, relative), relative, path, len(data),
                        label[0], label[1])
-        example = image_example(ref, data, self._validate, self._max_pixels, self._image_bytes)
+        example = self._builder.example(ref, data)
         if isinstance(example, DeadLetter):
             beam.metrics.Metrics.counter("images", "dead_letter").inc()
             # Your pipeline's dead letters name the path it gave.
@@ -1024,6 +987,7 @@ class ImagesToExamples(beam.PTransform):
         as stored, such as TIFF or CMYK JPEG, is stored as a lossless PNG) or
         ``original`` (every file's own bytes).
       max_file_bytes: a file larger than this is not read (``file_too_large``).
+      attach: per image, what side data adds to its record (see ``io.image_records``).
 
     Returns the examples. Images that cannot be read, checked or labelled are
     counted (metric ``images/dead_letter``) and go to ``.dead_letter``, a
@@ -1034,10 +998,11 @@ class ImagesToExamples(beam.PTransform):
     def __init__(self, root: str | None = None, split: str = "train",
                  labels: Sequence[str] | None = None, validate: str = "structure",
                  max_pixels: int = DEFAULT_MAX_PIXELS, image_bytes: str = "readable",
-                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES):
+                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+                 attach: Callable[[ImageRef], Attachment | None] | None = None):
         super().__init__()
         self._fn = _ImageToExampleFn(root, split, labels, validate, max_pixels, image_bytes,
-                                     max_file_bytes)
+                                     max_file_bytes, attach)
         self.dead_letter = None
 
     def expand(self, paths):
