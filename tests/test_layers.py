@@ -47,8 +47,6 @@ MAX_FUNCTION, MAX_CLASS, MAX_MODULE = 80, 300, 700
 LONG_MODULES = {
     "beam_pipeline/cli": 790,
     "beam_pipeline/preflight": 1312,
-    "transforms/codec/images": 823,
-    "transforms/images": 1203,
     "transforms/io/commit": 1118,
     "transforms/shards": 811,
     "transforms/tables": 1449,
@@ -63,13 +61,9 @@ LONG_FUNCTIONS = {
     "beam_pipeline/pipeline::convert": 88,
     "beam_pipeline/preflight::_plan_run": 161,
     "schemas/config::ConvertConfig.__post_init__": 109,
-    "transforms/codec/images::_inspect_jpeg": 82,
-    "transforms/codec/images::_inspect_png": 91,
     "transforms/io/commit::publish": 90,
-    "transforms/io/files::_walk_local": 82,
     "transforms/io/ownership::claim_output": 98,
     "transforms/manifest::finalize": 216,
-    "transforms/plan/layouts::list_csv_manifest": 81,
 }
 # File names more than one product module has, with how many have it.
 NAME_CLASHES = {"images.py": 2, "manifest.py": 2, "shards.py": 3}

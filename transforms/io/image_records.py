@@ -28,9 +28,16 @@ Reserved feature keys, which an attachment may not add (the image becomes a dead
 letter, ``encode_error``, naming the key): the nine every image record holds,
 ``RESERVED_FEATURES``, and the listing's own extra features (a CSV manifest's
 columns). The geometry applied is reported to ``follow`` and in the outcome
-(``ImageOutcome.geometry``: ``None`` when the pixels were not moved). An image
-with no attachment is encoded exactly as before attachments existed (the same
-bytes, by the same code).
+(``ImageOutcome.geometry``, for every image that had an attachment; ``None``
+for the others). An image with no attachment is encoded exactly as before
+attachments existed (the same bytes, by the same code); one whose pixels an
+attachment moved has the manifest note ``attached/moved`` unless a conversion
+or reshape already gave it one. Shards are cut before images are read, from
+file sizes (``estimated_record_size``): an attachment's features and re-encoded
+pixels are not in that estimate, so a shard may end a little off its band (the
+manifest names such shards, ``shards_outside_band``). ``attach`` runs wherever
+images are encoded (helper processes, Dataflow workers): it must pickle, and
+give the same answer for the same image.
 
 Bad images never raise: each becomes a ``DeadLetter`` naming it by
 ``ref.filename`` (stage ``read``, ``validate`` or ``encode``). A storage failure
@@ -196,8 +203,8 @@ class ImageOutcome(NamedTuple):
       sha256: the SHA-256 of the stored image (``image/key/sha256``).
       source_sha256: the SHA-256 of the file's bytes (equal unless converted).
       image: the stored image's ``(format, mode, width, height)`` (statistics).
-      geometry: the geometry applied when an attachment asked for one or a
-        reshape moved pixels with an attachment given; else ``None``.
+      geometry: the geometry applied (a reshape's, then the attachment's turns
+        and flip) when the image had an attachment; else ``None``.
     """
 
     size: int
