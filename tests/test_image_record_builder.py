@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
 from beam_tfrecords.transforms.io.image_records import (
     Attachment,
     Geometry,
+    ImageOutcome,
     ImageRecordBuilder,
     reshape_geometry,
 )
@@ -128,3 +130,16 @@ def test_geometry_maps_points_through_a_reshape_and_turns():
     assert mirrored.map_point(0, 0) == (0, 5)
     crop = reshape_geometry(20, 10, ImageReshape(size=(10, 10), fit="crop"))
     assert (crop.scale, crop.crop) == ((1.0, 1.0), (5, 0)) and crop.map_pixel(5, 0) == (0, 0)
+
+
+@pytest.mark.unit
+def test_a_chunk_crosses_a_process_boundary_with_its_outcomes_named(tmp_path):
+    path = tmp_path / "a.png"
+    path.write_bytes(_png(4, 3))
+    refs = [ImageRef("train", "k", "a.png", str(path), path.stat().st_size, 0, "cat"),
+            ImageRef("train", "l", "gone.png", str(tmp_path / "gone.png"), 5, 0, "cat")]
+    chunk = ImageRecordBuilder().chunk(refs)
+    back = pickle.loads(pickle.dumps(chunk))
+    assert back == chunk and back.framed == chunk.framed
+    assert type(back.outcomes[0]) is ImageOutcome and back.outcomes[0].image == ("png", "RGB", 4, 3)
+    assert isinstance(back.outcomes[1], DeadLetter) and back.outcomes[1].stage == "read"

@@ -350,9 +350,8 @@ class ImageRecords(RecordSource):
                  max_pixels: int = DEFAULT_MAX_PIXELS, image_bytes: str = "readable",
                  reshape: ImageReshape | None = None, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
                  attach: Callable[[ImageRef], Attachment | None] | None = None):
-        self._builder = ImageRecordBuilder(validate, max_pixels, image_bytes,
-                                           reshape if reshape is not None and reshape.active else None,
-                                           max_file_bytes, attach)
+        self._builder = ImageRecordBuilder(validate, max_pixels, image_bytes, reshape, max_file_bytes,
+                                           attach)
         self._read_threads = read_threads
         self._processes = helper_processes
         self._threads = None

@@ -75,6 +75,7 @@ from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
 __all__ = [
     "RESERVED_FEATURES",
     "Attachment",
+    "EncodedChunk",
     "Geometry",
     "ImageOutcome",
     "ImageRecordBuilder",
@@ -215,6 +216,30 @@ class ImageOutcome(NamedTuple):
     geometry: Geometry | None = None
 
 
+class EncodedChunk(NamedTuple):
+    """A run of files encoded (``ImageRecordBuilder.chunk``), as a helper process
+    hands it back.
+
+    Attributes:
+      framed: the framed records of the good files, concatenated in order.
+      outcomes: per file, its ``ImageOutcome`` or its ``DeadLetter``.
+    """
+
+    framed: bytes
+    outcomes: list
+
+    def __reduce__(self):
+        # Pickled with each outcome as a plain tuple, made named again in one call
+        # when unpickled: a named tuple pickled one by one costs ~1 us more per image.
+        rows = [tuple(o) if type(o) is ImageOutcome else o for o in self.outcomes]
+        return _encoded_chunk, (self.framed, rows)
+
+
+def _encoded_chunk(framed: bytes, rows: list) -> EncodedChunk:
+    make = ImageOutcome._make
+    return EncodedChunk(framed, [make(r) if type(r) is tuple else r for r in rows])
+
+
 def read_failure(err: BaseException) -> str:
     """A read error's dead-letter message: what went wrong, without the path (a
     dead letter names its file relative to the input root) or any content."""
@@ -258,7 +283,8 @@ class ImageRecordBuilder:
       max_pixels: images declaring more pixels are dead-lettered (``too_many_pixels``).
       image_bytes: ``readable`` (images tf.io.decode_image cannot read are stored
         as PNG) or ``original`` (every file's bytes as they are).
-      reshape: how images are resized and re-encoded (``None`` or inactive: not).
+      reshape: how images are resized and re-encoded (``None`` or inactive: not; an
+        inactive one is held as ``None``).
       max_file_bytes: a file larger than this is dead-lettered unread.
       attach: per image, its ``Attachment`` or ``None`` (see the module's docstring).
     """
@@ -269,6 +295,10 @@ class ImageRecordBuilder:
     reshape: ImageReshape | None = None
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     attach: Callable[[ImageRef], Attachment | None] | None = None
+
+    def __post_init__(self):
+        if self.reshape is not None and not self.reshape.active:  # Held as None: checked per image.
+            object.__setattr__(self, "reshape", None)
 
     def framed(self, ref: ImageRef) -> tuple[list[bytes], ImageOutcome] | DeadLetter:
         """Reads and encodes one image: its framed record as pieces (the file's bytes
@@ -285,22 +315,20 @@ class ImageRecordBuilder:
             return DeadLetter(ref.filename, "read", refused.reason, refused.message)
         except _read_errors() as err:
             return DeadLetter(ref.filename, "read", "read_error", read_failure(err))
-        built = self._built(ref, data)
+        built = self._built(ref, data, RECORD_OVERHEAD)
         if isinstance(built, DeadLetter):
             return built
-        parts, size, *rest = built
-        return frame_parts(parts, size), ImageOutcome(size + RECORD_OVERHEAD, *rest)
+        return frame_parts(built[0], built[1]), built[2]
 
     def example(self, ref: ImageRef, data: bytes) -> tuple[bytes, ImageOutcome] | DeadLetter:
         """Encodes an image's bytes already read: the serialized Example (unframed)
         and its outcome (``size``: the Example's), or why it was refused."""
-        built = self._built(ref, data)
+        built = self._built(ref, data, 0)
         if isinstance(built, DeadLetter):
             return built
-        parts, size, *rest = built
-        return b"".join(parts), ImageOutcome(size, *rest)
+        return b"".join(built[0]), built[2]
 
-    def chunk(self, refs: Sequence[ImageRef]) -> tuple[bytes, list[ImageOutcome | DeadLetter]]:
+    def chunk(self, refs: Sequence[ImageRef]) -> EncodedChunk:
         """``framed`` over a run of files: one task for a thread or a process. Returns
         the framed records of the good files, concatenated in order (each file's
         bytes are copied once, into it), and per file its outcome or dead letter."""
@@ -313,12 +341,12 @@ class ImageRecordBuilder:
             else:
                 pieces += built[0]
                 outcomes.append(built[1])
-        return b"".join(pieces), outcomes
+        return EncodedChunk(b"".join(pieces), outcomes)
 
-    def _built(self, ref: ImageRef, data: bytes) -> tuple | DeadLetter:
-        """``(pieces, size, note, sha256, source sha256, image, geometry)``: the
-        Example as pieces whose concatenation it is (``image_example_parts``), and
-        the rest of its ``ImageOutcome``; or the dead letter."""
+    def _built(self, ref: ImageRef, data: bytes, overhead: int) -> tuple | DeadLetter:
+        """``(pieces, size, outcome)``: the Example as pieces whose concatenation it
+        is (``image_example_parts``), its size, and its ``ImageOutcome`` (``size``
+        that plus ``overhead``); or the dead letter."""
         source = data
         attachment = self.attach(ref) if self.attach is not None else None
         geometry = None
@@ -342,14 +370,14 @@ class ImageRecordBuilder:
         except (ValueError, TypeError, OverflowError) as err:
             return DeadLetter(ref.filename, "encode", "encode_error",
                               quiet_message(f"cannot encode the record: {err}"))
-        return parts, size, note, digest, source_digest, (info.format, info.mode, info.width,
-                                                         info.height), geometry
+        return parts, size, ImageOutcome(size + overhead, note, digest, source_digest,
+                                         (info.format, info.mode, info.width, info.height), geometry)
 
     def _moved(self, source: bytes, data: bytes, info: ImageInfo, note: str,
                attachment: Attachment) -> tuple[bytes, ImageInfo, str, Geometry]:
         """The stored image turned and flipped as ``attachment`` asks, and the
         geometry applied since the source (a reshape's too)."""
-        spec = self._spec()
+        spec = self.reshape
         source_info = info if spec is None else inspect_image(source, "headers", self.max_pixels)
         geometry = reshape_geometry(source_info.width, source_info.height, spec)
         if attachment.turns % 4 or attachment.flip:
@@ -358,9 +386,6 @@ class ImageRecordBuilder:
                                            turns=attachment.turns % 4, flip=attachment.flip)
             note = note or "attached/moved"
         return data, info, note, geometry
-
-    def _spec(self) -> ImageReshape | None:
-        return self.reshape if self.reshape is not None and self.reshape.active else None
 
     def _stored(self, data: bytes) -> tuple[bytes, ImageInfo, str]:
         """Inspects the image and makes it what is stored: ``(bytes, info, note)``.
@@ -373,7 +398,7 @@ class ImageRecordBuilder:
         ``reshape`` the image is resized and re-encoded as it says (see
         ``codec.reshape``; always readable) and the note is ``reshape/<what>``.
         """
-        reshape, validate, max_pixels = self._spec(), self.validate, self.max_pixels
+        reshape, validate, max_pixels = self.reshape, self.validate, self.max_pixels
         if reshape is not None:
             info = inspect_image(data, "headers", max_pixels)
             if validate != "headers" and not (info.format == "jpeg" and reshape_decodes(info, reshape)):
