@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
@@ -90,9 +91,10 @@ def _local_runner(options: PipelineOptions):
         beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
 
 
-def build_graph(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
+def build_graph(plan: RunPlan, options: PipelineOptions, attach: Callable | None = None) -> beam.Pipeline:
     """The conversion planned as ``plan`` as an un-run Beam pipeline, on the runner
-    ``options`` name (see ``_local_runner``)."""
+    ``options`` name (see ``_local_runner``); ``attach``: images, what side data adds
+    to each record (``transforms.io.image_records``)."""
     config = plan.config
     carried = options.view_as(progress.ProgressOptions)
     if carried.progress_seconds is None:  # The job carries it to the processes running its steps.
@@ -106,12 +108,12 @@ def build_graph(plan: RunPlan, options: PipelineOptions) -> beam.Pipeline:
         specs, summary = pipeline | "ListOnWorkers" >> ListAndPlanOnWorkers(plan.units)
         results = (
             specs
-            | "WriteShards" >> WriteShards(plan.target, _image_records(config))
+            | "WriteShards" >> WriteShards(plan.target, _image_records(config, attach))
             | "VerifyShards" >> verify
         )
         steps = _Steps(results, summary)
     else:
-        steps = _image_steps(pipeline, plan, options, verify)
+        steps = _image_steps(pipeline, plan, options, verify, attach)
     _ = steps.results | "WriteManifest" >> Commit(_commit_settings(plan), steps.summary, steps.left_out)
     return pipeline
 
@@ -127,10 +129,10 @@ class _Steps:
     left_out: beam.PCollection | None = None
 
 
-def _image_records(config: ConvertConfig) -> ImageRecords:
+def _image_records(config: ConvertConfig, attach: Callable | None) -> ImageRecords:
     return ImageRecords(config.validate, config.read_threads, config.encode_processes,
                         max_pixels=config.max_pixels, image_bytes=config.image_bytes,
-                        reshape=config.reshape, max_file_bytes=config.max_file_bytes)
+                        reshape=config.reshape, max_file_bytes=config.max_file_bytes, attach=attach)
 
 
 def _table_steps(pipeline: beam.Pipeline, plan: RunPlan, verify: VerifyShards) -> _Steps:
@@ -161,7 +163,7 @@ def _table_steps(pipeline: beam.Pipeline, plan: RunPlan, verify: VerifyShards) -
 
 
 def _image_steps(pipeline: beam.Pipeline, plan: RunPlan, options: PipelineOptions,
-                 verify: VerifyShards) -> _Steps:
+                 verify: VerifyShards, attach: Callable | None) -> _Steps:
     """Images listed on the launcher: the listing, hashed on the workers or not, then
     shards planned from it (or, resized, from their spools)."""
     config, target = plan.config, plan.target
@@ -192,7 +194,7 @@ def _image_steps(pipeline: beam.Pipeline, plan: RunPlan, options: PipelineOption
                              config.drop_duplicates, config.max_file_bytes)
         refs = refs | "HashImages" >> hashing
         summary, left_out = add_contents_outcome(summary, hashing.outcome), hashing.left_out
-    source = _image_records(config)
+    source = _image_records(config, attach)
     if config.reshape.active:
         # Resized or re-encoded records are sized only once encoded: encode to
         # spools first, then cut shards by exact sizes.

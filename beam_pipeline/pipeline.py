@@ -110,9 +110,9 @@ def build_pipeline(config: ConvertConfig | RunPlan, options: PipelineOptions | N
     return build_graph(plan, options)
 
 
-def _start(plan: RunPlan, options: PipelineOptions):
+def _start(plan: RunPlan, options: PipelineOptions, attach: Callable | None = None):
     """Builds and starts the pipeline (which, on the DirectRunner, runs it)."""
-    pipeline = build_graph(plan, options)
+    pipeline = build_graph(plan, options, attach)
     if plan.is_table and plan.config.encode_processes > 0:
         # Start them, and their imports, now, while the runner starts.
         helper_pool(plan.config.encode_processes,
@@ -241,12 +241,12 @@ def _take(plan: RunPlan, launch: _Launch | None) -> None:
         raise
 
 
-def _submit(plan: RunPlan, options: PipelineOptions, launch: _Launch | None):
+def _submit(plan: RunPlan, options: PipelineOptions, launch: _Launch | None, attach=None):
     """Builds and starts the pipeline; on Dataflow, writes the job it submitted into
     the output's lock (``record_job``), so that the lock follows the job."""
     if launch is not None:
         hold_point("dataflow_submit")  # Tests: interrupted while submitting.
-    result = _start(plan, options)
+    result = _start(plan, options, attach)
     if launch is None:
         return result
     cloud = options.view_as(GoogleCloudOptions)  # Completed by Beam (a default region).
@@ -440,14 +440,14 @@ def _skip_report(plan: RunPlan) -> RunReport:
 
 
 def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
-            on_plan: Callable[[RunPlan], None] | None = None) -> ConvertResult:
+            on_plan: Callable[[RunPlan], None] | None = None, attach=None) -> ConvertResult:
     """Runs a conversion to the end and returns its report.
 
     Args:
       config: the conversion.
       beam_args: Beam flags (``--runner``, ``--direct_num_workers``, ...).
-      on_plan: called with the checked plan before the output is taken and the
-        pipeline runs (the CLI prints ``plan.describe()``).
+      on_plan: called with the checked plan before the output is taken and anything runs.
+      attach: images: what side data adds to each record (``io.image_records``; no flag).
 
     Raises:
       ConvertError: on options or inputs that cannot work (before anything runs),
@@ -471,7 +471,7 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
     _active = launch
     try:
         try:
-            result = _submit(plan, options, launch)
+            result = _submit(plan, options, launch, attach)
             if launch is not None and launch.interrupted:  # Came while submitting.
                 launch.stopping = True
                 raise JobInterrupted(_stop_job(launch, launch.keep) if launch.job.job_id else

@@ -33,7 +33,7 @@ from beam_tfrecords.schemas.manifest import DEAD_LETTER_DIR
 from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.transforms import worker_listing
 from beam_tfrecords.transforms.codec.images import is_image_filename
-from beam_tfrecords.transforms.images import HeldImages, keep_listing, list_images
+from beam_tfrecords.transforms.images import HeldImages, ListingIdentity, keep_listing, list_images
 from beam_tfrecords.transforms.io import files, gcs
 from beam_tfrecords.transforms.io.fingerprint import (
     file_entries,
@@ -76,12 +76,10 @@ def plan_images(config: ConvertConfig, target: ShardTarget, dataset, root: str,
     vocabulary = ()
     if config.incremental and dataset is not None and not dataset.problem and not config.labels:
         vocabulary = tuple(dataset.manifest.get("labels", {}).get("vocabulary", []))
-    args = (config.input, config.layout, config.labels, config.image_column, config.label_column,
-            config.splits, config.split_by, config.drop_duplicates, vocabulary)
-    reading = (config.follow_links_outside, config.max_file_bytes)
+    identity = ListingIdentity.of(config, vocabulary)
     on_workers = contents_on_workers(config)
     try:
-        listing = list_images(*args, (), *reading, held=_held_images(config, dataset, root),
+        listing = list_images(*identity, held=_held_images(config, dataset, root),
                               contents_on_workers=on_workers)
     except ValueError as err:
         text = str(err)
@@ -101,7 +99,7 @@ def plan_images(config: ConvertConfig, target: ShardTarget, dataset, root: str,
         # no entry object per file.
         config, target = _as_part(config, target, None)
         inputs = tuple(describe_images(config, listing, on_workers))
-        token = keep_listing(listing, (*args, (), *reading))
+        token = keep_listing(listing, identity)
         return RunPlan(config, target, inputs=inputs, listing=token, role_files=roles,
                        dataset_output=dataset_output, vocabulary=vocabulary,
                        input_table=columns, input_rows=rows, hand_over=hand_over,
@@ -111,7 +109,7 @@ def plan_images(config: ConvertConfig, target: ShardTarget, dataset, root: str,
     config, target = _as_part(config, target, update)
     inputs = tuple(update_lines(update) + describe_images(config, listing, on_workers))
     token = None if update is not None and update.action == "skip" else keep_listing(
-        listing, (*args, only, *reading))
+        listing, identity._replace(only=only))
     return RunPlan(config, target, inputs=inputs, listing=token, input_files=tuple(entries),
                    role_files=roles, update=update, dataset_output=dataset_output,
                    vocabulary=vocabulary, only=only, hand_over=hand_over,

@@ -1,5 +1,5 @@
 """GCS requests spent reading images: how many requests of which kind the shard
-writer's read path (``transforms.io.helpers.encode_chunk``, what ``ImageRecords``
+writer's read path (``transforms.io.image_records.ImageRecordBuilder.chunk``, what ``ImageRecords``
 runs for every chunk of a shard) sends per image, on the storage emulator.
 
     .venv/bin/python benchmarks/bench_gcs_reads.py [--images 1000] [--threads 4]
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
                 os.environ["STORAGE_EMULATOR_HOST"] = proxy.url
                 from beam_tfrecords.transforms.images import list_images
                 from beam_tfrecords.transforms.io import files, gcs
-                from beam_tfrecords.transforms.io.helpers import encode_chunk
+                from beam_tfrecords.transforms.io.image_records import ImageRecordBuilder
 
                 gcs._gcsio = None  # pylint: disable=protected-access  # Made for the emulator.
                 listing = list_images("gs://bench-reads/images", "class_folders")
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
                 chunks = [refs[i:i + 64] for i in range(0, len(refs), 64)]
                 start = time.monotonic()
                 with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
-                    results = list(pool.map(lambda c: encode_chunk(c, "structure"), chunks))
+                    results = list(pool.map(ImageRecordBuilder("structure").chunk, chunks))
                 seconds = time.monotonic() - start
                 dead = sum(1 for _, outcomes in results for o in outcomes if not isinstance(o, tuple))
                 kinds = Counter(_kind(e, listed) for e in proxy.log)

@@ -35,7 +35,7 @@ from beam_tfrecords.schemas.elements import ImageRef
 from beam_tfrecords.transforms.images import list_images
 from beam_tfrecords.transforms.io import gcs as gcs_module
 from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
-from beam_tfrecords.transforms.io.helpers import encode_chunk
+from beam_tfrecords.transforms.io.image_records import ImageRecordBuilder
 from beam_tfrecords.transforms.plan.handoff import decode_part, encode_part
 from beam_tfrecords.transforms.plan.ref_table import class_folder_table
 from tests.harness.attack_table import cli_env, held_cli, tally
@@ -192,7 +192,7 @@ def test_429_is_retried_and_a_503_outage_is_a_storage_error_not_a_dead_letter(gc
             outage = proxy.outage(downloads() & object_name_contains("down.png"), status=503)
             assert read_input(refs[0].path, len(data), 100, refs[0].generation, refs[0].crc32c) == data
             with pytest.raises(ServiceUnavailable) as failed:
-                encode_chunk(refs, "headers")
+                ImageRecordBuilder("headers").chunk(refs)
         finally:
             gcs_module._gcsio = None  # pylint: disable=protected-access
     assert not isinstance(failed.value, OSError)

@@ -39,7 +39,7 @@ import pytest
 
 from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.schemas.shards import WORK_DIR
-from beam_tfrecords.transforms import images
+from beam_tfrecords.transforms import image_listing, images
 from beam_tfrecords.transforms.plan.handoff import HandoffError, decode_listing
 from tests.harness.attack_table import Run, cli, cli_env, held_cli
 from tests.harness.fake_gcs import FakeGcs, binary, fake_gcs_fixture  # noqa: F401  (fixture)
@@ -160,7 +160,7 @@ def test_the_pickle_payload_would_run_if_unpickled(tmp_path):
 def test_the_hand_off_is_data_that_comes_back_equal(tmp_path, images_in, compact, monkeypatch):
     """A listing written and read back is the same listing (every field), through
     an Arrow IPC file whose SHA-256 write_listing returns."""
-    monkeypatch.setattr(images, "COMPACT_LISTING_REFS", 0 if compact else 10**9)
+    monkeypatch.setattr(image_listing, "COMPACT_LISTING_REFS", 0 if compact else 10**9)
     args = (str(images_in), "auto", None, None, None, (("train", 0.75), ("test", 0.25)), "path",
             False, (), ())
     listing = images.list_images(*args)

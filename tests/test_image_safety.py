@@ -23,7 +23,7 @@ from beam_tfrecords.samples import CLASSES, make_class_folder_sample, render_ima
 from beam_tfrecords.schemas.config import DEFAULT_MAX_PIXELS, VALIDATE_MODES, ConvertConfig
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
 from beam_tfrecords.transforms.codec.images import ImageError, ImageInfo, inspect_image
-from beam_tfrecords.transforms.io.helpers import image_example
+from beam_tfrecords.transforms.io.image_records import ImageRecordBuilder
 
 # Mutated headers may declare sizes above Pillow's warning threshold (the reference decode).
 from tests.conftest import dead_letters
@@ -184,7 +184,7 @@ def test_decompression_bombs_are_refused_from_the_header_in_every_mode(name):
 @pytest.mark.unit
 def test_a_bomb_becomes_a_dead_letter_too_many_pixels():
     ref = ImageRef("train", "k", "a/bomb.png", "/in/a/bomb.png", 100, 0, "a")
-    letter = image_example(ref, _png_bomb(65535, 65535), "structure")
+    letter = ImageRecordBuilder("structure").example(ref, _png_bomb(65535, 65535))
     assert isinstance(letter, DeadLetter)
     assert (letter.stage, letter.error) == ("validate", "too_many_pixels")
     assert "65535x65535" in letter.message

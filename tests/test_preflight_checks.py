@@ -22,7 +22,7 @@ from beam_tfrecords.pipeline import convert
 from beam_tfrecords.preflight import ConvertError, plan_run
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.table_schema import load_schema
-from beam_tfrecords.transforms import images as images_module
+from beam_tfrecords.transforms import image_listing as images_module
 from beam_tfrecords.transforms.io import gcs
 from tests.conftest import load_manifest, read_dataset
 

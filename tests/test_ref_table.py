@@ -20,7 +20,7 @@ from beam_tfrecords.schemas.inputs import (
     input_fingerprint,
 )
 from beam_tfrecords.schemas.shards import ShardBand, shard_name
-from beam_tfrecords.transforms import images
+from beam_tfrecords.transforms import image_listing, images
 from beam_tfrecords.transforms.images import estimated_record_size, image_shards, pack_refs
 from beam_tfrecords.transforms.io.fingerprint import file_entries, table_entries, table_lines
 from beam_tfrecords.transforms.plan.layouts import list_cifar, list_class_folders
@@ -155,7 +155,7 @@ def test_list_images_splits_on_a_table_equal_the_list(tmp_path, monkeypatch):
     make_class_folder_sample(root, per_class=5, splits=None)
     splits = (("train", 0.7), ("test", 0.3))
     plain = images.list_images(root, splits=splits)
-    monkeypatch.setattr(images, "COMPACT_LISTING_REFS", 0)
+    monkeypatch.setattr(image_listing, "COMPACT_LISTING_REFS", 0)
     compact = images.list_images(root, splits=splits)
     assert isinstance(compact.refs, RefTable) and isinstance(plain.refs, list)
     assert _listing_facts(compact) == _listing_facts(plain)
@@ -172,7 +172,7 @@ def test_compact_listing_writes_the_same_shards(tmp_path, monkeypatch, run_conve
     root = str(tmp_path / "in")
     make(root)
     plain = run_convert(root, str(tmp_path / "plain"), shard_min_mb=0.002, shard_max_mb=0.004)
-    monkeypatch.setattr(images, "COMPACT_LISTING_REFS", 0)
+    monkeypatch.setattr(image_listing, "COMPACT_LISTING_REFS", 0)
     compact = run_convert(root, str(tmp_path / "compact"), shard_min_mb=0.002, shard_max_mb=0.004)
     assert plain.ok and compact.ok
     digests = _shard_digests(str(tmp_path / "plain"))

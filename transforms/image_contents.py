@@ -28,7 +28,7 @@ import apache_beam as beam
 import numpy as np
 
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef, InputSummary, ListingPart
-from beam_tfrecords.transforms.images import content_key, pack_refs, part_refs
+from beam_tfrecords.transforms.image_listing import content_key, pack_refs, part_refs
 from beam_tfrecords.transforms.io import progress
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.plan.ref_table import RefTable

@@ -32,8 +32,9 @@ import numpy as np
 
 from beam_tfrecords.schemas.elements import ImageRef, ImageRefs, ListingPart, ShardSpec
 from beam_tfrecords.schemas.shards import ShardBand
-from beam_tfrecords.transforms.images import estimated_record_size, pack_refs, part_refs, record_overheads
+from beam_tfrecords.transforms.image_listing import pack_refs, part_refs
 from beam_tfrecords.transforms.io import progress
+from beam_tfrecords.transforms.io.image_records import estimated_record_size, record_overheads
 from beam_tfrecords.transforms.plan.ref_table import RefTable, concat_tables
 from beam_tfrecords.transforms.plan.shards import cut_shards, shard_spec
 

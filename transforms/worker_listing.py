@@ -36,10 +36,11 @@ import numpy as np
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRefs, InputSummary, ShardSpec
 from beam_tfrecords.schemas.inputs import UNIT_INPUTS_DIR, unit_inputs_name
 from beam_tfrecords.schemas.shards import ShardBand
-from beam_tfrecords.transforms.images import pack_refs, path_text, record_overheads
+from beam_tfrecords.transforms.image_listing import pack_refs, path_text
 from beam_tfrecords.transforms.io import files, progress
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.fingerprint import table_lines
+from beam_tfrecords.transforms.io.image_records import record_overheads
 from beam_tfrecords.transforms.plan.layouts import CIFAR_LABELS_FILE, DEFAULT_SPLIT
 from beam_tfrecords.transforms.plan.ref_table import (
     PathBuffer,

@@ -189,22 +189,11 @@ def _walk_local(folder: str, skipped: list | None = None, stamped: bool = False,
     pending = sorted(links, reverse=True)
     while pending:
         path = pending.pop()
-        try:
-            info = os.stat(path)
-        except OSError as err:
-            reason = "link_loop" if err.errno == errno.ELOOP else "unreadable"
-            note((path, reason, f"cannot follow the path: {err.strerror or err}"))
+        info = _link_target(path, note, None if follow_outside else inside)
+        if info is None:
             continue
         key = (info.st_dev, info.st_ino)
-        is_dir = stat.S_ISDIR(info.st_mode)
-        if not (is_dir or stat.S_ISREG(info.st_mode)):
-            note((path, "not_a_regular_file", _NOT_A_FILE))
-            continue
-        if not follow_outside and not (os.path.realpath(path) + "/").startswith(inside):
-            note((path, "link_outside_input", "a link that leads outside the input folder; not "
-                  "followed (pass --follow_links_outside to read what it leads to)"))
-            continue
-        if not is_dir:
+        if not stat.S_ISDIR(info.st_mode):
             yield from _first_time([(path, info, key)], seen_files, note, stamped, shown)
             continue
         if key in seen_dirs:
@@ -223,6 +212,26 @@ def _walk_local(folder: str, skipped: list | None = None, stamped: bool = False,
 
 
 _NOT_A_FILE = "a FIFO, socket or device, not a file; not read"
+
+
+def _link_target(path: str, note, inside: str | None) -> os.stat_result | None:
+    """What a path met through a link is (``os.stat``), when it is a folder or a
+    regular file to list (and, with ``inside``, lies under that resolved folder);
+    else ``None``, and why is noted."""
+    try:
+        info = os.stat(path)
+    except OSError as err:
+        reason = "link_loop" if err.errno == errno.ELOOP else "unreadable"
+        note((path, reason, f"cannot follow the path: {err.strerror or err}"))
+        return None
+    if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+        note((path, "not_a_regular_file", _NOT_A_FILE))
+        return None
+    if inside is not None and not (os.path.realpath(path) + "/").startswith(inside):
+        note((path, "link_outside_input", "a link that leads outside the input folder; not "
+              "followed (pass --follow_links_outside to read what it leads to)"))
+        return None
+    return info
 
 
 def _scan(folder: str, note) -> tuple[list, list, list]:

@@ -397,14 +397,7 @@ def list_csv_manifest(
     image_column, label_column = table.image_column, table.label_column
     extra_names, rows, dead = table.extra_names, table.rows, table.dead
     dtypes = {name: _infer_dtype([row[name] for _, row in rows]) for name in extra_names}
-    label_values = [row[label_column] for _, row in rows]
-    int_labels = labels is None and all(_is_int(v) for v in label_values)
-    if labels is not None:
-        vocabulary = list(labels)
-    elif int_labels:
-        vocabulary = []
-    else:
-        vocabulary = sorted(set(label_values))
+    vocabulary, int_labels = _manifest_vocabulary(labels, [row[label_column] for _, row in rows])
     index = {name: i for i, name in enumerate(vocabulary)}
     refs = []
     for line, row in rows:
@@ -448,6 +441,16 @@ def list_csv_manifest(
     listing = _finish("csv", refs, vocabulary, 0, dead, dict(sorted(dtypes.items())))
     listing.split_source = f"the CSV's {SPLIT_COLUMN!r} column" if SPLIT_COLUMN in table.header else ""
     return listing
+
+
+def _manifest_vocabulary(labels: Sequence[str] | None, values: list[str]) -> tuple[list[str], bool]:
+    """A CSV manifest's class names in label order, and whether its labels are
+    integers with no names (no ``labels`` given, every value an integer)."""
+    if labels is not None:
+        return list(labels), False
+    if all(_is_int(v) for v in values):
+        return [], True
+    return sorted(set(values)), False
 
 
 @dataclasses.dataclass(frozen=True)
