@@ -4,7 +4,7 @@
 a table is encoded into spools, then cut into shards (or grouped into
 sequences first); images are listed on the launcher (hashed on the workers, or
 not; resized into spools first, or not) or on the workers (``--list_on_workers``);
-every branch writes and verifies its shards and ends in ``transforms.manifest.Commit``,
+every branch writes and verifies its shards and ends in ``transforms.commit_step.Commit``,
 which publishes the dataset and writes the run report. ``beam_pipeline.pipeline``
 runs it.
 """
@@ -20,8 +20,9 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 from beam_tfrecords.preflight import RunPlan, drift_gate
 from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.transforms.commit_step import Commit, CommitSettings
 from beam_tfrecords.transforms.image_contents import HashImages, add_contents_outcome
-from beam_tfrecords.transforms.images import (
+from beam_tfrecords.transforms.image_steps import (
     ImageRecords,
     ListImages,
     PlanImageShards,
@@ -33,11 +34,10 @@ from beam_tfrecords.transforms.images import (
 )
 from beam_tfrecords.transforms.io import files, progress
 from beam_tfrecords.transforms.listing_plan import PlanListingParts
-from beam_tfrecords.transforms.manifest import Commit, CommitSettings
 from beam_tfrecords.transforms.plan import handoff
 from beam_tfrecords.transforms.plan.layouts import resolve_input
 from beam_tfrecords.transforms.sequences import BuildSequences, PlanSequenceShards
-from beam_tfrecords.transforms.shards import SpoolCopy, VerifyShards, WriteShards
+from beam_tfrecords.transforms.shard_engine import SpoolCopy, VerifyShards, WriteShards
 from beam_tfrecords.transforms.tables import EncodeTables, PlanTableShards, table_summary
 from beam_tfrecords.transforms.worker_listing import ListAndPlanOnWorkers
 from beam_tfrecords.updates import config_fingerprint

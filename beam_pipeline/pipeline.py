@@ -40,7 +40,7 @@ from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME
 from beam_tfrecords.schemas.report import RunReport, Status
 from beam_tfrecords.schemas.shards import WORK_DIR
-from beam_tfrecords.transforms.images import drop_listing
+from beam_tfrecords.transforms.image_steps import drop_listing
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.commit import LOCK_NAME, record_job, release_lock, remove_run_folder
 from beam_tfrecords.transforms.io.dataflow_jobs import (
@@ -532,7 +532,7 @@ def _shown(plan: RunPlan, options: PipelineOptions,
 
 def _published_nothing(plan: RunPlan, own: RunReport) -> RunReport:
     """After the pipeline raised, this run's report, which its commit wrote before it
-    raised so that the job ends failed (``transforms.manifest.RunFailed``); no retry
+    raised so that the job ends failed (``transforms.commit_step.RunFailed``); no retry
     follows here, so what it kept for one (after commit_failed) goes, but for what it
     kept of the old dataset while no new manifest is published."""
     _log.info("The run published nothing: %s", own.status.value)

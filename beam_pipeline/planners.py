@@ -32,8 +32,8 @@ from beam_tfrecords.schemas.inputs import InputFile
 from beam_tfrecords.schemas.manifest import DEAD_LETTER_DIR
 from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.transforms import worker_listing
-from beam_tfrecords.transforms.codec.images import is_image_filename
-from beam_tfrecords.transforms.images import HeldImages, ListingIdentity, keep_listing, list_images
+from beam_tfrecords.transforms.codec.image_inspection import is_image_filename
+from beam_tfrecords.transforms.image_steps import HeldImages, ListingIdentity, keep_listing, list_images
 from beam_tfrecords.transforms.io import files, gcs
 from beam_tfrecords.transforms.io.fingerprint import (
     file_entries,
@@ -317,7 +317,7 @@ def contents_on_workers(config: ConvertConfig) -> bool:
 
 def _held_images(config: ConvertConfig, dataset, root: str) -> HeldImages | None:
     """For ``--drop_duplicates`` with ``--incremental``: what the dataset holds
-    (``transforms.images.HeldImages``), so that the listing keeps it and drops new
+    (``transforms.image_steps.HeldImages``), so that the listing keeps it and drops new
     copies of it; ``None`` otherwise."""
     if not (config.incremental and config.drop_duplicates) or dataset is None or dataset.problem:
         return None

@@ -46,7 +46,7 @@ from beam_tfrecords.schemas.config import ConvertConfig, CsvDialect, expand_temp
 from beam_tfrecords.schemas.manifest import parse_manifest
 from beam_tfrecords.schemas.options import CSV_MANIFEST, CSV_TABLE, IMAGES, TABLES, flags_only_for
 from beam_tfrecords.schemas.shards import ShardTarget
-from beam_tfrecords.transforms.images import read_labels_text
+from beam_tfrecords.transforms.image_steps import read_labels_text
 from beam_tfrecords.transforms.io import files, gcs
 from beam_tfrecords.transforms.io.commit import new_run_id
 from beam_tfrecords.transforms.io.ownership import claim_output

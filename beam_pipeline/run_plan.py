@@ -13,7 +13,7 @@ from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.inputs import InputFile
 from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.schemas.table_schema import TableSchema
-from beam_tfrecords.transforms.images import LISTING_NAME
+from beam_tfrecords.transforms.image_steps import LISTING_NAME
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.ownership import OutputClaims
 from beam_tfrecords.transforms.plan.ref_table import RefTable

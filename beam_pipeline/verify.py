@@ -41,7 +41,7 @@ from beam_tfrecords.schemas.shards import WORK_DIR, parse_shard_name
 from beam_tfrecords.transforms.codec.tfrecord import FileDigest
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.gcs import is_gcs
-from beam_tfrecords.transforms.shards import storage_crc32c_check, verify_shard
+from beam_tfrecords.transforms.shard_engine import storage_crc32c_check, verify_shard
 
 __all__ = [
     "ShardCheck",

@@ -8,7 +8,7 @@ the requests of verifying them, against a storage emulator on loopback.
 N small shards (3 records each) are uploaded to the server under a run's
 temporary folder (``<shard>.<attempt id>``), with a result for each as the shard
 verifier leaves it (size, CRC-32C, SHA-256, the generation read); the run's lock is
-taken. Then the commit step (``transforms.manifest.commit_run``) runs once, every
+taken. Then the commit step (``transforms.commit_step.commit_run``) runs once, every
 request of it through ``tests/harness/fault_proxy.py``'s ``FaultProxy``, whose log is
 counted by kind (``fault_proxy.request_kind``). ``--verify`` also runs the
 pipeline's verification step (``VerifyShards``, on the in-process runner) over the
@@ -120,7 +120,7 @@ def _verify(results: list, reread: bool | None) -> None:
 
     import apache_beam as beam
 
-    from beam_tfrecords.transforms.shards import VerifyShards
+    from beam_tfrecords.transforms.shard_engine import VerifyShards
 
     pending = [dataclasses.replace(r, verified=False, verified_as=None) for r in results]
     step = VerifyShards() if reread is None else VerifyShards(reread=reread)
@@ -152,9 +152,9 @@ def main() -> int:
                 # pylint: disable=import-outside-toplevel
                 from beam_tfrecords.schemas.elements import InputSummary
                 from beam_tfrecords.schemas.shards import ShardBand, ShardTarget
+                from beam_tfrecords.transforms.commit_step import CommitSettings, commit_run
                 from beam_tfrecords.transforms.io import gcs
                 from beam_tfrecords.transforms.io.commit import acquire_lock, new_run_id
-                from beam_tfrecords.transforms.manifest import CommitSettings, commit_run
 
                 gcs.use_anonymous_credentials()
                 client.create_bucket("bench")

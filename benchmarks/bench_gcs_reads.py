@@ -6,7 +6,7 @@ runs for every chunk of a shard) sends per image, on the storage emulator.
 
 Starts ``gcp-storage-emulator`` (``tests/harness/gcs_emulator.py``) with the fault proxy
 (``tests/harness/fault_proxy.py``) in front of it, uploads ``--images`` small PNGs in a
-class-folder layout, lists them as a run does (``transforms.images.list_images``),
+class-folder layout, lists them as a run does (``transforms.image_steps.list_images``),
 then clears the proxy's log and encodes them all in chunks on ``--threads``
 threads (as a shard writer does) and prints the requests the reads sent, by kind:
 object metadata GETs, media GETs (with the ``generation`` they pinned, if any),
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
                     emulator.upload_bytes(f"gs://bench-reads/images/c{i % 4}/img_{i:06d}.png", _png(i))
                 emulator.url = upstream
                 os.environ["STORAGE_EMULATOR_HOST"] = proxy.url
-                from beam_tfrecords.transforms.images import list_images
+                from beam_tfrecords.transforms.image_steps import list_images
                 from beam_tfrecords.transforms.io import files, gcs
                 from beam_tfrecords.transforms.io.image_records import ImageRecordBuilder
 

@@ -26,7 +26,7 @@ projected RSS (from the previous size) exceeds ``--max_gb`` is not run and is
 reported as an extrapolation.
 
 ``--handoff`` measures the listing the launcher hands to the listing step when
-that runs in another process (``transforms.images.write_listing``/``read_listing``):
+that runs in another process (``transforms.image_steps.write_listing``/``read_listing``):
 for each size, a process lists and writes it, a fresh one reads it, each timed,
 with its peak RSS over its RSS just before (``/proc/self/clear_refs``); once as the
 pickle of before issue 18, once as the Arrow file with its SHA-256 check.
@@ -84,7 +84,7 @@ def run_one(count: int, trace: bool, compact_above: int = -1, workers: bool = Fa
     import tracemalloc
 
     from beam_tfrecords.schemas.shards import ShardBand
-    from beam_tfrecords.transforms import images
+    from beam_tfrecords.transforms import image_steps as images
     from beam_tfrecords.transforms.io import files, fingerprint
 
     files.list_files = lambda pattern, limit=None, skipped=None: synthetic_files(count)
@@ -262,7 +262,7 @@ def handoff_write(count: int, fmt: str, path: str) -> dict:
     import dataclasses
     import gc
 
-    from beam_tfrecords.transforms import images
+    from beam_tfrecords.transforms import image_steps as images
     from beam_tfrecords.transforms.io import files
 
     files.list_files = lambda pattern, limit=None, skipped=None: synthetic_files(count)
@@ -288,7 +288,7 @@ def handoff_read(fmt: str, path: str, digest: str) -> dict:
     """Reads the hand-off in a fresh process, as the listing step does (``pickle``: the
     code before issue 18; ``arrow``: the digest check, then the Arrow file)."""
     # pylint: disable=import-outside-toplevel
-    from beam_tfrecords.transforms import images
+    from beam_tfrecords.transforms import image_steps as images
     from beam_tfrecords.transforms.io import files
 
     before = _reset_peak()
@@ -329,7 +329,7 @@ def _handoff(count: int, fmt: str) -> dict:
 def _cut_api() -> str:
     """``parts`` (issue 19: a listing in parts, cut per split from thin columns) or
     ``element`` (before: the whole listing one element, planned in one step)."""
-    from beam_tfrecords.transforms import images  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms import image_steps as images  # pylint: disable=import-outside-toplevel
 
     return "parts" if hasattr(images, "listing_size") else "element"
 
@@ -338,7 +338,7 @@ def cut_setup(count: int, folder: str) -> dict:
     """Lists ``count`` synthetic files and writes what the planning step receives:
     the hand-off's parts (or, before, the one ``ImageRefs`` element, pickled)."""
     # pylint: disable=import-outside-toplevel
-    from beam_tfrecords.transforms import images
+    from beam_tfrecords.transforms import image_steps as images
     from beam_tfrecords.transforms.io import files
 
     files.list_stamped = lambda pattern, skipped=None, **_: synthetic_files(count, stamped=True)
@@ -363,7 +363,7 @@ def cut_measure(folder: str, step: str) -> dict:
     with every split's cut as the side input), ``specs`` (one group's specs)."""
     # pylint: disable=import-outside-toplevel,protected-access
     from beam_tfrecords.schemas.shards import ShardBand
-    from beam_tfrecords.transforms import images
+    from beam_tfrecords.transforms import image_steps as images
 
     band = ShardBand.from_mb(100, 200)
     before = _reset_peak()
@@ -451,7 +451,7 @@ def _cut(count: int) -> dict:
         if row["api"] == "element":
             row.update(run("--cut_step", "plan", folder))
             return row
-        from beam_tfrecords.transforms import images  # pylint: disable=import-outside-toplevel
+        from beam_tfrecords.transforms import image_steps as images  # pylint: disable=import-outside-toplevel
         from beam_tfrecords.transforms.plan.handoff import decode_listing
         with open(os.path.join(folder, images.LISTING_NAME), "rb") as f:
             _, parts, _ = decode_listing(f.read(), HANDOFF_ARGS)
@@ -463,7 +463,7 @@ def _cut(count: int) -> dict:
     return row
 
 
-# --- --commit: the commit worker (transforms.manifest commit_run) ----------------------------
+# --- --commit: the commit worker (transforms.commit_step commit_run) ----------------------------
 
 COMMIT_RECORDS_PER_SHARD = 1360  # A 150 MB shard of ~110 KB images.
 COMMIT_COPY_EVERY = 1000  # One record in this many holds the content of the one before it.
@@ -631,7 +631,7 @@ def commit_measure(folder: str) -> dict:
     process's RSS after its imports, and wall time."""
     # pylint: disable=import-outside-toplevel
     from beam_tfrecords.schemas.shards import ShardBand
-    from beam_tfrecords.transforms import manifest
+    from beam_tfrecords.transforms import commit_step as manifest
 
     api = _commit_api()
     before = _reset_peak()

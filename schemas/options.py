@@ -54,7 +54,7 @@ FINGERPRINTS: tuple[str, ...] = ("stat", "content")
 PROGRESS_MODES: tuple[str, ...] = ("auto", "bar", "log", "off")
 # --max_pixels: images whose header declares more pixels are refused before any decode
 # (2**27, about 11585 x 11585). It also bounds the memory of checking an image (see
-# transforms/codec/images.py: up to ~10 bytes a pixel for a progressive JPEG in decode mode).
+# transforms/codec/image_inspection.py: up to ~10 bytes a pixel for a progressive JPEG in decode mode).
 DEFAULT_MAX_PIXELS = 1 << 27
 # --max_file_bytes: an input file larger than this is dead-lettered (file_too_large)
 # without being read (256 MiB; README "flags"): a reading thread holds a file and its

@@ -1,7 +1,7 @@
 """The run report: what a run did, as the commit step decided it.
 
 ``RunReport`` is what ``run_report.json`` holds, typed: the commit step
-(``transforms.manifest``) builds it, the launcher (``beam_pipeline.pipeline``)
+(``transforms.commit_step``) builds it, the launcher (``beam_pipeline.pipeline``)
 builds the reports of runs that never reached the commit (``failed``,
 ``skipped``, ``dry_run``), and the console, the CLI and the library read it by
 attribute. ``to_bytes`` writes the file exactly as the dict code before it did
@@ -29,7 +29,7 @@ class Status(str, enum.Enum):
     """How a run ended (``status`` in ``run_report.json``); equal to its string.
 
     The commit's statuses, in the order it decides them (the first that holds
-    wins, see ``transforms.manifest.decide_status``): ``split_name_clash``,
+    wins, see ``transforms.commit_step.decide_status``): ``split_name_clash``,
     ``accounting_failed``, ``verification_failed``, ``no_records``,
     ``error_budget_exceeded``, ``leakage_found``, ``drift_found``,
     ``output_exists``, else ``ok`` (then ``commit_failed`` when the store refused

@@ -31,10 +31,10 @@ from apache_beam.testing.util import assert_that, equal_to
 from beam_tfrecords.cli import main as cli_main
 from beam_tfrecords.schemas.elements import InputSummary, ShardSpec
 from beam_tfrecords.schemas.shards import WORK_DIR, ShardBand, ShardTarget, shard_name
+from beam_tfrecords.transforms.commit_step import CommitSettings, commit_run
 from beam_tfrecords.transforms.io import gcs as gcs_io
 from beam_tfrecords.transforms.io.commit import KEPT_ASIDE, acquire_lock, stored_object
-from beam_tfrecords.transforms.manifest import CommitSettings, commit_run
-from beam_tfrecords.transforms.shards import FramedRecords, VerifyShards, write_shard
+from beam_tfrecords.transforms.shard_engine import FramedRecords, VerifyShards, write_shard
 from tests.harness.fault_proxy import FaultProxy, request_kind
 from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
 from tests.test_dataflow_commit_retry import Crash, crash_at

@@ -49,7 +49,8 @@ from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.elements import ShardSpec
 from beam_tfrecords.schemas.report import RunReport, Status
 from beam_tfrecords.schemas.shards import WORK_DIR, ShardTarget, shard_name
-from beam_tfrecords.transforms import manifest as commit_step
+from beam_tfrecords.transforms import commit_step
+from beam_tfrecords.transforms.commit_step import RunFailed, commit_run
 from beam_tfrecords.transforms.io import commit, commit_moves
 from beam_tfrecords.transforms.io.commit import (
     KEPT_ASIDE,
@@ -59,8 +60,7 @@ from beam_tfrecords.transforms.io.commit import (
     stored_object,
 )
 from beam_tfrecords.transforms.io.ownership import claim_output
-from beam_tfrecords.transforms.manifest import RunFailed, commit_run
-from beam_tfrecords.transforms.shards import FramedRecords, verify_shard, write_shard
+from beam_tfrecords.transforms.shard_engine import FramedRecords, verify_shard, write_shard
 
 pytestmark = pytest.mark.beam
 

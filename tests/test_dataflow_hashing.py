@@ -19,7 +19,7 @@ from PIL import Image
 
 from beam_tfrecords.preflight import plan_run
 from beam_tfrecords.schemas.config import ConvertConfig
-from beam_tfrecords.transforms.images import drop_listing, list_images
+from beam_tfrecords.transforms.image_steps import drop_listing, list_images
 from tests.conftest import dead_letters, load_manifest, read_dataset, sha256_file
 from tests.harness.attack_table import cli_env
 

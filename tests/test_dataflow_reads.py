@@ -32,7 +32,7 @@ import pytest
 
 from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.schemas.elements import ImageRef
-from beam_tfrecords.transforms.images import list_images
+from beam_tfrecords.transforms.image_steps import list_images
 from beam_tfrecords.transforms.io import gcs as gcs_module
 from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
 from beam_tfrecords.transforms.io.image_records import ImageRecordBuilder

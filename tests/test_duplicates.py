@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from beam_tfrecords.cli import main
-from beam_tfrecords.transforms.plan.shards import stable_key
+from beam_tfrecords.transforms.plan.shard_cuts import stable_key
 from beam_tfrecords.transforms.quality.duplicates import duplicate_report, keep_first
 from tests.conftest import read_dataset
 

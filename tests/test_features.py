@@ -31,7 +31,7 @@ from beam_tfrecords.transforms.codec.example import (
     varint_size,
 )
 from beam_tfrecords.transforms.codec.image_example import encode_image_example, image_example_size
-from beam_tfrecords.transforms.codec.images import ImageInfo, inspect_image
+from beam_tfrecords.transforms.codec.image_inspection import ImageInfo, inspect_image
 
 pytestmark = pytest.mark.unit
 

@@ -307,8 +307,8 @@ def test_pipeline_catches_an_object_changed_after_writing(gcs, image_tree, tmp_p
 
     # pylint: disable=import-outside-toplevel
     from beam_tfrecords.schemas.shards import ShardTarget
-    from beam_tfrecords.transforms.images import ImageRecords, ListImages, PlanImageShards
-    from beam_tfrecords.transforms.shards import VerifyShards, WriteShards
+    from beam_tfrecords.transforms.image_steps import ImageRecords, ListImages, PlanImageShards
+    from beam_tfrecords.transforms.shard_engine import VerifyShards, WriteShards
 
     config = ConvertConfig(input="gs://b/images", output="gs://b/out-changed", encode_processes=0)
 

@@ -227,7 +227,7 @@ class _Messages(logging.Handler):
 @pytest.fixture
 def engine_log():
     """The shard engine's warnings (its retries) during the test, as text."""
-    logger = logging.getLogger("beam_tfrecords.transforms.shards")
+    logger = logging.getLogger("beam_tfrecords.transforms.shard_engine")
     handler = _Messages()
     logger.addHandler(handler)
     try:

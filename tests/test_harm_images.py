@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from beam_tfrecords.samples import make_cifar_sample, make_class_folder_sample
-from beam_tfrecords.transforms.codec.images import describe_content, quiet_message
+from beam_tfrecords.transforms.codec.image_inspection import describe_content, quiet_message
 from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input, sha256_input
 from beam_tfrecords.transforms.plan.layouts import parse_labels_text
 from beam_tfrecords.transforms.plan.names import find_clash
-from beam_tfrecords.transforms.plan.shards import stable_key
+from beam_tfrecords.transforms.plan.shard_cuts import stable_key
 from tests.conftest import load_manifest, read_dataset
 from tests.harness.attack_table import cli
 

@@ -22,7 +22,7 @@ from beam_tfrecords.cli import config_from_args, convert_parser
 from beam_tfrecords.samples import CLASSES, make_class_folder_sample, render_image
 from beam_tfrecords.schemas.config import DEFAULT_MAX_PIXELS, VALIDATE_MODES, ConvertConfig
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
-from beam_tfrecords.transforms.codec.images import ImageError, ImageInfo, inspect_image
+from beam_tfrecords.transforms.codec.image_inspection import ImageError, ImageInfo, inspect_image
 from beam_tfrecords.transforms.io.image_records import ImageRecordBuilder
 
 # Mutated headers may declare sizes above Pillow's warning threshold (the reference decode).

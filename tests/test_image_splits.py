@@ -15,7 +15,7 @@ from PIL import Image
 from beam_tfrecords.cli import main
 from beam_tfrecords.preflight import ConvertError, plan_run
 from beam_tfrecords.schemas.config import ConvertConfig
-from beam_tfrecords.transforms.images import list_images
+from beam_tfrecords.transforms.image_steps import list_images
 from tests.conftest import sha256_file
 
 SPLITS = (("train", 0.8), ("validation", 0.1), ("test", 0.1))

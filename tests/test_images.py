@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from beam_tfrecords.schemas.config import VALIDATE_MODES
-from beam_tfrecords.transforms.codec.images import (
+from beam_tfrecords.transforms.codec.image_inspection import (
     IMAGE_EXTENSIONS,
     ImageError,
     ImageInfo,

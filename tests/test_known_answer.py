@@ -17,7 +17,7 @@ import zlib
 
 import pytest
 
-from beam_tfrecords.transforms.plan.shards import stable_key
+from beam_tfrecords.transforms.plan.shard_cuts import stable_key
 from tests.conftest import sha256_file
 
 pytestmark = pytest.mark.e2e

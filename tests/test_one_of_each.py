@@ -14,7 +14,7 @@ from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.elements import ImageSpool
 from beam_tfrecords.schemas.shards import ShardBand
 from beam_tfrecords.transforms.io import retry
-from beam_tfrecords.transforms.plan.shards import StreamedCut, assign_shards, cut_shards
+from beam_tfrecords.transforms.plan.shard_cuts import StreamedCut, assign_shards, cut_shards
 from beam_tfrecords.transforms.tables import plan_table_shards
 
 

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from beam_tfrecords.cli import main
-from beam_tfrecords.transforms.codec.images import inspect_image
+from beam_tfrecords.transforms.codec.image_inspection import inspect_image
 from beam_tfrecords.transforms.codec.readable import readable_image
 from tests.conftest import read_dataset
 from tests.harness.tf_decode import Unsupported, tf_decode_image
@@ -153,7 +153,7 @@ def test_a_24_bit_bmp_of_any_row_padding_is_kept_and_reads_as_pillow_reads_it(wi
 
 @pytest.mark.unit
 def test_a_float_tiff_has_no_lossless_png_and_is_refused_with_a_reason():
-    from beam_tfrecords.transforms.codec.images import ImageError
+    from beam_tfrecords.transforms.codec.image_inspection import ImageError
 
     data = _encode(Image.new("F", (4, 3), 0.5), "TIFF")
     with pytest.raises(ImageError, match=r"unconvertible_image: pixel mode F has no lossless PNG"):

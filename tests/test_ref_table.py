@@ -21,11 +21,11 @@ from beam_tfrecords.schemas.inputs import (
 )
 from beam_tfrecords.schemas.shards import ShardBand, shard_name
 from beam_tfrecords.transforms import image_listing, images
-from beam_tfrecords.transforms.images import estimated_record_size, image_shards, pack_refs
+from beam_tfrecords.transforms.image_steps import estimated_record_size, image_shards, pack_refs
 from beam_tfrecords.transforms.io.fingerprint import file_entries, table_entries, table_lines
 from beam_tfrecords.transforms.plan.layouts import list_cifar, list_class_folders
 from beam_tfrecords.transforms.plan.ref_table import PathBuffer, RefTable
-from beam_tfrecords.transforms.plan.shards import cut_shards, stable_key
+from beam_tfrecords.transforms.plan.shard_cuts import cut_shards, stable_key
 
 ROOT = "gs://b/data"
 

@@ -13,7 +13,7 @@ from PIL import Image
 
 from beam_tfrecords.cli import main
 from beam_tfrecords.schemas.config import ConvertConfig, ImageReshape
-from beam_tfrecords.transforms.codec.images import inspect_image
+from beam_tfrecords.transforms.codec.image_inspection import inspect_image
 from beam_tfrecords.transforms.codec.reshape import reshape_image, target_size
 from tests.conftest import read_dataset
 from tests.harness.tf_decode import tf_decode_image

@@ -1,5 +1,5 @@
 """The run report typed (``schemas.report``) and the commit's three steps
-(``transforms.manifest``: ``summarize_run``, ``decide_status``, ``publish_run``) on
+(``transforms.commit_step``: ``summarize_run``, ``decide_status``, ``publish_run``) on
 their own, with plain values.
 
 The expected bytes below were written by the dict code that built the report before
@@ -23,14 +23,14 @@ from beam_tfrecords.schemas.elements import InputSummary, ShardResult
 from beam_tfrecords.schemas.manifest import ErrorBudget
 from beam_tfrecords.schemas.report import Failure, RunReport, Status
 from beam_tfrecords.schemas.shards import ShardBand, ShardTarget
-from beam_tfrecords.transforms.io.commit import stored_object
-from beam_tfrecords.transforms.manifest import (
+from beam_tfrecords.transforms.commit_step import (
     CommitSettings,
     StatusFacts,
     decide_status,
     publish_run,
     summarize_run,
 )
+from beam_tfrecords.transforms.io.commit import stored_object
 
 pytestmark = pytest.mark.unit
 

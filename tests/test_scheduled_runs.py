@@ -356,7 +356,7 @@ def test_a_run_planned_before_another_finished_is_refused(tmp_path, capsys):
     from beam_tfrecords.pipeline import OutputBusy
     from beam_tfrecords.preflight import plan_run, take_output
     from beam_tfrecords.schemas.config import ConvertConfig
-    from beam_tfrecords.transforms.images import drop_listing
+    from beam_tfrecords.transforms.image_steps import drop_listing
 
     root, out = str(tmp_path / "in"), str(tmp_path / "out")
     _add_images(root, 10)

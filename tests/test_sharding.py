@@ -12,7 +12,7 @@ from beam_tfrecords.schemas.shards import (
     parse_shard_name,
     shard_name,
 )
-from beam_tfrecords.transforms.plan.shards import assign_shards, choose_num_shards, stable_key
+from beam_tfrecords.transforms.plan.shard_cuts import assign_shards, choose_num_shards, stable_key
 
 pytestmark = pytest.mark.unit
 

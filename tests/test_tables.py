@@ -294,7 +294,7 @@ def _whole_array_plan(spools, band, compression):
     """The plan as one array of all a split's sizes gives it (the reference)."""
     from beam_tfrecords.schemas.shards import shard_name
     from beam_tfrecords.transforms.codec.tfrecord import checkpoints
-    from beam_tfrecords.transforms.plan.shards import cut_shards
+    from beam_tfrecords.transforms.plan.shard_cuts import cut_shards
 
     sizes = np.concatenate([s for _, s in spools])
     owner = np.concatenate([np.full(len(s), k) for k, (_, s) in enumerate(spools)])

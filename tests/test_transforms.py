@@ -18,9 +18,9 @@ from beam_tfrecords.schemas.elements import InputSummary, ShardResult
 from beam_tfrecords.schemas.manifest import REPORT_NAME
 from beam_tfrecords.schemas.report import Failure
 from beam_tfrecords.schemas.shards import ShardTarget
-from beam_tfrecords.transforms.images import ImageRecords, ListImages, PlanImageShards
-from beam_tfrecords.transforms.manifest import CommitSettings, commit_run
-from beam_tfrecords.transforms.shards import VerifyShards, WriteShards
+from beam_tfrecords.transforms.commit_step import CommitSettings, commit_run
+from beam_tfrecords.transforms.image_steps import ImageRecords, ListImages, PlanImageShards
+from beam_tfrecords.transforms.shard_engine import VerifyShards, WriteShards
 
 
 def _config(tmp_path, **options):

@@ -11,7 +11,7 @@ from beam_tfrecords.transforms.codec.tfrecord import (
     frame_record,
 )
 from beam_tfrecords.transforms.io.helpers import ready_helper_pool
-from beam_tfrecords.transforms.shards import verify_shard
+from beam_tfrecords.transforms.shard_engine import verify_shard
 
 pytestmark = pytest.mark.unit
 

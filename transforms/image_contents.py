@@ -32,7 +32,7 @@ from beam_tfrecords.transforms.image_listing import content_key, pack_refs, part
 from beam_tfrecords.transforms.io import progress
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.plan.ref_table import RefTable
-from beam_tfrecords.transforms.plan.shards import stable_key
+from beam_tfrecords.transforms.plan.shard_cuts import stable_key
 from beam_tfrecords.transforms.quality.splits import split_of
 
 __all__ = ["ContentsOutcome", "HashImages", "add_contents_outcome"]

@@ -58,7 +58,7 @@ from beam_tfrecords.transforms.plan.layouts import (
 )
 from beam_tfrecords.transforms.plan.names import check_names
 from beam_tfrecords.transforms.plan.ref_table import PathBuffer, RefTable, concat_tables
-from beam_tfrecords.transforms.plan.shards import stable_key
+from beam_tfrecords.transforms.plan.shard_cuts import stable_key
 from beam_tfrecords.transforms.quality.duplicates import keep_first
 from beam_tfrecords.transforms.quality.splits import split_of
 

@@ -36,7 +36,7 @@ from beam_tfrecords.transforms.image_listing import pack_refs, part_refs
 from beam_tfrecords.transforms.io import progress
 from beam_tfrecords.transforms.io.image_records import estimated_record_size, record_overheads
 from beam_tfrecords.transforms.plan.ref_table import RefTable, concat_tables
-from beam_tfrecords.transforms.plan.shards import cut_shards, shard_spec
+from beam_tfrecords.transforms.plan.shard_cuts import cut_shards, shard_spec
 
 __all__ = ["PlanListingParts", "SHARDS_PER_GROUP", "SplitCut", "cut_split", "part_columns"]
 

@@ -28,7 +28,7 @@ from beam_tfrecords.schemas.table_schema import TableSchema
 from beam_tfrecords.transforms.codec.sequence import encode_sequence_example
 from beam_tfrecords.transforms.codec.tfrecord import TFRecordWriter, checkpoints, frame_record
 from beam_tfrecords.transforms.io import files, progress
-from beam_tfrecords.transforms.plan.shards import split_specs
+from beam_tfrecords.transforms.plan.shard_cuts import split_specs
 
 __all__ = ["BuildSequences", "PlanSequenceShards", "SequenceSpool", "plan_sequence_shards"]
 

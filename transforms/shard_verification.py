@@ -1,12 +1,12 @@
 """The shard engine's verifier: each written shard re-read from storage and proved.
 
-``WriteShards`` (``transforms.shards``) writes a shard under its temporary name
+``WriteShards`` (``transforms.shard_engine``) writes a shard under its temporary name
 with the digest of what it wrote (records, bytes, CRC-32C, SHA-256) and the
 record boundaries it noted; ``VerifyShards`` reads the stored object back, checks
 every record against that digest (the pieces between boundaries in parallel, in
 helper processes, for shards of many small records), and records which stored
 object it read (``schemas.elements.StoredObject``), so that the commit
-(``transforms.manifest``) moves only that object. ``verify_shard`` and
+(``transforms.commit_step``) moves only that object. ``verify_shard`` and
 ``storage_crc32c_check`` are the same checks for one path, as ``verify`` uses them.
 """
 
@@ -44,7 +44,7 @@ __all__ = [
 
 # The shard engine's log, named as before the verifier had a module of its own
 # (a run's log lines and the retries' warnings keep their logger).
-_log = logging.getLogger("beam_tfrecords.transforms.shards")
+_log = logging.getLogger("beam_tfrecords.transforms.shard_engine")
 
 
 def storage_crc32c_check(path: str, written_crc32c: str) -> tuple[str | None, str]:

@@ -2,9 +2,9 @@
 (one per input file and split, each record's size in a sidecar), and the plan that
 cuts them into shards of byte ranges.
 
-``transforms.tables`` writes a table's spools (``SpoolInfo``), ``transforms.images``
+``transforms.tables`` writes a table's spools (``SpoolInfo``), ``transforms.image_steps``
 spools images it read on the launcher (``ImageSpool``); ``plan_table_shards`` cuts
-either kind, streaming the sidecars, and ``transforms.shards`` copies the ranges.
+either kind, streaming the sidecars, and ``transforms.shard_engine`` copies the ranges.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from beam_tfrecords.schemas.elements import ImageSpool, ShardSpec, SpoolSegments
 from beam_tfrecords.schemas.shards import ShardBand
 from beam_tfrecords.transforms.codec.tfrecord import CHECKPOINT_BYTES
 from beam_tfrecords.transforms.io import files, progress
-from beam_tfrecords.transforms.plan.shards import StreamedCut, shard_spec
+from beam_tfrecords.transforms.plan.shard_cuts import StreamedCut, shard_spec
 
 __all__ = ["SIZES_SUFFIX", "SpoolInfo", "plan_table_shards"]
 

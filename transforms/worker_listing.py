@@ -49,7 +49,7 @@ from beam_tfrecords.transforms.plan.ref_table import (
     class_folder_table,
     concat_tables,
 )
-from beam_tfrecords.transforms.plan.shards import cut_shards, shard_spec
+from beam_tfrecords.transforms.plan.shard_cuts import cut_shards, shard_spec
 from beam_tfrecords.transforms.quality.splits import split_of
 
 __all__ = ["ListAndPlanOnWorkers", "UnitsToList", "cut_plan"]

@@ -1577,7 +1577,7 @@ def _incremental_link(work, outcome):
 @case("drop-duplicates-incremental", "--drop_duplicates --incremental after copies of held images "
       "and one new image were added", EXIT_OK, STATUS_OK)
 def _dup_incremental(work, outcome):
-    from beam_tfrecords.transforms.plan.shards import stable_key  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.plan.shard_cuts import stable_key  # pylint: disable=import-outside-toplevel
 
     root, extra = work / "in", work / "extra"
     images = make_class_folder_sample(str(root), per_class=3, splits=None)

@@ -17,7 +17,7 @@ from beam_tfrecords.transforms.codec.example import (
     varint,
     varint_size,
 )
-from beam_tfrecords.transforms.codec.images import ImageInfo
+from beam_tfrecords.transforms.codec.image_inspection import ImageInfo
 
 __all__ = ["encode_image_example", "image_example_parts", "image_example_size"]
 

@@ -1,7 +1,7 @@
 """Image containers read straight from the bytes: JPEG markers, PNG chunks, GIF
 blocks (``struct``, no decode, no copy of the data), and the PNG image-data stream
 check; with ``ImageInfo`` (what a header says) and ``ImageError`` (why an image is
-refused). ``codec.images.inspect_image`` calls these first. Pure Python: no Beam.
+refused). ``codec.image_inspection.inspect_image`` calls these first. Pure Python: no Beam.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 lossless PNG for what it does not.
 
 ``tf.io.decode_image`` (TensorFlow's ``DecodeImageV2`` kernel) reads JPEG, PNG,
-GIF and BMP. Of those, the header inspection (``codec.images``) marks what it
+GIF and BMP. Of those, the header inspection (``codec.image_inspection``) marks what it
 still cannot read as stored (``ImageInfo.unreadable``): CMYK/YCCK JPEGs (as
 TensorFlow's own ImageNet build script notes), 12-bit and lossless or
 arithmetic-coded JPEGs, and BMPs other than uncompressed 24-bit (its BMP decoder
@@ -22,7 +22,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from beam_tfrecords.transforms.codec.images import ImageError, ImageInfo, decode_first_frame
+from beam_tfrecords.transforms.codec.image_inspection import ImageError, ImageInfo, decode_first_frame
 
 __all__ = ["readable_image", "to_uint16"]
 

@@ -15,7 +15,7 @@ import io
 from PIL import Image
 
 from beam_tfrecords.schemas.config import ImageReshape
-from beam_tfrecords.transforms.codec.images import ImageInfo, decode_first_frame
+from beam_tfrecords.transforms.codec.image_inspection import ImageInfo, decode_first_frame
 from beam_tfrecords.transforms.codec.readable import readable_image, to_uint16
 
 __all__ = ["reshape_decodes", "reshape_image", "target_size"]

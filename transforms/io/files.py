@@ -26,7 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 # Imported for its effect: with STORAGE_EMULATOR_HOST set, every process that reaches
 # GCS through this module (CLI, Beam workers, shard-writer helpers) connects to the
 # emulator anonymously at once, instead of 15-30 s of Beam credential retries.
-from beam_tfrecords.transforms.codec.images import IMAGE_EXTENSIONS
+from beam_tfrecords.transforms.codec.image_inspection import IMAGE_EXTENSIONS
 from beam_tfrecords.transforms.io import gcs as _gcs  # noqa: F401  pylint: disable=unused-import
 
 __all__ = [

@@ -3,7 +3,7 @@
 One path, whatever the input (a local or ``gs://`` folder of class folders, CIFAR,
 a CSV manifest, a listing made on the workers, a ``--size``/readable conversion,
 ``ImagesToExamples``): ``ImageRecordBuilder`` reads an image's bytes (bounded,
-``io.bounded_read``), inspects them (``codec.images.inspect_image``), makes them
+``io.bounded_read``), inspects them (``codec.image_inspection.inspect_image``), makes them
 readable or reshapes them (``codec.readable``, ``codec.reshape``), applies the
 geometry an attachment asks for, and encodes the features
 (``codec.image_example``). Beam-free: the shard writers' helper processes run it.
@@ -60,7 +60,7 @@ from PIL import Image
 from beam_tfrecords.schemas.config import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, ImageReshape
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
 from beam_tfrecords.transforms.codec.image_example import image_example_parts, image_example_size
-from beam_tfrecords.transforms.codec.images import (
+from beam_tfrecords.transforms.codec.image_inspection import (
     ImageError,
     ImageInfo,
     decode_first_frame,

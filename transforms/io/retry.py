@@ -1,5 +1,5 @@
 """Trying a storage step again, with backoff: the one retry loop of the shard
-writer and verifier (``transforms/shards.py``).
+writer and verifier (``transforms/shard_engine.py``).
 
 A step is run up to ``ATTEMPTS`` times in all, waiting ``BACKOFF_SECONDS``, then
 twice that, and so on, between attempts; each retry is logged as a warning that

@@ -1,7 +1,7 @@
 """What a storage call raises when the store, not the data, is at fault.
 
-The shard engine (``transforms.shards``) retries a shard's write or re-read on these;
-the commit step (``transforms.manifest``) reports them as a failed publish. One tuple
+The shard engine (``transforms.shard_engine``) retries a shard's write or re-read on these;
+the commit step (``transforms.commit_step``) reports them as a failed publish. One tuple
 both use, so neither imports the other for it.
 """
 

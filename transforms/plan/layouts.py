@@ -36,10 +36,10 @@ from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
 from beam_tfrecords.schemas.manifest import shown_value
 from beam_tfrecords.schemas.shards import is_valid_split_name
 from beam_tfrecords.schemas.table_schema import FLOAT32_MAX
-from beam_tfrecords.transforms.codec.images import is_image_filename
+from beam_tfrecords.transforms.codec.image_inspection import is_image_filename
 from beam_tfrecords.transforms.plan.names import check_names
 from beam_tfrecords.transforms.plan.ref_table import RefTable, TableListing, cifar_table, class_folder_table
-from beam_tfrecords.transforms.plan.shards import stable_key
+from beam_tfrecords.transforms.plan.shard_cuts import stable_key
 
 __all__ = [
     "DEFAULT_SPLIT",
@@ -94,7 +94,7 @@ class Listing:
       split_source: what named the splits ('' when every image is in the default
         split): ``split folders``, or the CSV manifest's ``split`` column.
       duplicates_dropped: ``(filename, split, filename it copies)`` of images
-        left out as copies (see ``transforms.images.list_images``).
+        left out as copies (see ``transforms.image_steps.list_images``).
       files: for a folder layout, every labelled image as a ``RefTable`` with what
         the listing said of each file (time or generation, crc32c): the input
         fingerprint is written from it (``refs`` may be a subset of it, or the

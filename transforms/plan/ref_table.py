@@ -14,7 +14,7 @@ so code written for a list of references works on it unchanged.
 input fingerprint's time or generation and crc32c, kept in columns so that
 ``inputs.jsonl`` is written from them) without holding the stream;
 ``split_orders`` gives each split's rows in key order (the order a list's
-references are cut in, by ``plan.shards.split_specs``), and ``rows`` gives a
+references are cut in, by ``plan.shard_cuts.split_specs``), and ``rows`` gives a
 shard its rows as a table of their own. ``transforms/worker_listing.py`` spreads the listing over
 workers, a table per folder, joined with ``concat_tables`` (``docs/scaling.md``).
 """
@@ -30,7 +30,7 @@ import numpy as np
 
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
 from beam_tfrecords.schemas.shards import is_valid_split_name
-from beam_tfrecords.transforms.codec.images import is_image_filename
+from beam_tfrecords.transforms.codec.image_inspection import is_image_filename
 from beam_tfrecords.transforms.plan.names import check_names
 
 __all__ = ["RefTable", "TableListing", "cifar_table", "class_folder_table", "concat_tables", "split_orders"]

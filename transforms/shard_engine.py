@@ -1,13 +1,13 @@
 """The shard engine: one writer, one verifier, and the public ``WriteVerifiedShards``.
 
 Every input kind ends here. A plan (``ShardSpec`` per shard, cut by
-``plan.shards.cut_shards``) says which records each shard holds; a
+``plan.shard_cuts.cut_shards``) says which records each shard holds; a
 ``RecordSource`` turns a spec into framed records (images read and encoded,
 byte ranges copied out of spools, or records that came through a shuffle);
 ``WriteShards`` streams them into the shard's temporary file while digesting it;
 ``VerifyShards`` (``transforms.shard_verification``, imported here as before)
 re-reads each file from storage and proves it; the commit step
-(``transforms.manifest``) publishes the shards and the manifest.
+(``transforms.commit_step``) publishes the shards and the manifest.
 
 Only metadata is planned and moved between steps on the CLI's paths; payloads
 are streamed by the one DoFn call that writes a shard, so peak memory does not
@@ -57,7 +57,7 @@ from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.retry import ATTEMPTS, retried
 from beam_tfrecords.transforms.io.storage_errors import STORAGE_ERRORS
-from beam_tfrecords.transforms.plan.shards import cut_shards, shard_spec
+from beam_tfrecords.transforms.plan.shard_cuts import cut_shards, shard_spec
 from beam_tfrecords.transforms.quality.statistics import image_counts
 from beam_tfrecords.transforms.shard_verification import VerifyShards, storage_crc32c_check, verify_shard
 
@@ -436,7 +436,7 @@ class _WriteGroupFn(beam.DoFn):
 
 class _EmptyShardsFn(beam.DoFn):
     """Shards the plan names that no record reached, written empty so that every
-    name ``-of-N`` exists: a guard only (``plan.shards.cut_shards`` leaves no shard
+    name ``-of-N`` exists: a guard only (``plan.shard_cuts.cut_shards`` leaves no shard
     without a unit of equal keys)."""
 
     def __init__(self, target: ShardTarget):
@@ -502,7 +502,7 @@ class WriteVerifiedShards(beam.PTransform):
 
     def expand(self, records):
         # pylint: disable=import-outside-toplevel
-        from beam_tfrecords.transforms.manifest import Commit, CommitSettings
+        from beam_tfrecords.transforms.commit_step import Commit, CommitSettings
 
         inputs = records if isinstance(records, dict) else {self._split: records}
         for split in inputs:

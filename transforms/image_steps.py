@@ -73,8 +73,8 @@ from beam_tfrecords.transforms.io.image_records import (
 from beam_tfrecords.transforms.plan.handoff import graph_args, listing_parts
 from beam_tfrecords.transforms.plan.layouts import resolve_input
 from beam_tfrecords.transforms.plan.ref_table import RefTable, split_orders
-from beam_tfrecords.transforms.plan.shards import split_specs, stable_key
-from beam_tfrecords.transforms.shards import Chunk, RecordSource
+from beam_tfrecords.transforms.plan.shard_cuts import split_specs, stable_key
+from beam_tfrecords.transforms.shard_engine import Chunk, RecordSource
 from beam_tfrecords.transforms.spools import plan_table_shards
 
 __all__ = [
