@@ -39,7 +39,8 @@ import pytest
 
 from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.schemas.shards import WORK_DIR
-from beam_tfrecords.transforms import image_listing, images
+from beam_tfrecords.transforms import image_listing
+from beam_tfrecords.transforms import image_steps as images
 from beam_tfrecords.transforms.plan.handoff import HandoffError, decode_listing
 from tests.harness.attack_table import Run, cli, cli_env, held_cli
 from tests.harness.fake_gcs import FakeGcs, binary, fake_gcs_fixture  # noqa: F401  (fixture)

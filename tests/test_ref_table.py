@@ -20,7 +20,8 @@ from beam_tfrecords.schemas.inputs import (
     input_fingerprint,
 )
 from beam_tfrecords.schemas.shards import ShardBand, shard_name
-from beam_tfrecords.transforms import image_listing, images
+from beam_tfrecords.transforms import image_listing
+from beam_tfrecords.transforms import image_steps as images
 from beam_tfrecords.transforms.image_steps import estimated_record_size, image_shards, pack_refs
 from beam_tfrecords.transforms.io.fingerprint import file_entries, table_entries, table_lines
 from beam_tfrecords.transforms.plan.layouts import list_cifar, list_class_folders
