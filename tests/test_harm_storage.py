@@ -29,8 +29,10 @@ import json
 import os
 import pickle
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -499,7 +501,7 @@ def test_a_shard_swapped_on_gcs_is_not_published(tmp_path, fake_gcs, images_in, 
 _RACER = textwrap.dedent("""
     import json, os, sys, time
     from beam_tfrecords.transforms.io.commit import OutputBusyError, acquire_lock
-    output, run_id, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    output, run_id, start, done = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
     time.sleep(max(0.0, start - time.time() - 0.05))
     while time.time() < start:
         pass
@@ -509,7 +511,10 @@ _RACER = textwrap.dedent("""
     except OutputBusyError as err:
         print(json.dumps({"busy": str(err)}))
     sys.stdout.flush()
-    time.sleep(max(0.0, start + 8 - time.time()))  # Alive (a live holder) until every racer is done.
+    # Alive (a live holder) until every racer has answered, however slow the machine
+    # (a racer that outlived a deadline would leave a dead lock for a late one to take).
+    while not os.path.exists(done):
+        time.sleep(0.05)
     os._exit(0)  # Without releasing: the lock stays for the test to read.
 """)
 
@@ -525,15 +530,23 @@ def _dead_holder(output: str, env: dict[str, str]) -> dict:
 
 
 def _race(output: str, env: dict[str, str], racers: int) -> tuple[list[str], list[str]]:
-    start = time.time() + 4.0  # Every racer imported and spinning by then.
-    procs = [subprocess.Popen([sys.executable, "-c", _RACER, output, f"racer-{i}", str(start)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    start = time.time() + 4.0  # Every racer imported and spinning by then (on a quiet machine).
+    done = Path(tempfile.mkdtemp(prefix="racers-")) / "done"
+    procs = [subprocess.Popen([sys.executable, "-c", _RACER, output, f"racer-{i}", str(start), str(done)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(racers)]
     results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err[-2000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        for proc in procs:  # Each answers, then stays alive: every lock it took is a live one.
+            line = proc.stdout.readline()
+            assert line, proc.communicate(timeout=60)[1][-2000:]
+            results.append(json.loads(line))
+    finally:
+        done.write_text("")
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err[-2000:]
+        shutil.rmtree(done.parent, ignore_errors=True)
     return [r["won"] for r in results if "won" in r], [r["busy"] for r in results if "busy" in r]
 
 
