@@ -120,3 +120,17 @@ def test_trainval_alone_is_the_training_split(tmp_path):
     found = read_voc_folder(files, read)
     assert [(i.path, i.split, i.objects) for i in found.images] == [("JPEGImages/a.png", "train", ())]
     assert found.problems == () and found.label_map.items == ()
+
+
+def test_the_image_is_found_by_stem_then_by_filename():
+    files = {
+        "Annotations/a.xml": voc_xml("a.png", []),       # a.jpg has the stem: taken
+        "Annotations/b.xml": voc_xml("photo.jpg", []),   # no b.*: <filename> names it
+        "Annotations/c.xml": voc_xml("photo.jpg", []),   # the same image again: refused
+        "JPEGImages/a.jpg": "x", "JPEGImages/photo.jpg": "x",
+    }
+    found = read_voc_folder(files, lambda rel: files[rel].encode())
+    assert [(i.path, i.source) for i in found.images] == [
+        ("JPEGImages/a.jpg", "Annotations/a.xml"), ("JPEGImages/photo.jpg", "Annotations/b.xml")]
+    assert [(p.source, p.reason, p.image, p.kept) for p in found.problems] == [
+        ("Annotations/c.xml", "bad_annotation_file", "JPEGImages/photo.jpg", "nothing")]

@@ -87,6 +87,8 @@ def test_detection_never_guesses():
     assert detect_annotation_layout(voc + yolo) is None
     assert detect_annotation_layout(yolo[1:]) is None
     assert detect_annotation_layout(["Annotations/a.xml", "images/a.jpg"]) is None
+    # Top-level names may be given as folders ("labels/"): an empty labels folder counts.
+    assert detect_annotation_layout(["data.yaml", "images/train/a.jpg", "labels/"]) == "yolo"
 
 
 @pytest.mark.parametrize("text, detail", [
@@ -94,7 +96,8 @@ def test_detection_never_guesses():
     (b"train: images/train\n", "no names (the class names)"),
     (b"names: {a: cat}\n", "names has a key that is not a class index"),
     (b"names: 7\n", "names is neither a list nor a mapping"),
-    (b"names: [cat]\ntrain: ../elsewhere\n", "train is outside the dataset folder"),
+    (b"names: [cat]\ntrain: ../../elsewhere\n", "train is outside the dataset folder"),
+    (b"names: [cat]\nval: /data/images/val\n", "val is outside the dataset folder"),
     (b"names: [cat]\ntrain: train.txt\n", "train names a file list (only folders are read)"),
 ])
 def test_a_bad_data_yaml_is_one_problem(text, detail):
@@ -103,6 +106,17 @@ def test_a_bad_data_yaml_is_one_problem(text, detail):
     assert problem.detail == detail
     found = read_yolo_folder(["data.yaml", "images/train/a.jpg"], {"data.yaml": text}.get)
     assert found.images == () and found.problems == (problem,)
+
+
+@pytest.mark.parametrize("text, splits", [
+    (b"path: ../datasets/coco8\ntrain: ../train/images\nval: valid/images\n",  # Roboflow's export
+     (("train", ("train/images",)), ("validation", ("valid/images",)))),
+    (b"path: sub\ntrain: [images/a, ./images/b/]\ntest: images/t\n",
+     (("train", ("sub/images/a", "sub/images/b")), ("test", ("sub/images/t",)))),
+])
+def test_data_yaml_split_folders(text, splits):
+    config = parse_data_yaml(text + b"names: [cat]\n", "data.yaml")
+    assert (config.names, config.splits) == (((0, "cat"),), splits)
 
 
 def test_label_path_follows_ultralytics():

@@ -4,11 +4,15 @@ Pure parsing (the folder reader, ``plan.annotation_folders``, finds the files).
 
 ``data.yaml`` (read with ``yaml.safe_load``): ``names`` is a list (class index = list
 position) or a mapping ``{index: name}`` (indices whole numbers from 0, any order, gaps
-allowed); ``path`` (optional) is the dataset root, relative to the yaml's folder;
-``train``, ``val`` and ``test`` are each a folder or a list of folders, relative to
-``path`` (or to the yaml's folder without one). ``val`` is the split ``validation``.
-Other keys (``nc``, ``download``, ...) are ignored. A file list (a ``.txt`` in place of
-a folder) and absolute or ``..`` paths are refused: the reader reads inside the input.
+allowed); ``path`` (optional) is the dataset root, relative to the yaml's folder, and
+ignored when it is absolute or leaves that folder (it then names where the dataset lay
+on the machine that wrote the yaml: the folder read is the dataset); ``train``, ``val``
+and ``test`` are each a folder or a list of folders, relative to ``path`` (or to the
+yaml's folder without one); one that leaves the folder by a leading ``../`` is tried
+without it, as Ultralytics does (Roboflow's exports write ``../train/images``). ``val``
+is the split ``validation``. Other keys (``nc``, ``download``, ...) are ignored. A file
+list (a ``.txt`` in place of a folder) and absolute or outside paths are refused: the
+reader reads inside the input only.
 
 Label files: one object per line, ``class cx cy w h``, the class a whole number and the
 box normalized to the image (centre and size); blank lines are skipped. A box becomes
@@ -83,22 +87,32 @@ def _names(value: object) -> tuple[tuple[int, str], ...]:
     return tuple(sorted((i, str(n).strip()) for i, n in pairs))
 
 
+def _inside(base: str, text: str) -> str | None:
+    """``text`` joined to ``base``, normalized (``""`` for the folder itself), or ``None``
+    when it is absolute or leaves the folder."""
+    joined = posixpath.normpath(posixpath.join(base, text))
+    if posixpath.isabs(text) or joined == ".." or joined.startswith("../"):
+        return None
+    return "" if joined == "." else joined
+
+
 def _folder(base: str, value: object, key: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise _Refused(f"{key} is not a folder")
     text = value.strip()
     if text.lower().endswith(".txt"):
         raise _Refused(f"{key} names a file list (only folders are read)")
-    joined = posixpath.normpath(posixpath.join(base, text))
-    if posixpath.isabs(text) or joined == ".." or joined.startswith("../") or posixpath.isabs(joined):
+    joined = _inside(base, text)
+    if joined is None and text.startswith("../"):
+        joined = _inside(base, text[3:])  # Ultralytics' own fallback (Roboflow's ../train/images).
+    if joined is None:
         raise _Refused(f"{key} is outside the dataset folder")
-    return "" if joined == "." else joined
+    return joined
 
 
 def _splits(config: dict) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    base = config.get("path") or ""
-    if base:
-        base = _folder("", base, "path")
+    path = config.get("path")
+    base = (_inside("", path.strip()) or "") if isinstance(path, str) else ""
     splits = []
     for key, split in YOLO_SPLITS:
         value = config.get(key)

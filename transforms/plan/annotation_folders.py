@@ -6,7 +6,8 @@ few files read (XML, split files, yaml, label files). The files' contents are pa
 ``codec.voc`` and ``codec.yolo``; here they are found, paired with their images, split,
 and given a label map.
 
-Layout detection (``detect_annotation_layout``), from the top-level names only:
+Layout detection (``detect_annotation_layout``), from the top-level names only (the
+listing's first path parts; a folder may be given as ``"name/"``, so an empty one counts):
 
 * ``"voc"``: the folder holds ``Annotations/`` and ``JPEGImages/``;
 * ``"yolo"``: it holds ``images/`` and ``labels/`` and, beside them, ``data.yaml`` (or,
