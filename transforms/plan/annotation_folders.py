@@ -130,7 +130,8 @@ def _nothing(source: str, reason: str, detail: str, image: str = "") -> Annotati
 
 
 def _voc_splits(paths: set[str], read: Read, problems: list) -> tuple[dict[str, str], list]:
-    """``{id: split}`` from ImageSets/Main, and ``(id, source)`` of every listed id."""
+    """``{id: split}`` from ImageSets/Main, and ``(id, source)`` of every listed id; a
+    problem's ``image`` holds the id (the caller turns it into the image's path)."""
     splits: dict[str, str] = {}
     listed = []
     for name, split in VOC_SPLIT_FILES:
@@ -209,7 +210,11 @@ def read_voc_folder(paths: Iterable[str], read: Read) -> Annotated:
     paths = set(paths)
     problems: list[AnnotationProblem] = []
     found, ids = _voc_files(paths, read, problems)
-    splits, listed = _voc_splits(paths, read, problems)
+    split_problems: list[AnnotationProblem] = []
+    splits, listed = _voc_splits(paths, read, split_problems)
+    image_of = {_stem(xml): image for image, (xml, _) in found.items()}
+    problems.extend(dataclasses.replace(p, image=image_of.get(p.image, "")) if p.image else p
+                    for p in split_problems)
     for image_id, where in listed:
         if image_id not in ids:
             problems.append(_nothing(where, "annotation_not_found", "no Annotations/ file for this id"))
