@@ -25,9 +25,9 @@ FILES = {
     "images/train/a.jpg": "x", "labels/train/a.txt": "0 0.5 0.5 0.25 0.5\n\n1 0.25 0.75 0.5 0.5\n",
     "images/train/b.jpg": "x",                                    # no label file
     "images/train/sub/c.png": "x",
-    "labels/train/sub/c.txt": "0 0.125 0.125 0.25 0.25\n0 SECRET 1\n5 0.5 0.5 0.1 0.1\n1 nan 0.5 0.1 0.1\n",
+    "labels/train/sub/c.txt": "0 0.125 0.125 0.25 0.25\n0 SECRET 1 2 3\n5 0.5 0.5 0.1 0.1\n1 nan 0.5 0.1 0.1\n0 1 2 3 4 5\n",
     "images/train/e.jpg": "x", "labels/train/e.txt": "",          # empty label file
-    "images/val/d.jpg": "x", "labels/val/d.txt": "1 0.5 0.5 1 1",
+    "images/val/d.jpg": "x", "labels/val/d.txt": "1 0.5 0.5 1 1\n0 0.5 0.25 0.75 0.5 0.25 1 0.5 0.25\n",
     "labels/val/orphan.txt": "0 0.5 0.5 0.1 0.1\n",
     "images/unlisted/f.jpg": "x",                                 # no split names it: not read
 }
@@ -60,7 +60,7 @@ def test_yolo_folder_is_detected_and_read(yolo):
         ("images/train/b.jpg", "images/train/b.jpg", "train", "normalized", "", 0),
         ("images/train/e.jpg", "images/train/e.jpg", "train", "normalized", "labels/train/e.txt", 0),
         ("images/train/sub/c.png", "images/train/sub/c.png", "train", "normalized", "labels/train/sub/c.txt", 1),
-        ("images/val/d.jpg", "images/val/d.jpg", "validation", "normalized", "labels/val/d.txt", 1),
+        ("images/val/d.jpg", "images/val/d.jpg", "validation", "normalized", "labels/val/d.txt", 2),
     ]
     objects = {i.path: i.objects for i in found.images}
     assert objects["images/train/a.jpg"] == (
@@ -69,14 +69,18 @@ def test_yolo_folder_is_detected_and_read(yolo):
     )
     assert objects["images/train/sub/c.png"] == (
         ObjectAnnotation(box=(0.0, 0.0, 0.25, 0.25), label=1, text="cat", source="labels/train/sub/c.txt:1"),)
-    assert objects["images/val/d.jpg"] == (
-        ObjectAnnotation(box=(0.0, 0.0, 1.0, 1.0), label=2, text="dog", source="labels/val/d.txt:1"),)
+    assert objects["images/val/d.jpg"] == (  # line 2: a segmentation polygon, the box around it
+        ObjectAnnotation(box=(0.0, 0.0, 1.0, 1.0), label=2, text="dog", source="labels/val/d.txt:1"),
+        ObjectAnnotation(box=(0.25, 0.25, 0.75, 1.0), label=1, text="cat", source="labels/val/d.txt:2"))
     assert [(p.source, p.reason, p.image, p.kept) for p in found.problems] == [
         ("labels/train/sub/c.txt:2", "bad_label_line", "images/train/sub/c.png", "image"),
         ("labels/train/sub/c.txt:3", "unknown_category", "images/train/sub/c.png", "image"),
         ("labels/train/sub/c.txt:4", "box_not_finite", "images/train/sub/c.png", "image"),
+        ("labels/train/sub/c.txt:5", "bad_label_line", "images/train/sub/c.png", "image"),
         ("labels/val/orphan.txt", "image_not_found", "", "nothing"),
     ]
+    assert [p.detail for p in found.problems[:2]] == ["a field is not a number", "class index 5 is not in names"]
+    assert found.problems[3].detail == "6 fields, not 5 (class cx cy w h) or a polygon"
     assert all(p.reason in PROBLEM_REASONS for p in found.problems)
     assert not any("SECRET" in str(p) for p in found.problems)
 

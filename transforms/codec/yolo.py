@@ -20,8 +20,12 @@ the contract's normalized corners ``(cx - w/2, cy - h/2, cx + w/2, cy + h/2)`` (
 record builder, knowing the size, turns them into pixels and clips them). Its label id
 is the class index + 1 (0 is the background), its text the class name.
 
-Problems (the image is always kept; its other objects too): a line without exactly five
-fields, or whose fields are not numbers, is ``bad_label_line``; a class index ``names``
+A segmentation line (Ultralytics' ``class x1 y1 x2 y2 x3 y3 ...``: a class and three or
+more normalized points) gives the box around its points, as Ultralytics' detection does;
+the polygon itself is not kept (the contract's polygons are in pixels).
+
+Problems (the image is always kept; its other objects too): a line with neither five
+fields nor a polygon's, or whose fields are not numbers, is ``bad_label_line``; a class index ``names``
 lacks is ``unknown_category``; a coordinate that is not finite is ``box_not_finite``.
 A yaml that does not parse or lacks ``names`` is one ``bad_annotation_file``.
 """
@@ -164,16 +168,22 @@ def _line(fields: list[str], where: str, names: dict[int, str], image: str
     def problem(reason: str, detail: str) -> AnnotationProblem:
         return AnnotationProblem(source=where, reason=reason, detail=detail, image=image, kept="image")
 
-    if len(fields) != 5:
-        return problem("bad_label_line", f"{len(fields)} fields, not 5 (class cx cy w h)")
+    polygon = len(fields) >= 7 and len(fields) % 2 == 1
+    if len(fields) != 5 and not polygon:
+        return problem("bad_label_line", f"{len(fields)} fields, not 5 (class cx cy w h) or a polygon")
     try:
         index = int(fields[0])
-        cx, cy, w, h = (float(v) for v in fields[1:])
+        values = [float(v) for v in fields[1:]]
     except ValueError:
         return problem("bad_label_line", "a field is not a number")
     if index not in names:
         return problem("unknown_category", f"class index {index} is not in names")
-    box = (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2)
+    if polygon:
+        xs, ys = values[0::2], values[1::2]
+        box = (min(xs), min(ys), max(xs), max(ys))
+    else:
+        cx, cy, w, h = values
+        box = (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2)
     if not all(math.isfinite(v) for v in box):
         return problem("box_not_finite", "a coordinate is not a finite number")
     return ObjectAnnotation(box=box, label=index + 1, text=names[index], source=where)
