@@ -25,8 +25,9 @@ more normalized points) gives the box around its points, as Ultralytics' detecti
 the polygon itself is not kept (the contract's polygons are in pixels).
 
 Problems (the image is always kept; its other objects too): a line with neither five
-fields nor a polygon's, or whose fields are not numbers, is ``bad_label_line``; a class index ``names``
-lacks is ``unknown_category``; a coordinate that is not finite is ``box_not_finite``.
+fields nor a polygon's, or whose fields are not numbers, is ``bad_label_line``; a class
+index ``names`` lacks is ``unknown_category``; a coordinate that is not finite is
+``box_not_finite``.
 A yaml that does not parse or lacks ``names`` is one ``bad_annotation_file``.
 """
 
