@@ -10,6 +10,7 @@ import os
 import pytest
 
 from beam_tfrecords.schemas.annotations import PROBLEM_REASONS, ObjectAnnotation
+from beam_tfrecords.transforms.codec.voc import parse_voc_xml
 from beam_tfrecords.transforms.io.files import list_under, read_bytes
 from beam_tfrecords.transforms.plan.annotation_folders import detect_annotation_layout, read_voc_folder
 
@@ -134,3 +135,10 @@ def test_the_image_is_found_by_stem_then_by_filename():
         ("JPEGImages/a.jpg", "Annotations/a.xml"), ("JPEGImages/photo.jpg", "Annotations/b.xml")]
     assert [(p.source, p.reason, p.image, p.kept) for p in found.problems] == [
         ("Annotations/c.xml", "bad_annotation_file", "JPEGImages/photo.jpg", "nothing")]
+
+
+def test_a_dtd_is_refused_in_any_encoding():
+    text = '<?xml version="1.0" encoding="UTF-16"?><!DOCTYPE a [<!ENTITY x "SECRET">]><annotation/>'
+    problem = parse_voc_xml(text.encode("utf-16"), "Annotations/u.xml")
+    assert (problem.source, problem.reason, problem.kept) == ("Annotations/u.xml", "bad_annotation_file", "nothing")
+    assert "DTD" in problem.detail

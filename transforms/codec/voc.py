@@ -22,7 +22,8 @@ same way. Nothing is clipped here (the record builder clips, knowing the image).
 Safety. ``xml.etree.ElementTree`` expands internal entities, so a document holding
 ``<!DOCTYPE`` or ``<!ENTITY`` is refused before it is parsed (``bad_annotation_file``):
 VOC files have neither, and refusing them rules out entity expansion attacks without
-``defusedxml``.
+``defusedxml``. The check is a byte search, then a pass of expat that stops at the first
+declaration (so a document in UTF-16 or another declared encoding is caught too).
 
 Problems. A file that does not parse (or is refused, or has no ``<annotation>`` root, or
 a size that is not a number) is one ``bad_annotation_file`` problem, nothing kept. An
@@ -38,6 +39,7 @@ import dataclasses
 import math
 import re
 import xml.etree.ElementTree as ET
+from xml.parsers import expat
 
 from beam_tfrecords.schemas.annotations import AnnotationProblem
 
@@ -84,6 +86,31 @@ class VocFile:
     stated_size: tuple[int, int] | None
     objects: tuple[VocObject, ...]
     problems: tuple[AnnotationProblem, ...]
+
+
+class _Declared(Exception):
+    """A DTD or entity declaration met by ``_declares``."""
+
+
+def _refuse(*_args) -> None:
+    raise _Declared
+
+
+def _declares(data: bytes) -> bool:
+    """Whether the document declares a DTD or an entity, in whatever encoding it is
+    written (expat decodes it first: a byte search alone misses UTF-16)."""
+    if _REFUSED.search(data):
+        return True
+    parser = expat.ParserCreate()
+    parser.StartDoctypeDeclHandler = _refuse
+    parser.EntityDeclHandler = _refuse
+    try:
+        parser.Parse(data, True)
+    except _Declared:
+        return True
+    except expat.ExpatError:
+        return False  # Not well-formed: the parse that follows says so.
+    return False
 
 
 class _BadField(ValueError):
@@ -164,7 +191,7 @@ def parse_voc_xml(data: bytes, source: str, image: str = "") -> VocFile | Annota
         return AnnotationProblem(source=source, reason="bad_annotation_file", detail=detail,
                                  image=image, kept="nothing")
 
-    if _REFUSED.search(data):
+    if _declares(data):
         return bad("a DTD or entity declaration (refused: VOC files have none)")
     try:
         root = ET.fromstring(data)
