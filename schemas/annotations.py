@@ -80,6 +80,8 @@ PROBLEM_REASONS = (
     "unknown_category",       # a category id / class index / name the label map lacks
     "image_not_found",        # an annotation for a file that does not exist
     "box_not_finite",         # a coordinate that is not a finite number: object dropped
+    "bad_image_entry",        # a COCO image entry without a usable id, file_name or size, or repeated
+    "segmentation_invalid",   # a polygon ring or RLE that cannot be rendered: left out, object kept
     # The record builder: the annotation against the image.
     "box_empty",              # no area left after clipping (or after a crop): object dropped
     "annotation_size_mismatch",  # the stated size is neither the image's nor its EXIF-rotated size
