@@ -44,7 +44,7 @@ def _document() -> dict:
         {"id": 106, "image_id": 3, "category_id": 1, "bbox": [float("nan"), 0, 1, 1]},
         {"id": 107, "image_id": 3, "category_id": 1},
         {"id": 108, "image_id": 3, "category_id": 3, "bbox": [1, 1, 2, 2],
-         "segmentation": [[1, 1, 3, 1], [1, 1, 3, 1, 3, 3]]},
+         "segmentation": [[1, 1, 3, 1], [1, 1, 3, 1, 3, 3], [0, 0, 5, 0, 1e9, 3]]},
         {"id": 109, "image_id": 3, "category_id": 3, "bbox": [1, 1, 2, 2],
          "segmentation": {"size": [5, 6], "counts": [30]}},
         {"id": 110, "image_id": 11, "category_id": 1, "bbox": [0, 0, 1, 1]},
@@ -101,7 +101,7 @@ def test_every_problem_has_its_reason_source_and_what_was_kept():
     details = [p.detail for p in _read().problems]
     assert "not a relative path" in details[1] and "id repeats" in details[2]
     assert details[3] == "image_id 404 is not in images"
-    assert "1 of 2 polygon rings left out (a ring with fewer than three points)" in details[7]
+    assert "2 of 3 polygon rings left out (a ring with fewer than three points)" in details[7]
     assert "size 5x6 is not the image's 4x6" in details[8]
     assert all(p.reason in PROBLEM_REASONS for p in _read().problems)
     assert not any("secret-name" in d or "outside" in d for d in details)  # no file content quoted

@@ -83,8 +83,11 @@ def test_polygons_match_pycocotools_pixel_for_pixel(shape):
     assert np.array_equal(got, expected), f"{int((got != expected).sum())} pixels differ"
 
 
-def test_random_polygons_match_pycocotools():
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_random_polygons_match_pycocotools(chunk, monkeypatch):
     coco = pytest.importorskip("pycocotools.mask", reason="pycocotools (the test extra) is not installed")
+    if chunk:  # the outline walked a few points at a time: the seams change nothing
+        monkeypatch.setattr("beam_tfrecords.transforms.codec.masks._CHUNK_POINTS", chunk)
     rng = np.random.default_rng(7)
     differing = []
     for trial in range(300):
@@ -145,6 +148,10 @@ def test_rle_by_hand_and_its_errors():
     with pytest.raises(MaskError, match="ends inside a count"):
         rle_from_string("1o")
     assert render_mask(None, 2, 3).tolist() == [[0, 0, 0], [0, 0, 0]]
+    with pytest.raises(MaskError, match="farther than 144 pixels"):
+        render_polygons(Polygons(((0, 0, 10, 0, 1e9, 10),)), 20, 20)
+    with pytest.raises(MaskError, match="fewer than three points"):
+        render_polygons(Polygons(((0, 0, 10, 0),)), 20, 20)
 
 
 def test_png_round_trips_exactly_and_is_deterministic():

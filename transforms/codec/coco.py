@@ -29,8 +29,8 @@ What is not taken as given becomes an ``AnnotationProblem`` (reasons from
   or with a value that is not a finite number: ``box_not_finite`` (both: the object is
   dropped, its image kept); a category entry without an integer id and a name, or
   repeating an id: ``unknown_category`` (the entry is left out; objects of it follow);
-* a polygon ring with fewer than three points, an odd count of numbers or a value that
-  is not a finite number, or an RLE whose runs do not fill its size or whose size is not
+* a polygon ring with fewer than three points, an odd count of numbers, a value that
+  is not a finite number or a point far outside the image (``masks.coordinate_limit``), or an RLE whose runs do not fill its size or whose size is not
   the image's: ``segmentation_invalid``; the ring (or the RLE) is left out, the object
   kept (without a usable segmentation its mask is empty).
 
@@ -53,7 +53,7 @@ from beam_tfrecords.schemas.annotations import (
     Polygons,
     Rle,
 )
-from beam_tfrecords.transforms.codec.masks import MaskError, rle_from_string
+from beam_tfrecords.transforms.codec.masks import MaskError, coordinate_limit, rle_from_string
 
 __all__ = ["merge_coco", "read_coco"]
 
@@ -168,8 +168,8 @@ def _relative_path(file_name: object) -> str | None:
     return "/".join(parts)
 
 
-def _ring(values: object) -> tuple[tuple[float, ...] | None, str]:
-    """A polygon ring as floats, or ``None`` and why not."""
+def _ring(values: object, limit: float) -> tuple[tuple[float, ...] | None, str]:
+    """A polygon ring as floats, or ``None`` and why not (``limit``: ``coordinate_limit``)."""
     if not isinstance(values, list):
         return None, "a ring that is not a list of numbers"
     if len(values) < 6:
@@ -182,13 +182,16 @@ def _ring(values: object) -> tuple[tuple[float, ...] | None, str]:
         return None, "a ring with a value that is not a number"
     if not math.isfinite(total) or any(isinstance(v, bool) for v in values):
         return None, "a ring with a value that is not a finite number"
+    if max(map(abs, values)) > limit:
+        return None, f"a ring with a point farther than {limit:g} pixels from the image"
     return tuple(map(float, values)), ""
 
 
-def _polygons(rings: list) -> tuple[Polygons | None, str]:
+def _polygons(rings: list, stated: tuple[int, int] | None) -> tuple[Polygons | None, str]:
+    limit = coordinate_limit(stated[1], stated[0]) if stated else math.inf
     kept, why = [], ""
     for values in rings:
-        ring, reason = _ring(values)
+        ring, reason = _ring(values, limit)
         if ring is None:
             why = why or reason
         else:
@@ -223,7 +226,7 @@ def _segmentation(value: object, stated: tuple[int, int] | None) -> tuple[Polygo
     if value is None or value == []:
         return None, ""
     if isinstance(value, list):
-        return _polygons(value)
+        return _polygons(value, stated)
     if isinstance(value, dict):
         return _rle(value, stated)
     return None, "segmentation left out: neither polygons nor an RLE"

@@ -26,6 +26,7 @@ defaults: the same bytes for the same mask), as ``create_coco_tf_record.py`` doe
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import numpy as np
@@ -35,6 +36,7 @@ from beam_tfrecords.schemas.annotations import Polygons, Rle
 
 __all__ = [
     "MaskError",
+    "coordinate_limit",
     "decode_mask_png",
     "encode_mask_png",
     "mask_to_rle",
@@ -53,6 +55,8 @@ _VALUE_BITS = 5
 _CONTINUE = 0x20
 _SIGN = 0x10
 _OFFSET = 48
+# Outline points walked at a time (a few tens of MB of arrays).
+_CHUNK_POINTS = 1 << 18
 
 
 class MaskError(ValueError):
@@ -90,20 +94,41 @@ def render_polygons(polygons: Polygons, height: int, width: int) -> np.ndarray:
     return mask
 
 
+def coordinate_limit(height: int, width: int) -> float:
+    """How far from the origin a polygon's points may lie, in pixels, for an image of
+    this size: four times its longer side, plus 64. Points past it are refused, not
+    rendered (they bound the work a ring costs; real annotations stay near the image)."""
+    return 4.0 * max(height, width) + 64.0
+
+
 def _ring_mask(ring: tuple[float, ...], height: int, width: int) -> np.ndarray:
-    """One ring's mask: every column's on/off switches, by COCO's rule, then their parity."""
-    cols, rows = _column_crossings(np.asarray(ring, dtype=np.float64), height, width)
+    """One ring's mask: every column's on/off switches, by COCO's rule, then their parity.
+    The outline is walked a bounded number of points at a time."""
+    xy = np.asarray(ring, dtype=np.float64)
+    if xy.size < 6 or not np.all(np.isfinite(xy)):
+        raise MaskError("a polygon ring has fewer than three points or a value that is not finite")
+    if float(np.max(np.abs(xy))) > coordinate_limit(height, width):
+        raise MaskError(f"a polygon ring has a point farther than {coordinate_limit(height, width):g} "
+                        f"pixels from a {width}x{height} image's corner")
     size = height * width
-    # A switch at column-major position p flips every pixel from p on; two at one place cancel.
-    switches = np.bincount(cols * height + rows, minlength=size + 1)[:size] & 1
-    flat = (np.cumsum(switches, dtype=np.int64) & 1).astype(np.uint8)
+    switches = np.zeros(size + 1, dtype=np.int64)
+    outline = _Outline.of(xy)
+    last: tuple[np.ndarray, np.ndarray] | None = None
+    for first, stop in outline.chunks(_CHUNK_POINTS):
+        xs, ys = outline.walk(first, stop)
+        if last is not None:  # the step from the previous chunk's last point
+            xs, ys = np.concatenate((last[0], xs)), np.concatenate((last[1], ys))
+        cols, rows = _column_crossings(xs, ys, height, width)
+        # A switch at column-major position p flips every pixel from p on; two at one place cancel.
+        switches += np.bincount(cols * height + rows, minlength=size + 1)
+        last = xs[-1:], ys[-1:]
+    flat = (np.cumsum(switches[:size] & 1, dtype=np.int64) & 1).astype(np.uint8)
     return flat.reshape(width, height).T.copy()
 
 
-def _column_crossings(xy: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Where the ring's boundary, walked on the 5x grid, crosses pixel columns' centre lines:
+def _column_crossings(xs: np.ndarray, ys: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where the outline, walked on the 5x grid, crosses pixel columns' centre lines:
     ``(columns, rows)``, the row being the first pixel centre at or below the crossing."""
-    xs, ys = _boundary_points(xy)
     moved = xs[1:] != xs[:-1]
     # The grid column left of the step, as a pixel coordinate: whole only on a centre line.
     left = np.where(xs[1:] < xs[:-1], xs[1:], xs[1:] - 1)[moved]
@@ -115,34 +140,59 @@ def _column_crossings(xy: np.ndarray, height: int, width: int) -> tuple[np.ndarr
     return col[keep].astype(np.int64), row.astype(np.int64)
 
 
-def _boundary_points(xy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The closed ring's points on the 5x grid, every edge walked one grid step at a time
-    along its longer axis (both ends included, each edge walked from its lower end along
-    that axis and its points listed in the ring's order)."""
-    count = len(xy) // 2
-    # C's (int)(v + .5): rounding by truncation toward zero, as COCO's code does.
-    gx = np.trunc(_UPSCALE * xy[0:2 * count:2] + 0.5).astype(np.int64)
-    gy = np.trunc(_UPSCALE * xy[1:2 * count:2] + 0.5).astype(np.int64)
-    x0, y0, x1, y1 = gx, gy, np.roll(gx, -1), np.roll(gy, -1)
-    dx, dy = np.abs(x1 - x0), np.abs(y1 - y0)
-    along_x = dx >= dy
-    flip = (along_x & (x0 > x1)) | (~along_x & (y0 > y1))
-    xs, xe = np.where(flip, x1, x0), np.where(flip, x0, x1)
-    ys, ye = np.where(flip, y1, y0), np.where(flip, y0, y1)
-    steps = np.maximum(dx, dy)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        slope = np.where(along_x, (ye - ys) / dx, (xe - xs) / dy)
-    slope = np.where(steps == 0, 0.0, slope)  # a repeated point: one point, no direction
-    edge = np.repeat(np.arange(count), steps + 1)
-    start = np.cumsum(steps + 1) - (steps + 1)
-    d = np.arange(len(edge)) - start[edge]
-    t = np.where(flip[edge], steps[edge] - d, d)
-    lead_x = along_x[edge]
-    base = np.where(lead_x, ys[edge], xs[edge]).astype(np.float64)
-    follow = np.trunc(base + slope[edge] * t + 0.5).astype(np.int64)
-    px = np.where(lead_x, t + xs[edge], follow)
-    py = np.where(lead_x, follow, t + ys[edge])
-    return px, py
+@dataclasses.dataclass(frozen=True)
+class _Outline:
+    """A closed ring's edges on the 5x grid, each walked one grid step at a time along its
+    longer axis from its lower end there (``start``), its points listed in the ring's order."""
+
+    start_x: np.ndarray
+    start_y: np.ndarray
+    steps: np.ndarray
+    along_x: np.ndarray
+    flip: np.ndarray
+    slope: np.ndarray
+
+    @classmethod
+    def of(cls, xy: np.ndarray) -> _Outline:
+        count = len(xy) // 2
+        # C's (int)(v + .5): rounding by truncation toward zero, as COCO's code does.
+        gx = np.trunc(_UPSCALE * xy[0:2 * count:2] + 0.5).astype(np.int64)
+        gy = np.trunc(_UPSCALE * xy[1:2 * count:2] + 0.5).astype(np.int64)
+        x0, y0, x1, y1 = gx, gy, np.roll(gx, -1), np.roll(gy, -1)
+        dx, dy = np.abs(x1 - x0), np.abs(y1 - y0)
+        along_x = dx >= dy
+        flip = (along_x & (x0 > x1)) | (~along_x & (y0 > y1))
+        xs, xe = np.where(flip, x1, x0), np.where(flip, x0, x1)
+        ys, ye = np.where(flip, y1, y0), np.where(flip, y0, y1)
+        steps = np.maximum(dx, dy)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            slope = np.where(along_x, (ye - ys) / dx, (xe - xs) / dy)
+        slope = np.where(steps == 0, 0.0, slope)  # a repeated point: one point, no direction
+        return cls(xs, ys, steps, along_x, flip, slope)
+
+    def chunks(self, points: int):
+        """``(first, stop)`` edge ranges of about ``points`` points each (one edge at least)."""
+        ends = np.cumsum(self.steps + 1)
+        first = 0
+        while first < len(ends):
+            done = int(ends[first - 1]) if first else 0
+            stop = max(int(np.searchsorted(ends, done + points, side="right")), first + 1)
+            yield first, stop
+            first = stop
+
+    def walk(self, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """The points of edges ``first..stop-1``, both ends of each edge included."""
+        steps = self.steps[first:stop]
+        edge = np.repeat(np.arange(first, stop), steps + 1)
+        offsets = np.cumsum(steps + 1) - (steps + 1)
+        d = np.arange(len(edge)) - offsets[edge - first]
+        t = np.where(self.flip[edge], self.steps[edge] - d, d)
+        lead_x = self.along_x[edge]
+        base = np.where(lead_x, self.start_y[edge], self.start_x[edge]).astype(np.float64)
+        follow = np.trunc(base + self.slope[edge] * t + 0.5).astype(np.int64)
+        px = np.where(lead_x, t + self.start_x[edge], follow)
+        py = np.where(lead_x, follow, t + self.start_y[edge])
+        return px, py
 
 
 def render_rle(rle: Rle) -> np.ndarray:
