@@ -30,6 +30,7 @@ def _document() -> dict:
         {"id": 11, "file_name": "gone.jpg", "width": 6, "height": 4},
         {"id": 12, "file_name": "../../outside/secret-name.jpg", "width": 6, "height": 4},
         {"id": 7, "file_name": "again.jpg", "width": 6, "height": 4},
+        {"id": 13, "file_name": "huge.jpg", "width": 10 ** 400, "height": 4},
     ]
     polygon = [[0.5, 0.5, 4.5, 0.5, 4.5, 3.5]]
     annotations = [
@@ -48,6 +49,7 @@ def _document() -> dict:
         {"id": 109, "image_id": 3, "category_id": 3, "bbox": [1, 1, 2, 2],
          "segmentation": {"size": [5, 6], "counts": [30]}},
         {"id": 110, "image_id": 11, "category_id": 1, "bbox": [0, 0, 1, 1]},
+        {"id": 111, "image_id": 3, "category_id": 1, "bbox": [0, 0, 10 ** 400, 1], "area": 10 ** 400},
     ]
     categories = [{"id": 3, "name": "cat"}, {"id": 1, "name": "person"}]
     return {"info": {}, "images": images, "annotations": annotations, "categories": categories}
@@ -91,18 +93,21 @@ def test_every_problem_has_its_reason_source_and_what_was_kept():
         (f"{NAME}: image 11", "image_not_found", "gone.jpg", "nothing"),
         (f"{NAME}: image 12", "bad_image_entry", "", "nothing"),
         (f"{NAME}: image 7", "bad_image_entry", "again.jpg", "nothing"),
+        (f"{NAME}: image 13", "bad_image_entry", "huge.jpg", "nothing"),
         (f"{NAME}: annotation 104", "unknown_image_id", "", "nothing"),
         (f"{NAME}: annotation 105", "unknown_category", "b/seven.jpg", "image"),
         (f"{NAME}: annotation 106", "box_not_finite", "a/three.jpg", "image"),
         (f"{NAME}: annotation 107", "box_not_finite", "a/three.jpg", "image"),
         (f"{NAME}: annotation 108", "segmentation_invalid", "a/three.jpg", "image"),
         (f"{NAME}: annotation 109", "segmentation_invalid", "a/three.jpg", "image"),
+        (f"{NAME}: annotation 111", "box_not_finite", "a/three.jpg", "image"),
     ]
     details = [p.detail for p in _read().problems]
     assert "not a relative path" in details[1] and "id repeats" in details[2]
-    assert details[3] == "image_id 404 is not in images"
-    assert "2 of 3 polygon rings left out (a ring with fewer than three points)" in details[7]
-    assert "size 5x6 is not the image's 4x6" in details[8]
+    assert "width and height are not whole numbers" in details[3]
+    assert details[4] == "image_id 404 is not in images"
+    assert "2 of 3 polygon rings left out (a ring with fewer than three points)" in details[8]
+    assert "size 5x6 is not the image's 4x6" in details[9]
     assert all(p.reason in PROBLEM_REASONS for p in _read().problems)
     assert not any("secret-name" in d or "outside" in d for d in details)  # no file content quoted
     # Annotation 110 went with its missing image: no second problem for it.

@@ -58,6 +58,8 @@ from beam_tfrecords.transforms.codec.masks import MaskError, coordinate_limit, r
 __all__ = ["merge_coco", "read_coco"]
 
 _SECTIONS = ("images", "annotations", "categories")
+# The largest width or height an image entry may state (no image this product reads is larger).
+_MAX_SIDE = 1 << 24
 
 
 def read_coco(data: bytes, name: str, *, exists: Callable[[str], bool] | None = None) -> Annotated:
@@ -155,7 +157,13 @@ def _whole(value: object) -> bool:
 
 
 def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite number (an integer too large for a float is not)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _relative_path(file_name: object) -> str | None:
@@ -180,7 +188,7 @@ def _ring(values: object, limit: float) -> tuple[tuple[float, ...] | None, str]:
         total = sum(values)
     except TypeError:
         return None, "a ring with a value that is not a number"
-    if not math.isfinite(total) or any(isinstance(v, bool) for v in values):
+    if not _finite(total) or any(isinstance(v, bool) for v in values):
         return None, "a ring with a value that is not a finite number"
     if max(map(abs, values)) > limit:
         return None, f"a ring with a point farther than {limit:g} pixels from the image"
@@ -283,7 +291,7 @@ class _Reading:
                    else "its id repeats an earlier image's" if repeated
                    else "its file_name is not a relative path inside the images folder" if path is None
                    else "its file_name repeats an earlier image's" if path in paths
-                   else "its width and height are not positive integers" if size is False else "")
+                   else f"its width and height are not whole numbers from 1 to {_MAX_SIDE}" if size is False else "")
             if why:
                 self.problem(source, "bad_image_entry", f"image entry {index} left out: {why}", path or "", "nothing")
                 if valid_id and not repeated:
@@ -303,7 +311,7 @@ class _Reading:
         width, height = entry.get("width"), entry.get("height")
         if width is None and height is None:
             return None
-        if _whole(width) and _whole(height) and width > 0 and height > 0:
+        if _whole(width) and _whole(height) and 0 < width <= _MAX_SIDE and 0 < height <= _MAX_SIDE:
             return (width, height)
         return False
 
