@@ -50,8 +50,10 @@ def _document() -> dict:
          "segmentation": {"size": [5, 6], "counts": [30]}},
         {"id": 110, "image_id": 11, "category_id": 1, "bbox": [0, 0, 1, 1]},
         {"id": 111, "image_id": 3, "category_id": 1, "bbox": [0, 0, 10 ** 400, 1], "area": 10 ** 400},
+        "not an object",
     ]
-    categories = [{"id": 3, "name": "cat"}, {"id": 1, "name": "person"}]
+    categories = [{"id": 3, "name": "cat"}, {"id": 1, "name": "person"}, {"id": 3, "name": "dog"},
+                  {"name": "no id"}]
     return {"info": {}, "images": images, "annotations": annotations, "categories": categories}
 
 
@@ -90,6 +92,8 @@ def test_images_objects_and_label_map():
 def test_every_problem_has_its_reason_source_and_what_was_kept():
     problems = [(p.source, p.reason, p.image, p.kept) for p in _read().problems]
     assert problems == [
+        (f"{NAME}: category 3", "unknown_category", "", "image"),
+        (f"{NAME}: category entry 3", "unknown_category", "", "image"),
         (f"{NAME}: image 11", "image_not_found", "gone.jpg", "nothing"),
         (f"{NAME}: image 12", "bad_image_entry", "", "nothing"),
         (f"{NAME}: image 7", "bad_image_entry", "again.jpg", "nothing"),
@@ -101,8 +105,9 @@ def test_every_problem_has_its_reason_source_and_what_was_kept():
         (f"{NAME}: annotation 108", "segmentation_invalid", "a/three.jpg", "image"),
         (f"{NAME}: annotation 109", "segmentation_invalid", "a/three.jpg", "image"),
         (f"{NAME}: annotation 111", "box_not_finite", "a/three.jpg", "image"),
+        (f"{NAME}: annotation entry 11", "bad_label_line", "", "nothing"),
     ]
-    details = [p.detail for p in _read().problems]
+    details = [p.detail for p in _read().problems][2:]
     assert "not a relative path" in details[1] and "id repeats" in details[2]
     assert "width and height are not whole numbers" in details[3]
     assert details[4] == "image_id 404 is not in images"
