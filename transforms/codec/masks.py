@@ -111,7 +111,8 @@ def _ring_mask(ring: tuple[float, ...], height: int, width: int) -> np.ndarray:
         raise MaskError(f"a polygon ring has a point farther than {coordinate_limit(height, width):g} "
                         f"pixels from a {width}x{height} image's corner")
     size = height * width
-    switches = np.zeros(size + 1, dtype=np.int64)
+    # A switch at column-major position p flips every pixel from p on; two at one place cancel.
+    switches = np.zeros(size + 1, dtype=np.uint8)
     outline = _Outline.of(xy)
     last: tuple[np.ndarray, np.ndarray] | None = None
     for first, stop in outline.chunks(_CHUNK_POINTS):
@@ -119,10 +120,9 @@ def _ring_mask(ring: tuple[float, ...], height: int, width: int) -> np.ndarray:
         if last is not None:  # the step from the previous chunk's last point
             xs, ys = np.concatenate((last[0], xs)), np.concatenate((last[1], ys))
         cols, rows = _column_crossings(xs, ys, height, width)
-        # A switch at column-major position p flips every pixel from p on; two at one place cancel.
-        switches += np.bincount(cols * height + rows, minlength=size + 1)
+        np.bitwise_xor.at(switches, cols * height + rows, 1)
         last = xs[-1:], ys[-1:]
-    flat = (np.cumsum(switches[:size] & 1, dtype=np.int64) & 1).astype(np.uint8)
+    flat = np.bitwise_xor.accumulate(switches[:size])
     return flat.reshape(width, height).T.copy()
 
 
