@@ -73,7 +73,9 @@ def render_mask(segmentation: Polygons | Rle | None, height: int, width: int) ->
       height, width: the image's size, in source pixels.
 
     Raises:
-      MaskError: an RLE whose size is not ``(height, width)`` or whose runs do not fill it.
+      MaskError: an RLE whose size is not ``(height, width)`` or whose runs do not fill it;
+        a polygon ring as ``render_polygons`` refuses it. (The record builder counts the
+        object's ``segmentation_invalid`` and stores an empty mask, or drops it.)
     """
     if segmentation is None:
         return np.zeros((height, width), dtype=np.uint8)
@@ -87,7 +89,13 @@ def render_mask(segmentation: Polygons | Rle | None, height: int, width: int) ->
 
 
 def render_polygons(polygons: Polygons, height: int, width: int) -> np.ndarray:
-    """The union of the rings' masks, each rasterized by COCO's rule (module docstring)."""
+    """The union of the rings' masks, each rasterized by COCO's rule (module docstring).
+
+    Raises:
+      MaskError: a ring with fewer than three points, a value that is not finite, or a
+        point past ``coordinate_limit`` (the COCO reader leaves such rings out already
+        when the image's size is stated).
+    """
     mask = np.zeros((height, width), dtype=np.uint8)
     for ring in polygons.rings:
         mask |= _ring_mask(ring, height, width)
