@@ -55,6 +55,10 @@ EXTRAS = {
         # make test runs the suite on every core (at most 4): most tests wait on a
         # subprocess or a runner; 3.x is the line that supports pytest 8.
         "pytest-xdist>=3.5,<4",
+        # tests/test_masks.py compares the instance-mask renderer pixel for pixel with
+        # pycocotools, the reference implementation (never a run-time dependency; the
+        # comparisons skip, saying so, without it). Pinned: 2.0.11 has a wheel here.
+        "pycocotools==2.0.11",
     ],
     # make bench only (never needed at run time or by make test): the single-process
     # baseline benchmarks/baseline_tfrecord_loop.py writes through this TFRecord
