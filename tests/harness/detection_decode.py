@@ -104,9 +104,10 @@ def _values(features, key: str, dtype: str) -> list | None:
 
 
 def _fixed(features, key: str, dtype: str, default=None):
-    """A ``FixedLenFeature((), dtype, default)``: exactly one value, or the default."""
+    """A ``FixedLenFeature((), dtype, default)``: exactly one value when present; the
+    default only when absent."""
     values = _values(features, key, dtype)
-    if values is None or (not values and default is not None):
+    if values is None:
         if default is None:
             raise DecodeError(f"{key}: required (FixedLenFeature without a default) but missing")
         return default

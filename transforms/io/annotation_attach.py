@@ -127,11 +127,13 @@ class AnnotationAttach:
         annotations = self.index.get(annotation_key(ref.filename))
         if annotations is None:
             return None
-        texts = annotations.texts or tuple(self.label_map.name_of(label) for label in annotations.labels)
-        return Attachment(labels=tuple(zip(annotations.labels, texts)),
-                          resolve=functools.partial(self.resolve, annotations))
+        names = dict(self.label_map.items)
+        texts = annotations.texts or tuple(names.get(label, "") for label in annotations.labels)
+        labels = tuple(zip(annotations.labels, texts))
+        return Attachment(labels=labels, resolve=functools.partial(self.resolve, annotations, labels))
 
-    def resolve(self, annotations: ImageAnnotations, source: SourceImage) -> Attachment:
+    def resolve(self, annotations: ImageAnnotations, labels: tuple[tuple[int, str], ...],
+                source: SourceImage) -> Attachment:
         """The attachment once the source is known: the EXIF turns, the mask read.
 
         Raises:
@@ -149,9 +151,7 @@ class AnnotationAttach:
                                                            if shown != stored else ""))
         semantic = self._mask(annotations) if annotations.mask else None
         resolved = _Resolved(annotations, orienting, semantic)
-        texts = annotations.texts or tuple(self.label_map.name_of(label) for label in annotations.labels)
-        return Attachment(turns=orienting.turns, flip=orienting.flip,
-                          labels=tuple(zip(annotations.labels, texts)),
+        return Attachment(turns=orienting.turns, flip=orienting.flip, labels=labels,
                           follow=functools.partial(self.follow, resolved))
 
     def follow(self, resolved: _Resolved, geometry: Geometry) -> Followed:

@@ -349,7 +349,8 @@ def detection_features(annotations: ImageAnnotations, geometry: Geometry, label_
         raise ValueError("instance masks need a mask renderer")
     frame = frame_geometry(geometry.source, orienting)
     counts: dict[str, int] = {}
-    features: tuple[Feature, ...] = (("image/source_id", "string", (annotations.source_id,)),)
+    source_id = annotations.source_id or annotations.path  # Model Garden's decoder needs one.
+    features: tuple[Feature, ...] = (("image/source_id", "string", (source_id,)),)
     if semantic is not None:
         mask_features, counts, refused = _semantic(annotations, semantic, geometry, frame, label_map, mask_pad)
         if refused is not None:
