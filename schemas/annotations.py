@@ -88,6 +88,7 @@ PROBLEM_REASONS = (
     "box_empty",              # no area left after clipping (or after a crop): object dropped
     "annotation_size_mismatch",  # the stated size is neither the image's nor its EXIF-rotated size
     "mask_size_mismatch",     # a semantic mask whose size differs from its image's
+    "bad_mask",               # a semantic mask that is not a one-channel PNG, or cannot be read
 )
 
 

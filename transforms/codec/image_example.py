@@ -40,10 +40,11 @@ def encode_image_example(
     Args:
       encoded: the image file's bytes, stored unchanged.
       info: format, dimensions and channel count read from the header.
-      label: class index.
-      label_text: class name.
+      label: class index (or, for several labels per image, a tuple of them).
+      label_text: class name (or a tuple of names, as ``label``).
       filename: path relative to the input root.
-      extra: extra scalar features, ``((name, dtype, value), ...)``.
+      extra: extra features, ``((name, dtype, value), ...)``: one value each, or a
+        tuple or list of values (a list feature, possibly empty).
       digest: the SHA-256 of ``encoded`` in hex, when the caller has it already.
 
     Returns:
@@ -66,7 +67,7 @@ def image_example_parts(
     their total size: ``encoded`` is one of the pieces, not copied (see
     ``codec.tfrecord.frame_parts``). Arguments as for ``encode_image_example``."""
     digest = digest or hashlib.sha256(encoded).hexdigest()
-    if not extra:
+    if not extra and not isinstance(label, tuple):
         # The usual record: nine features whose name order is fixed (see _ORDER).
         image_parts, image_size = bytes_entry_parts("image/encoded", encoded)
         name_parts, name_size = bytes_entry_parts("image/filename", filename)
@@ -89,14 +90,19 @@ def image_example_parts(
         ("image/height", "int64", (info.height,)),
         ("image/width", "int64", (info.width,)),
         ("image/channels", "int64", (info.channels,)),
-        ("image/class/label", "int64", (label,)),
-        ("image/class/text", "string", (label_text,)),
+        ("image/class/label", "int64", _values(label)),
+        ("image/class/text", "string", _values(label_text)),
         ("image/filename", "string", (filename,)),
         ("image/key/sha256", "string", (digest,)),
     ]
-    features.extend((name, dtype, (value,)) for name, dtype, value in extra)
+    features.extend((name, dtype, _values(value)) for name, dtype, value in extra)
     example = encode_example(features)
     return [example], len(example)
+
+
+def _values(value) -> tuple:
+    """A feature's values: a tuple or list as it is, anything else as one value."""
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
 def _entry_size(key: str, value_list_size: int) -> int:

@@ -14,7 +14,11 @@ with its ``ImageRef`` (``filename``, ``split``, ``label`` say which image it is;
 side data is looked up by them). An ``Attachment`` may:
 
 * add features: ``features``, ``((name, dtype, value), ...)`` with dtype
-  ``int64``, ``float32`` or ``string`` (one value each, as ``ImageRef.extra``);
+  ``int64``, ``float32`` or ``string`` (one value each, as ``ImageRef.extra``,
+  or a tuple of values: a list feature, possibly empty);
+* give the image several labels: ``labels``, ``((id, name), ...)``, written as
+  the lists ``image/class/label`` and ``image/class/text`` in place of the
+  listing's one label;
 * ask for a geometry change of the pixels, applied after any reshape: ``turns``
   quarter turns clockwise, then ``flip`` (mirrored left to right). The image is
   then decoded and written again (PNG stays PNG, JPEG stays JPEG at the
@@ -22,7 +26,17 @@ side data is looked up by them). An ``Attachment`` may:
 * follow the pixels: ``follow(geometry) -> features``, called with the
   ``Geometry`` applied (scale, crop, pad from a reshape; the turns and flip
   asked), so that side data in source coordinates (points, boxes) is stored in
-  the output's (``Geometry.map_point``, ``map_pixel``, ``map_box``).
+  the output's (``Geometry.map_point``, ``map_pixel``, ``map_box``). ``follow``
+  may return a ``Followed`` instead: the features and an ``AttachReport``
+  (counts by reason, problems) that the outcome carries (``ImageOutcome.report``);
+* decide once the source is known: ``resolve(source) -> Attachment``, called
+  with the ``SourceImage`` (its stored size and EXIF orientation, read only for
+  such an attachment) before any pixel moves; what it returns is applied in
+  its place (its own ``resolve`` is not called).
+
+An attachment (``attach``, ``resolve`` or ``follow``) refuses an image by raising
+``AttachmentRefused(reason, message)``: the image becomes a dead letter (stage
+``validate``, error ``reason``).
 
 Reserved feature keys, which an attachment may not add (the image becomes a dead
 letter, ``encode_error``, naming the key): the nine every image record holds,
@@ -67,6 +81,7 @@ from beam_tfrecords.transforms.codec.image_inspection import (
     inspect_image,
     quiet_message,
 )
+from beam_tfrecords.transforms.codec.orientation import exif_orientation
 from beam_tfrecords.transforms.codec.readable import readable_image
 from beam_tfrecords.transforms.codec.reshape import reshape_decodes, reshape_image, target_size
 from beam_tfrecords.transforms.codec.tfrecord import RECORD_OVERHEAD, frame_parts
@@ -74,8 +89,12 @@ from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
 
 __all__ = [
     "RESERVED_FEATURES",
+    "SourceImage",
+    "AttachReport",
     "Attachment",
+    "AttachmentRefused",
     "EncodedChunk",
+    "Followed",
     "Geometry",
     "ImageOutcome",
     "ImageRecordBuilder",
@@ -177,6 +196,52 @@ def reshape_geometry(width: int, height: int, spec: ImageReshape | None) -> Geom
 
 
 @dataclasses.dataclass(frozen=True)
+class SourceImage:
+    """What an attachment's ``resolve`` is told of the source image.
+
+    Attributes:
+      width, height: as stored in the file (before any EXIF orientation).
+      orientation: the EXIF orientation tag (1-8; 1 when absent or unusable).
+    """
+
+    width: int
+    height: int
+    orientation: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class AttachReport:
+    """What an attachment tells the run about one image besides its features.
+
+    Attributes:
+      counts: ``((reason, n), ...)``: things counted (boxes clipped, ...).
+      problems: side data not taken as given, the image kept (objects dropped):
+        ``schemas.annotations.AnnotationProblem`` for annotations.
+    """
+
+    counts: tuple[tuple[str, int], ...] = ()
+    problems: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Followed:
+    """What a ``follow`` may return: its features and a report."""
+
+    features: tuple[Feature, ...]
+    report: AttachReport
+
+
+class AttachmentRefused(Exception):
+    """Raised by an attachment to refuse its image: ``reason`` becomes the dead
+    letter's error, ``message`` its sentence (names and numbers, never content)."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclasses.dataclass(frozen=True)
 class Attachment:
     """What side data adds to one image's record (see the module's docstring).
 
@@ -184,13 +249,19 @@ class Attachment:
       features: extra features ``((name, dtype, value), ...)``, stored as given.
       turns: quarter turns clockwise to apply to the pixels (0-3).
       flip: mirror the pixels left to right (after the turns).
-      follow: called with the ``Geometry`` applied; returns more features.
+      follow: called with the ``Geometry`` applied; returns more features (or a
+        ``Followed``).
+      labels: several labels ``((id, name), ...)`` for ``image/class/label`` and
+        ``image/class/text`` (empty: the listing's label).
+      resolve: called with the ``SourceImage``; returns the attachment to apply.
     """
 
     features: tuple[Feature, ...] = ()
     turns: int = 0
     flip: bool = False
-    follow: Callable[[Geometry], tuple[Feature, ...]] | None = None
+    follow: Callable[[Geometry], tuple[Feature, ...] | Followed] | None = None
+    labels: tuple[tuple[int, str], ...] = ()
+    resolve: Callable[[SourceImage], Attachment] | None = None
 
 
 class ImageOutcome(NamedTuple):
@@ -206,6 +277,7 @@ class ImageOutcome(NamedTuple):
       image: the stored image's ``(format, mode, width, height)`` (statistics).
       geometry: the geometry applied (a reshape's, then the attachment's turns
         and flip) when the image had an attachment; else ``None``.
+      report: what the attachment's ``follow`` reported (``Followed``), else ``None``.
     """
 
     size: int
@@ -214,6 +286,7 @@ class ImageOutcome(NamedTuple):
     source_sha256: str
     image: tuple[str, str, int, int]
     geometry: Geometry | None = None
+    report: AttachReport | None = None
 
 
 class EncodedChunk(NamedTuple):
@@ -348,12 +421,17 @@ class ImageRecordBuilder:
         is (``image_example_parts``), its size, and its ``ImageOutcome`` (``size``
         that plus ``overhead``); or the dead letter."""
         source = data
-        attachment = self.attach(ref) if self.attach is not None else None
         geometry = None
+        try:
+            attachment = self.attach(ref) if self.attach is not None else None
+        except AttachmentRefused as refused:
+            return _refused(ref, refused)
         try:
             data, info, note = self._stored(data)
             if attachment is not None:
-                data, info, note, geometry = self._moved(source, data, info, note, attachment)
+                data, info, note, geometry, attachment = self._moved(source, data, info, note, attachment)
+        except AttachmentRefused as refused:
+            return _refused(ref, refused)
         except ImageError as err:
             return DeadLetter(ref.filename, "validate", err.reason, quiet_message(err.message))
         except (ValueError, OSError, TypeError, MemoryError) as err:  # Pillow, converting or resizing.
@@ -363,29 +441,39 @@ class ImageRecordBuilder:
         # (the file's own bytes) the input fingerprint.
         digest = hashlib.sha256(data).hexdigest()
         source_digest = digest if data is source else hashlib.sha256(source).hexdigest()
+        label, text, extra, report = ref.label, ref.label_text, ref.extra, None
         try:
-            extra = ref.extra if attachment is None else _attached(ref, attachment, geometry)
-            parts, size = image_example_parts(data, info, ref.label, ref.label_text, ref.filename,
-                                              extra, digest)
+            if attachment is not None:
+                extra, report = _attached(ref, attachment, geometry)
+                if attachment.labels:
+                    label, text = (tuple(labels) for labels in zip(*attachment.labels))
+            parts, size = image_example_parts(data, info, label, text, ref.filename, extra, digest)
+        except AttachmentRefused as refused:
+            return _refused(ref, refused)
         except (ValueError, TypeError, OverflowError) as err:
             return DeadLetter(ref.filename, "encode", "encode_error",
                               quiet_message(f"cannot encode the record: {err}"))
         return parts, size, ImageOutcome(size + overhead, note, digest, source_digest,
-                                         (info.format, info.mode, info.width, info.height), geometry)
+                                         (info.format, info.mode, info.width, info.height), geometry,
+                                         report)
 
     def _moved(self, source: bytes, data: bytes, info: ImageInfo, note: str,
-               attachment: Attachment) -> tuple[bytes, ImageInfo, str, Geometry]:
-        """The stored image turned and flipped as ``attachment`` asks, and the
-        geometry applied since the source (a reshape's too)."""
+               attachment: Attachment) -> tuple[bytes, ImageInfo, str, Geometry, Attachment]:
+        """The stored image turned and flipped as ``attachment`` asks (resolved
+        first, when it has ``resolve``), the geometry applied since the source (a
+        reshape's too), and the attachment applied."""
         spec = self.reshape
         source_info = info if spec is None else inspect_image(source, "headers", self.max_pixels)
+        if attachment.resolve is not None:
+            attachment = attachment.resolve(SourceImage(source_info.width, source_info.height,
+                                                        exif_orientation(source)))
         geometry = reshape_geometry(source_info.width, source_info.height, spec)
         if attachment.turns % 4 or attachment.flip:
             data, info = _turned(data, info, attachment, spec)
             geometry = dataclasses.replace(geometry, output=(info.width, info.height),
                                            turns=attachment.turns % 4, flip=attachment.flip)
             note = note or "attached/moved"
-        return data, info, note, geometry
+        return data, info, note, geometry, attachment
 
     def _stored(self, data: bytes) -> tuple[bytes, ImageInfo, str]:
         """Inspects the image and makes it what is stored: ``(bytes, info, note)``.
@@ -415,15 +503,24 @@ class ImageRecordBuilder:
         return data, info, "kept/png_16_bit" if info.bit_depth == 16 else ""
 
 
-def _attached(ref: ImageRef, attachment: Attachment, geometry: Geometry) -> tuple[Feature, ...]:
-    """The listing's extra features and the attachment's, sorted by name.
+def _refused(ref: ImageRef, refused: AttachmentRefused) -> DeadLetter:
+    return DeadLetter(ref.filename, "validate", refused.reason, quiet_message(refused.message))
+
+
+def _attached(ref: ImageRef, attachment: Attachment,
+              geometry: Geometry) -> tuple[tuple[Feature, ...], AttachReport | None]:
+    """The listing's extra features and the attachment's, sorted by name, and what
+    its ``follow`` reported.
 
     Raises:
       ValueError: for a key that is reserved, or given twice.
     """
-    added = tuple(attachment.features)
+    added, report = tuple(attachment.features), None
     if attachment.follow is not None:
-        added += tuple(attachment.follow(geometry))
+        followed = attachment.follow(geometry)
+        if isinstance(followed, Followed):
+            followed, report = followed.features, followed.report
+        added += tuple(followed)
     taken = RESERVED_FEATURES | {name for name, _, _ in ref.extra}
     seen: set[str] = set()
     for name, _, _ in added:
@@ -431,7 +528,7 @@ def _attached(ref: ImageRef, attachment: Attachment, geometry: Geometry) -> tupl
             raise ValueError(f"an attachment may not add the feature {name!r}: it is reserved "
                              "or already given")
         seen.add(name)
-    return tuple(sorted(ref.extra + added, key=lambda feature: feature[0]))
+    return tuple(sorted(ref.extra + added, key=lambda feature: feature[0])), report
 
 
 @functools.lru_cache(maxsize=4096)
