@@ -16,7 +16,9 @@ never code: Arrow IPC files, read with nothing but Arrow's and JSON's parsers.
   columns as they are (``filename`` is the blob and offsets of relative paths,
   as one ``large_binary`` column, not copied), for a list of ``ImageRef`` one row
   each (strings as UTF-8 with ``surrogatepass``, so names that are not UTF-8 come
-  back as they were; extra features as JSON). A step that works on one part reads
+  back as they were; extra features as JSON; when any reference carries
+  annotations, an ``annotation`` column of their bytes, plain JSON decoded on the
+  worker by ``codec.annotation_bytes``). A step that works on one part reads
   that file alone.
 
 The launcher puts the hand-off's SHA-256 into the job graph (the listing step's
@@ -56,6 +58,10 @@ _LIST_COLUMNS = (("split", pa.large_binary()), ("key", pa.large_binary()),
                  ("filename", pa.large_binary()), ("path", pa.large_binary()), ("size", pa.int64()),
                  ("label", pa.int64()), ("label_text", pa.large_binary()), ("extra", pa.large_binary()),
                  ("generation", pa.int64()), ("crc", pa.int64()))
+# A list whose references carry annotations (``ImageRef.annotation``) has one column more;
+# without any, a part is written as before the column existed (byte for byte).
+_ANNOTATION_COLUMN = ("annotation", pa.large_binary())
+_ANNOTATED_COLUMNS = (*_LIST_COLUMNS, _ANNOTATION_COLUMN)
 
 
 class HandoffError(ValueError):
@@ -137,7 +143,11 @@ def _list_batch(refs: Sequence[ImageRef]) -> pa.RecordBatch:
         pa.array([r.generation for r in refs], type=pa.int64()),
         pa.array([r.crc32c for r in refs], type=pa.int64()),
     ]
-    return pa.RecordBatch.from_arrays(columns, names=[name for name, _ in _LIST_COLUMNS])
+    names = [name for name, _ in _LIST_COLUMNS]
+    if any(r.annotation for r in refs):
+        columns.append(pa.array([r.annotation for r in refs], type=pa.large_binary()))
+        names.append(_ANNOTATION_COLUMN[0])
+    return pa.RecordBatch.from_arrays(columns, names=names)
 
 
 # A hand-off holds its references in parts of at most this many (each a file of its
@@ -255,10 +265,16 @@ def _refs(batch: pa.RecordBatch) -> list[ImageRef]:
                                                         "extra")}
     sizes, labels = columns["size"].to_pylist(), columns["label"].to_pylist()
     generations, crcs = columns["generation"].to_pylist(), columns["crc"].to_pylist()
+    annotations = [b""] * batch.num_rows
+    if batch.num_columns > len(_LIST_COLUMNS):
+        column = batch.column(_ANNOTATION_COLUMN[0])
+        if column.null_count:
+            raise HandoffError("an annotation is null")
+        annotations = column.to_pylist()
     return [ImageRef(text["split"][i], text["key"][i], text["filename"][i], text["path"][i],
                      int(sizes[i]), int(labels[i]), text["label_text"][i],
                      tuple(tuple(e) for e in json.loads(text["extra"][i])) if text["extra"][i] else (),
-                     int(generations[i]), int(crcs[i]))
+                     int(generations[i]), int(crcs[i]), annotations[i])
             for i in range(batch.num_rows)]
 
 
@@ -325,8 +341,8 @@ def decode_part(data, expected_sha256: str, where: str) -> list[ImageRef] | RefT
         if header.get("format") != _PART_FORMAT or header.get("version") != _VERSION:
             raise HandoffError("not a listing part of this version")
         meta = header["refs"]
-        expected = {"table": _TABLE_COLUMNS, "list": _LIST_COLUMNS}[meta["kind"]]
-        if [(f.name, f.type) for f in batch.schema] != list(expected):
+        expected = {"table": [_TABLE_COLUMNS], "list": [_LIST_COLUMNS, _ANNOTATED_COLUMNS]}[meta["kind"]]
+        if [(f.name, f.type) for f in batch.schema] not in [list(columns) for columns in expected]:
             raise HandoffError("its columns are not a listing's")
         return _table(batch, meta) if meta["kind"] == "table" else _refs(batch)
     except HandoffError as err:
