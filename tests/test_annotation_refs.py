@@ -16,9 +16,9 @@ import pytest
 from beam_tfrecords.schemas.annotations import ImageAnnotations, ObjectAnnotation, Polygons, Rle
 from beam_tfrecords.schemas.elements import ImageRef, ImageRefs
 from beam_tfrecords.transforms.codec.annotation_bytes import decode_annotations, encode_annotations
-from beam_tfrecords.transforms.io.image_records import estimated_record_size
+from beam_tfrecords.transforms.io.image_records import estimated_record_size, record_overheads
 from beam_tfrecords.transforms.plan.handoff import HandoffError, decode_part, encode_part
-from beam_tfrecords.transforms.plan.ref_table import RefTable
+from beam_tfrecords.transforms.plan.ref_table import RefTable, concat_tables
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +28,8 @@ FULL = ImageAnnotations(
     objects=(
         ObjectAnnotation((0.1, 1e-300, 640.0000000000001, 2.5), 18, "dog", is_crowd=True, area=1234.5678,
                          difficult=True, truncated=True,
-                         segmentation=Polygons(((1.5, 2.25, 3.0, 4.0, 5.125, 6.0), (0.0, 0.0, 1.0, 0.0, 1.0, 1.0))),
+                         segmentation=Polygons(((1.5, 2.25, 3.0, 4.0, 5.125, 6.0),
+                                                (0.0, 0.0, 1.0, 0.0, 1.0, 1.0))),
                          source="instances.json: annotation 1"),
         ObjectAnnotation((1, 2, 3, 4), 1, "person", area=None, segmentation=Rle((480, 640), (0, 5, 300, 7)),
                          source="instances.json: annotation 2"),
@@ -86,6 +87,13 @@ def test_garbage_is_refused_with_a_value_error(data):
     assert "not json" not in str(caught.value) and "inches" not in str(caught.value)  # Content not quoted.
 
 
+# SHA-256 of the bytes 84f633c (before ImageRef.annotation) made of ``_refs()`` and ``_table()``.
+PINNED = {"packed": "3c943e68229a88322e0e27e7cfecf4ecb28ae7645a8fdca36c4d0ba68cbaf230",
+          "list_part": "f19b3b30472af3aee6bf1948b2a1dc53dd9a7fa249ee306a89f1c60106856afb",
+          "table_part": "679ff5acaf43813d6b68a4f6d9e68eb027cd3042936dedd83faee020da0481ce",
+          "table_pickle": "755bd3272131271c6d4d5cd6ac71ccb22799c9549702c936161ad627f581eaaa"}
+
+
 def _refs():
     """The references whose pre-annotation bytes are pinned below (computed on 84f633c)."""
     return [ImageRef("train", "00ab", "cat/a.jpg", "/in/cat/a.jpg", 1234, 0, "cat"),
@@ -94,7 +102,8 @@ def _refs():
 
 
 def _table():
-    return RefTable("/in", b"cat/a.jpgdog/b.png", np.array([0, 9, 18], np.int64), np.array([1234, 99], np.int64),
+    return RefTable("/in", b"cat/a.jpgdog/b.png", np.array([0, 9, 18], np.int64),
+                    np.array([1234, 99], np.int64),
                     np.array([0, 1], np.int32), ("train", "validation"), np.array([0, 1], np.int32),
                     ("cat", "dog"), np.array([[1, 2], [3, 4]], np.uint64))
 
@@ -108,9 +117,10 @@ def _part(refs) -> bytes:
 def test_references_without_annotations_keep_their_bytes():
     """Packed, handed off and estimated exactly as before ``ImageRef.annotation`` existed."""
     digest = lambda data: hashlib.sha256(data).hexdigest()  # noqa: E731
-    assert digest(ImageRefs.pack(_refs()).packed) == "3c943e68229a88322e0e27e7cfecf4ecb28ae7645a8fdca36c4d0ba68cbaf230"
-    assert digest(_part(_refs())) == "f19b3b30472af3aee6bf1948b2a1dc53dd9a7fa249ee306a89f1c60106856afb"
-    assert digest(_part(_table())) == "679ff5acaf43813d6b68a4f6d9e68eb027cd3042936dedd83faee020da0481ce"
+    assert digest(ImageRefs.pack(_refs()).packed) == PINNED["packed"]
+    assert digest(_part(_refs())) == PINNED["list_part"]
+    assert digest(_part(_table())) == PINNED["table_part"]
+    assert digest(pickle.dumps(_table(), protocol=pickle.HIGHEST_PROTOCOL)) == PINNED["table_pickle"]
     assert [estimated_record_size(r) for r in _refs()] == [1570, 470]
 
 
@@ -143,3 +153,21 @@ def test_a_changed_annotation_in_a_part_is_refused_and_never_unpickled():
 def test_a_reference_refuses_an_annotation_that_is_not_bytes():
     with pytest.raises(ValueError, match="annotation must be bytes"):
         ImageRef("train", "k", "a.jpg", "/in/a.jpg", 1, 0, "", annotation="{}")
+
+
+def test_a_table_carries_annotations_through_rows_splits_joins_pickles_and_its_part():
+    data = encode_annotations(FULL)
+    table = _table().with_annotations([b"", data])
+    assert [r.annotation for r in table] == [b"", data]
+    assert table.annotation_lengths().tolist() == [0, len(data)]
+    assert _table().annotation_lengths().tolist() == [0, 0] and _table().with_annotations([b"", b""]) == _table()
+    assert [r.annotation for r in table.rows([1, 0])] == [data, b""]
+    assert [r.annotation for r in table.with_splits(lambda name: "test")] == [b"", data]
+    assert [r.annotation for r in concat_tables([_table(), table, table.rows([1])])] == [b"", b"", b"", data, data]
+    assert list(pickle.loads(pickle.dumps(table))) == list(table)
+    part = _part(table)
+    back = decode_part(part, hashlib.sha256(part).hexdigest(), "listing-00000.arrow")
+    assert isinstance(back, RefTable) and list(back) == list(table) and back[1].annotation == data
+    # The planned size of a table's record is what estimated_record_size says of its reference.
+    planned = record_overheads(table.vocabulary)[table.labels] + table.sizes + table.name_lengths()
+    assert (planned + table.annotation_lengths()).tolist() == [estimated_record_size(r) for r in table]

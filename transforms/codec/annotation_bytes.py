@@ -101,8 +101,8 @@ def _read_segmentation(value, where: str) -> Polygons | Rle | None:
         return None
     if isinstance(value, dict) and set(value) == {"p"}:
         rings = _list(value["p"], f"{where} polygons")
-        return Polygons(tuple(tuple(_number(v, f"{where} polygon point") for v in _list(ring, f"{where} ring"))
-                              for ring in rings))
+        return Polygons(tuple(tuple(_number(v, f"{where} polygon point")
+                                    for v in _list(ring, f"{where} ring")) for ring in rings))
     if isinstance(value, dict) and set(value) == {"r"}:
         height, width, counts = _list(value["r"], f"{where} rle", 3)
         return Rle((_integer(height, f"{where} rle height"), _integer(width, f"{where} rle width")),
@@ -133,12 +133,14 @@ def _read(value) -> ImageAnnotations:
     if units not in _UNITS:
         raise _Bad(f"units must be one of {_UNITS}")
     size = value.get("z")
+    if size is not None:
+        size = tuple(_integer(v, "stated size") for v in _list(size, "stated size", 2))
     return ImageAnnotations(
         path=_string(value.get("p"), "path"), source_id=_string(value.get("i"), "source_id"),
         objects=tuple(_read_object(o, i) for i, o in enumerate(_list(value.get("o", []), "objects"))),
         labels=tuple(_integer(v, "label") for v in _list(value.get("l", []), "labels")),
         texts=tuple(_string(v, "text") for v in _list(value.get("t", []), "texts")), units=units,
-        stated_size=None if size is None else tuple(_integer(v, "stated size") for v in _list(size, "stated size", 2)),
+        stated_size=size,
         mask=_string(value.get("m", ""), "mask"), split=_string(value.get("s", ""), "split"),
         source=_string(value.get("f", ""), "source"))
 
