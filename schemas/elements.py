@@ -49,6 +49,12 @@ class ImageRef:
         on GCS); the image is read at exactly that generation.
       crc32c: a ``gs://`` object's CRC-32C as listed (-1: not known); bytes read
         that do not match it are not converted.
+      annotation: the image's annotations (an annotated layout's boxes, labels,
+        masks), as ``transforms.codec.annotation_bytes`` encodes one
+        ``schemas.annotations.ImageAnnotations`` (plain JSON, never code: it travels
+        through the listing's hand-off); ``b""`` for an image without. Left out of
+        the pickled state when empty, so a reference without annotations pickles
+        to the same bytes as before the field existed.
     """
 
     split: str
@@ -61,13 +67,22 @@ class ImageRef:
     extra: tuple[tuple[str, str, object], ...] = ()
     generation: int = 0
     crc32c: int = -1
+    annotation: bytes = b""
 
     def __post_init__(self):
+        if not isinstance(self.annotation, bytes):
+            raise ValueError(f"{self.path}: annotation must be bytes, got {type(self.annotation).__name__}")
         if self.size < 0:
             raise ValueError(f"{self.path}: size must be >= 0, got {self.size}")
         for name, dtype, _ in self.extra:
             if dtype not in _EXTRA_DTYPES:
                 raise ValueError(f"extra feature {name!r}: dtype must be one of {_EXTRA_DTYPES}")
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        if not state.get("annotation"):  # The class default stands in for it when unpickled.
+            state.pop("annotation", None)
+        return state
 
 
 @dataclasses.dataclass(frozen=True)

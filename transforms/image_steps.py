@@ -287,7 +287,8 @@ def _ref_specs(refs: Sequence[ImageRef], band: ShardBand, compression: str) -> I
 
 def _table_specs(table: RefTable, band: ShardBand, compression: str) -> Iterator[ShardSpec]:
     """The specs of a table, split by split (each spec's rows a table of their own)."""
-    planned = record_overheads(table.vocabulary)[table.labels] + table.sizes + table.name_lengths()
+    planned = (record_overheads(table.vocabulary)[table.labels] + table.sizes + table.name_lengths()
+                  + table.annotation_lengths())
     for split, order in split_orders(table):
         yield from split_specs(split, planned[order], band, compression,
                                lambda a, b, order=order: pack_refs(table.rows(order[a:b])))

@@ -77,7 +77,8 @@ def part_columns(refs: Sequence[ImageRef]) -> tuple[list[str], np.ndarray, np.nd
       ValueError: when a reference's key is not a ``stable_key`` (32 hex digits).
     """
     if isinstance(refs, RefTable):
-        planned = record_overheads(refs.vocabulary)[refs.labels] + refs.sizes + refs.name_lengths()
+        planned = (record_overheads(refs.vocabulary)[refs.labels] + refs.sizes + refs.name_lengths()
+                      + refs.annotation_lengths())
         return list(refs.split_names), refs.split_codes, refs.keys.reshape(-1, 2), planned.astype(np.int64)
     names: dict[str, int] = {}
     codes = np.empty(len(refs), np.int32)

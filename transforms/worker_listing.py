@@ -196,7 +196,8 @@ class _ListUnitFn(beam.DoFn):
         beam.metrics.Metrics.counter("list", "units").inc()
         yield beam.pvalue.TaggedOutput(_THIN_TAG, _Thin(
             index, table.split_names, table.vocabulary, table.split_codes, table.labels, table.keys,
-            table.sizes + table.name_lengths(), int(table.sizes.sum()), ignored, tuple(dead)))
+            table.sizes + table.name_lengths() + table.annotation_lengths(), int(table.sizes.sum()), ignored,
+            tuple(dead)))
         yield index, pickle.dumps(table, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -323,7 +324,8 @@ class _ShardSpecsFn(beam.DoFn):
                 planned, records = 0, ImageRefs.pack(())
             else:
                 members = table.rows(rows)
-                planned = int((overhead[members.labels] + members.sizes + members.name_lengths()).sum())
+                planned = int((overhead[members.labels] + members.sizes + members.name_lengths()
+                                   + members.annotation_lengths()).sum())
                 records = pack_refs(members)
             yield shard_spec(split, index, plan.num_shards[split], self._compression, planned, records)
 

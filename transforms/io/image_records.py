@@ -550,7 +550,9 @@ def estimated_record_size(ref: ImageRef) -> int:
     """Framed size of the record an image becomes, before its header is read.
 
     At most a few bytes above the true size (see ``image_example_size`` for the
-    exact figure), which is all a plan needs (attachments' features aside).
+    exact figure), which is all a plan needs (attachments' features aside). An
+    annotated image counts its annotation's bytes (``ImageRef.annotation``) too:
+    its objects' features are of that order (rendered masks aside).
     """
     overhead = _record_overhead(ref.label, ref.label_text, ref.extra)
-    return overhead + ref.size + len(ref.filename.encode("utf-8"))
+    return overhead + ref.size + len(ref.filename.encode("utf-8")) + len(ref.annotation)

@@ -14,9 +14,12 @@ never code: Arrow IPC files, read with nothing but Arrow's and JSON's parsers.
 - The parts (``part_name``, beside it): the references in order, at most
   ``PART_ROWS`` in each, one record batch per file: for a ``RefTable`` its
   columns as they are (``filename`` is the blob and offsets of relative paths,
-  as one ``large_binary`` column, not copied), for a list of ``ImageRef`` one row
+  as one ``large_binary`` column, not copied; the annotations likewise, in a column
+  of their own when the table has them), for a list of ``ImageRef`` one row
   each (strings as UTF-8 with ``surrogatepass``, so names that are not UTF-8 come
-  back as they were; extra features as JSON). A step that works on one part reads
+  back as they were; extra features as JSON; when any reference carries
+  annotations, an ``annotation`` column of their bytes, plain JSON decoded on the
+  worker by ``codec.annotation_bytes``). A step that works on one part reads
   that file alone.
 
 The launcher puts the hand-off's SHA-256 into the job graph (the listing step's
@@ -56,6 +59,11 @@ _LIST_COLUMNS = (("split", pa.large_binary()), ("key", pa.large_binary()),
                  ("filename", pa.large_binary()), ("path", pa.large_binary()), ("size", pa.int64()),
                  ("label", pa.int64()), ("label_text", pa.large_binary()), ("extra", pa.large_binary()),
                  ("generation", pa.int64()), ("crc", pa.int64()))
+# A list whose references carry annotations (``ImageRef.annotation``) has one column more;
+# without any, a part is written as before the column existed (byte for byte).
+_ANNOTATION_COLUMN = ("annotation", pa.large_binary())
+_ANNOTATED_COLUMNS = (*_LIST_COLUMNS, _ANNOTATION_COLUMN)
+_ANNOTATED_TABLE_COLUMNS = (*_TABLE_COLUMNS, _ANNOTATION_COLUMN)
 
 
 class HandoffError(ValueError):
@@ -111,17 +119,24 @@ def _array(values: np.ndarray, kind: pa.DataType) -> pa.Array:
     return pa.array(np.ascontiguousarray(values, dtype=_NUMPY[kind]), type=kind)
 
 
+def _binary(n: int, blob: bytes, offsets: np.ndarray) -> pa.Array:
+    """A blob and its offsets as a ``large_binary`` column, not copied."""
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    return pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(blob)])
+
+
 def _table_batch(table: RefTable) -> pa.RecordBatch:
     n = len(table)
-    offsets = np.ascontiguousarray(table.offsets, dtype=np.int64)
-    names = pa.Array.from_buffers(pa.large_binary(), n,
-                                  [None, pa.py_buffer(offsets), pa.py_buffer(table.blob)])
+    names = _binary(n, table.blob, table.offsets)
     keys = table.keys.reshape(-1, 2)
     columns = [names, _array(table.sizes, pa.int64()), _array(table.split_codes, pa.int32()),
                _array(table.labels, pa.int32()), _array(keys[:, 0], pa.uint64()),
                _array(keys[:, 1], pa.uint64()), _array(table.stamps, pa.int64()),
                _array(table.crcs, pa.int64())]
-    return pa.RecordBatch.from_arrays(columns, names=[name for name, _ in _TABLE_COLUMNS])
+    if table.annotations is not None:
+        columns.append(_binary(n, *table.annotations))
+    names = [name for name, _ in _ANNOTATED_TABLE_COLUMNS]
+    return pa.RecordBatch.from_arrays(columns, names=names[:len(columns)])
 
 
 def _text(values) -> pa.Array:
@@ -137,7 +152,11 @@ def _list_batch(refs: Sequence[ImageRef]) -> pa.RecordBatch:
         pa.array([r.generation for r in refs], type=pa.int64()),
         pa.array([r.crc32c for r in refs], type=pa.int64()),
     ]
-    return pa.RecordBatch.from_arrays(columns, names=[name for name, _ in _LIST_COLUMNS])
+    names = [name for name, _ in _LIST_COLUMNS]
+    if any(r.annotation for r in refs):
+        columns.append(pa.array([r.annotation for r in refs], type=pa.large_binary()))
+        names.append(_ANNOTATION_COLUMN[0])
+    return pa.RecordBatch.from_arrays(columns, names=names)
 
 
 # A hand-off holds its references in parts of at most this many (each a file of its
@@ -225,18 +244,23 @@ def _letters(items) -> list[DeadLetter]:
     return [DeadLetter(*(str(field) for field in item)) for item in items]
 
 
-def _table(batch: pa.RecordBatch, meta: dict) -> RefTable:
-    n = batch.num_rows
-    names = batch.column("filename")
-    if names.null_count:
-        raise HandoffError("a file name is null")
-    buffers = names.buffers()
-    offsets = np.frombuffer(buffers[1], np.int64, count=n + 1, offset=names.offset * 8).copy()
+def _blob(column: pa.Array, what: str) -> tuple[bytes, np.ndarray]:
+    """A ``large_binary`` column as a blob and its offsets (from 0), checked."""
+    n = len(column)
+    if column.null_count:
+        raise HandoffError(f"a {what} is null")
+    buffers = column.buffers()
+    offsets = np.frombuffer(buffers[1], np.int64, count=n + 1, offset=column.offset * 8).copy()
     if n and (np.any(np.diff(offsets) < 0) or offsets[0] < 0 or offsets[-1] > buffers[2].size):
-        raise HandoffError("file name offsets out of order")
+        raise HandoffError(f"{what} offsets out of order")
     start = int(offsets[0]) if n else 0
     blob = buffers[2][start:int(offsets[-1])].to_pybytes() if n else b""
-    offsets -= start
+    return blob, offsets - start
+
+
+def _table(batch: pa.RecordBatch, meta: dict) -> RefTable:
+    n = batch.num_rows
+    blob, offsets = _blob(batch.column("filename"), "file name")
     split_names, vocabulary = [str(s) for s in meta["split_names"]], [str(v) for v in meta["vocabulary"]]
     codes, labels = _numbers(batch.column("split"), np.int32), _numbers(batch.column("label"), np.int32)
     if n and (codes.min() < 0 or codes.max() >= len(split_names)
@@ -246,7 +270,9 @@ def _table(batch: pa.RecordBatch, meta: dict) -> RefTable:
                      _numbers(batch.column("key_low"), np.uint64)], axis=1).reshape(-1, 2)
     return RefTable(str(meta["root"]), blob, offsets, _numbers(batch.column("size"), np.int64),
                     codes, split_names, labels, vocabulary, keys,
-                    _numbers(batch.column("stamp"), np.int64), _numbers(batch.column("crc"), np.int64))
+                    _numbers(batch.column("stamp"), np.int64), _numbers(batch.column("crc"), np.int64),
+                    _blob(batch.column("annotation"), "annotation")
+                    if batch.num_columns > len(_TABLE_COLUMNS) else None)
 
 
 def _refs(batch: pa.RecordBatch) -> list[ImageRef]:
@@ -255,10 +281,16 @@ def _refs(batch: pa.RecordBatch) -> list[ImageRef]:
                                                         "extra")}
     sizes, labels = columns["size"].to_pylist(), columns["label"].to_pylist()
     generations, crcs = columns["generation"].to_pylist(), columns["crc"].to_pylist()
+    annotations = [b""] * batch.num_rows
+    if batch.num_columns > len(_LIST_COLUMNS):
+        column = batch.column(_ANNOTATION_COLUMN[0])
+        if column.null_count:
+            raise HandoffError("an annotation is null")
+        annotations = column.to_pylist()
     return [ImageRef(text["split"][i], text["key"][i], text["filename"][i], text["path"][i],
                      int(sizes[i]), int(labels[i]), text["label_text"][i],
                      tuple(tuple(e) for e in json.loads(text["extra"][i])) if text["extra"][i] else (),
-                     int(generations[i]), int(crcs[i]))
+                     int(generations[i]), int(crcs[i]), annotations[i])
             for i in range(batch.num_rows)]
 
 
@@ -325,8 +357,9 @@ def decode_part(data, expected_sha256: str, where: str) -> list[ImageRef] | RefT
         if header.get("format") != _PART_FORMAT or header.get("version") != _VERSION:
             raise HandoffError("not a listing part of this version")
         meta = header["refs"]
-        expected = {"table": _TABLE_COLUMNS, "list": _LIST_COLUMNS}[meta["kind"]]
-        if [(f.name, f.type) for f in batch.schema] != list(expected):
+        expected = {"table": [_TABLE_COLUMNS, _ANNOTATED_TABLE_COLUMNS],
+                    "list": [_LIST_COLUMNS, _ANNOTATED_COLUMNS]}[meta["kind"]]
+        if [(f.name, f.type) for f in batch.schema] not in [list(columns) for columns in expected]:
             raise HandoffError("its columns are not a listing's")
         return _table(batch, meta) if meta["kind"] == "table" else _refs(batch)
     except HandoffError as err:

@@ -55,12 +55,16 @@ class RefTable(Sequence):
         not known): its modification time in ns (local files) or its GCS
         generation (``gs://`` roots), as ``schemas.inputs.InputFile`` records it.
       crcs: each ``gs://`` object's CRC-32C as listed (int64; -1 when not known).
+      annotations: ``None`` (no image has any), or each image's ``ImageRef.annotation``
+        as ``(blob, offsets)`` like the paths (``with_annotations`` adds them).
     """
+
+    annotations: tuple[bytes, np.ndarray] | None = None  # What a table pickled without them gets.
 
     def __init__(self, root: str, blob: bytes, offsets: np.ndarray, sizes: np.ndarray,
                  split_codes: np.ndarray, split_names: Sequence[str], labels: np.ndarray,
                  vocabulary: Sequence[str], keys: np.ndarray, stamps: np.ndarray | None = None,
-                 crcs: np.ndarray | None = None):
+                 crcs: np.ndarray | None = None, annotations: tuple[bytes, np.ndarray] | None = None):
         self.root = root
         self.blob = blob
         self.offsets = offsets
@@ -72,7 +76,26 @@ class RefTable(Sequence):
         self.keys = keys
         self.stamps = np.zeros(len(sizes), np.int64) if stamps is None else stamps
         self.crcs = np.full(len(sizes), -1, np.int64) if crcs is None else crcs
+        if annotations is not None:  # Left unset when none: a table pickles as it did before them.
+            self.annotations = annotations
         self._prefix = root.rstrip("/") + "/"
+
+    def with_annotations(self, annotations: Sequence[bytes]) -> RefTable:
+        """The same images, each with its annotation bytes (``ImageRef.annotation``;
+        ``b""`` for an image without)."""
+        if len(annotations) != len(self):
+            raise ValueError(f"{len(annotations)} annotations for {len(self)} images")
+        lengths = np.fromiter(map(len, annotations), dtype=np.int64, count=len(annotations))
+        offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        return RefTable(self.root, self.blob, self.offsets, self.sizes, self.split_codes, self.split_names,
+                        self.labels, self.vocabulary, self.keys, self.stamps, self.crcs,
+                        (b"".join(annotations), offsets) if lengths.any() else None)
+
+    def _annotations(self, indices: np.ndarray) -> list[bytes]:
+        if self.annotations is None:
+            return [b""] * len(indices)
+        blob, offsets = self.annotations
+        return [blob[b:e] for b, e in zip(offsets[indices].tolist(), offsets[indices + 1].tolist())]
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -80,12 +103,12 @@ class RefTable(Sequence):
     def filename(self, i: int) -> str:
         return self.blob[self.offsets[i]:self.offsets[i + 1]].decode("utf-8")
 
-    def _ref(self, i: int, begins, ends, sizes, splits, labels, keys, stamps, crcs) -> ImageRef:
+    def _ref(self, i: int, begins, ends, sizes, splits, labels, keys, stamps, crcs, notes) -> ImageRef:
         rel = self.blob[begins[i]:ends[i]].decode("utf-8")
         split = self.split_names[splits[i]]
         label = labels[i]
         return ImageRef(split, "%016x%016x" % keys[i], rel, self._prefix + rel, sizes[i], label,
-                        self.vocabulary[label], (), stamps[i], crcs[i])
+                        self.vocabulary[label], (), stamps[i], crcs[i], notes[i])
 
     def take(self, indices) -> list[ImageRef]:
         """The references at ``indices``, as objects, in that order."""
@@ -100,8 +123,9 @@ class RefTable(Sequence):
             stamps, crcs = self.stamps[indices].tolist(), self.crcs[indices].tolist()
         else:  # A local file's stamp is its modification time, not a generation.
             stamps, crcs = [0] * len(indices), [-1] * len(indices)
+        notes = self._annotations(indices)
         rows = range(len(indices))
-        return [self._ref(i, begins, ends, sizes, splits, labels, keys, stamps, crcs) for i in rows]
+        return [self._ref(i, begins, ends, sizes, splits, labels, keys, stamps, crcs, notes) for i in rows]
 
     def __getitem__(self, index):
         if isinstance(index, slice):
@@ -126,12 +150,20 @@ class RefTable(Sequence):
     @property
     def nbytes(self) -> int:
         """Bytes the columns hold."""
-        return len(self.blob) + sum(a.nbytes for a in (self.offsets, self.sizes, self.split_codes,
-                                                       self.labels, self.keys, self.stamps, self.crcs))
+        notes = 0 if self.annotations is None else len(self.annotations[0]) + self.annotations[1].nbytes
+        columns = (self.offsets, self.sizes, self.split_codes, self.labels, self.keys, self.stamps, self.crcs)
+        return len(self.blob) + notes + sum(a.nbytes for a in columns)
 
     def name_lengths(self) -> np.ndarray:
         """Each relative path's length in UTF-8 bytes."""
         return np.diff(self.offsets)
+
+    def annotation_lengths(self) -> np.ndarray:
+        """Each image's annotation length in bytes (int64; zeros when none has any):
+        a record's planned size counts it (``io.image_records.estimated_record_size``)."""
+        if self.annotations is None:
+            return np.zeros(len(self), np.int64)
+        return np.diff(self.annotations[1])
 
     def select(self, mask: np.ndarray) -> RefTable:
         """The images where ``mask`` is true, in order."""
@@ -141,13 +173,11 @@ class RefTable(Sequence):
         """The images at ``indices`` (in that order), as a table of their own: what
         a shard plan hands its writer (the references are made where it reads them)."""
         indices = np.asarray(indices, dtype=np.int64)
-        starts, ends = self.offsets[indices], self.offsets[indices + 1]
-        offsets = np.concatenate(([0], np.cumsum(ends - starts))).astype(np.int64)  # O(rows), not O(table)
-        view = memoryview(self.blob)
-        blob = b"".join(view[b:e] for b, e in zip(starts.tolist(), ends.tolist()))
+        blob, offsets = _gather(self.blob, self.offsets, indices)
+        notes = None if self.annotations is None else _gather(*self.annotations, indices)
         return RefTable(self.root, blob, offsets, self.sizes[indices], self.split_codes[indices],
                         self.split_names, self.labels[indices], self.vocabulary, self.keys[indices],
-                        self.stamps[indices], self.crcs[indices])
+                        self.stamps[indices], self.crcs[indices], notes)
 
     def with_splits(self, split_of: Callable[[str], str]) -> RefTable:
         """The same images with the split ``split_of(filename)`` and its keys."""
@@ -158,7 +188,7 @@ class RefTable(Sequence):
         split_names = tuple(names)
         keys = _keys(self.blob, self.offsets, codes, split_names)
         return RefTable(self.root, self.blob, self.offsets, self.sizes, codes, split_names,
-                        self.labels, self.vocabulary, keys, self.stamps, self.crcs)
+                        self.labels, self.vocabulary, keys, self.stamps, self.crcs, self.annotations)
 
     def split_counts(self) -> dict[str, int]:
         counts = np.bincount(self.split_codes, minlength=len(self.split_names))
@@ -202,6 +232,14 @@ class RefTable(Sequence):
         if bool(np.all(names[:-1] <= names[1:])):
             return np.arange(n, dtype=np.int64)
         return np.argsort(names, kind="stable")
+
+
+def _gather(blob: bytes, offsets: np.ndarray, indices: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """The values at ``indices`` of a blob with offsets, as a blob and offsets of their own."""
+    starts, ends = offsets[indices], offsets[indices + 1]
+    gathered = np.concatenate(([0], np.cumsum(ends - starts))).astype(np.int64)  # O(rows), not O(table)
+    view = memoryview(blob)
+    return b"".join(view[b:e] for b, e in zip(starts.tolist(), ends.tolist())), gathered
 
 
 def _keys(blob: bytes, offsets: np.ndarray, codes: np.ndarray, split_names: Sequence[str]) -> np.ndarray:
@@ -448,7 +486,18 @@ def concat_tables(tables: Sequence[RefTable]) -> RefTable:
                     np.concatenate([t.sizes for t in tables]), np.concatenate(codes), tuple(names),
                     np.concatenate([t.labels for t in tables]), first.vocabulary,
                     np.concatenate([t.keys for t in tables]).reshape(-1, 2),
-                    np.concatenate([t.stamps for t in tables]), np.concatenate([t.crcs for t in tables]))
+                    np.concatenate([t.stamps for t in tables]), np.concatenate([t.crcs for t in tables]),
+                    _joined_annotations(tables))
+
+
+def _joined_annotations(tables: Sequence[RefTable]) -> tuple[bytes, np.ndarray] | None:
+    """The annotations of ``tables``' rows, in order (``None`` when no table has any)."""
+    if all(table.annotations is None for table in tables):
+        return None
+    notes = [table.annotations or (b"", np.zeros(len(table) + 1, np.int64)) for table in tables]
+    lengths = np.concatenate([np.diff(offsets) for _, offsets in notes])
+    blob = b"".join(blob[int(offsets[0]):int(offsets[-1])] for blob, offsets in notes)
+    return blob, np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
 
 
 class PathBuffer:
