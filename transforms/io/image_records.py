@@ -22,7 +22,13 @@ side data is looked up by them). An ``Attachment`` may:
 * ask for a geometry change of the pixels, applied after any reshape: ``turns``
   quarter turns clockwise, then ``flip`` (mirrored left to right). The image is
   then decoded and written again (PNG stays PNG, JPEG stays JPEG at the
-  reshape's ``--jpeg_quality``, others become PNG);
+  reshape's ``--jpeg_quality``, others become PNG). With ``displayed`` (the turns
+  and flip show the picture as displayed: its EXIF orientation), a reshape is
+  sized for the turned picture: ``--size W x H`` gives a stored ``W x H`` image
+  (the stored pixels are reshaped to ``H x W`` when the turns are odd, then
+  turned: the same as turning first, but for the centring of an odd crop or pad
+  remainder, one pixel, and the resampling's rounding); without it ``--size``
+  applies to the stored pixels, before the turns (an odd turn then swaps it);
 * follow the pixels: ``follow(geometry) -> features``, called with the
   ``Geometry`` applied (scale, crop, pad from a reshape; the turns and flip
   asked), so that side data in source coordinates (points, boxes) is stored in
@@ -254,6 +260,8 @@ class Attachment:
       labels: several labels ``((id, name), ...)`` for ``image/class/label`` and
         ``image/class/text`` (empty: the listing's label).
       resolve: called with the ``SourceImage``; returns the attachment to apply.
+      displayed: ``turns`` and ``flip`` show the picture as displayed (its EXIF
+        orientation): a reshape is sized for the turned picture (see the module).
     """
 
     features: tuple[Feature, ...] = ()
@@ -262,6 +270,7 @@ class Attachment:
     follow: Callable[[Geometry], tuple[Feature, ...] | Followed] | None = None
     labels: tuple[tuple[int, str], ...] = ()
     resolve: Callable[[SourceImage], Attachment] | None = None
+    displayed: bool = False
 
 
 class ImageOutcome(NamedTuple):
@@ -427,9 +436,18 @@ class ImageRecordBuilder:
         except AttachmentRefused as refused:
             return _refused(ref, refused)
         try:
-            data, info, note = self._stored(data)
+            spec, source_info = self.reshape, None
+            if attachment is not None and spec is not None:
+                # Resolved before the reshape: an EXIF orientation's turns size it.
+                source_info = inspect_image(source, "headers", self.max_pixels)
+                attachment = _resolved(attachment, source, source_info)
+                spec = _displayed_spec(spec, attachment)
+            data, info, note = self._stored(data, spec)
             if attachment is not None:
-                data, info, note, geometry, attachment = self._moved(source, data, info, note, attachment)
+                if source_info is None:
+                    source_info = info
+                    attachment = _resolved(attachment, source, source_info)
+                data, info, note, geometry = _moved(data, info, note, attachment, source_info, spec)
         except AttachmentRefused as refused:
             return _refused(ref, refused)
         except ImageError as err:
@@ -457,25 +475,7 @@ class ImageRecordBuilder:
                                          (info.format, info.mode, info.width, info.height), geometry,
                                          report)
 
-    def _moved(self, source: bytes, data: bytes, info: ImageInfo, note: str,
-               attachment: Attachment) -> tuple[bytes, ImageInfo, str, Geometry, Attachment]:
-        """The stored image turned and flipped as ``attachment`` asks (resolved
-        first, when it has ``resolve``), the geometry applied since the source (a
-        reshape's too), and the attachment applied."""
-        spec = self.reshape
-        source_info = info if spec is None else inspect_image(source, "headers", self.max_pixels)
-        if attachment.resolve is not None:
-            attachment = attachment.resolve(SourceImage(source_info.width, source_info.height,
-                                                        exif_orientation(source)))
-        geometry = reshape_geometry(source_info.width, source_info.height, spec)
-        if attachment.turns % 4 or attachment.flip:
-            data, info = _turned(data, info, attachment, spec)
-            geometry = dataclasses.replace(geometry, output=(info.width, info.height),
-                                           turns=attachment.turns % 4, flip=attachment.flip)
-            note = note or "attached/moved"
-        return data, info, note, geometry, attachment
-
-    def _stored(self, data: bytes) -> tuple[bytes, ImageInfo, str]:
+    def _stored(self, data: bytes, reshape: ImageReshape | None) -> tuple[bytes, ImageInfo, str]:
         """Inspects the image and makes it what is stored: ``(bytes, info, note)``.
 
         With ``image_bytes='readable'``, an image ``tf.io.decode_image`` cannot read as
@@ -483,10 +483,11 @@ class ImageRecordBuilder:
         a manifest should count: ``converted_to_png/<why>``, ``kept/<why>`` (an image
         kept as it is that a reader should know about: ``png_16_bit``, or, with
         ``original``, the reason TensorFlow cannot read it), or ''. With an active
-        ``reshape`` the image is resized and re-encoded as it says (see
+        ``reshape`` (the builder's, its size turned for an attachment's EXIF
+        orientation) the image is resized and re-encoded as it says (see
         ``codec.reshape``; always readable) and the note is ``reshape/<what>``.
         """
-        reshape, validate, max_pixels = self.reshape, self.validate, self.max_pixels
+        validate, max_pixels = self.validate, self.max_pixels
         if reshape is not None:
             info = inspect_image(data, "headers", max_pixels)
             if validate != "headers" and not (info.format == "jpeg" and reshape_decodes(info, reshape)):
@@ -501,6 +502,38 @@ class ImageRecordBuilder:
         if info.unreadable:
             return data, info, f"kept/{info.unreadable}"
         return data, info, "kept/png_16_bit" if info.bit_depth == 16 else ""
+
+
+def _resolved(attachment: Attachment, source: bytes, info: ImageInfo) -> Attachment:
+    """The attachment to apply: ``attachment.resolve``'s answer, told the source
+    (its size as stored and EXIF orientation), when it has one; else itself."""
+    if attachment.resolve is None:
+        return attachment
+    return dataclasses.replace(attachment.resolve(SourceImage(info.width, info.height, exif_orientation(source))),
+                               resolve=None)
+
+
+def _displayed_spec(spec: ImageReshape, attachment: Attachment) -> ImageReshape:
+    """The reshape to apply to the stored pixels so that, turned as ``attachment``
+    asks, they are ``spec``'s size: its ``--size`` sides swapped when the turns
+    show the picture as displayed (``Attachment.displayed``) and are odd. The other
+    ways of sizing (``--max_side``, ``--min_side``) treat both sides alike."""
+    if attachment.displayed and attachment.turns % 2 and spec.size:
+        return dataclasses.replace(spec, size=(spec.size[1], spec.size[0]))
+    return spec
+
+
+def _moved(data: bytes, info: ImageInfo, note: str, attachment: Attachment, source_info: ImageInfo,
+           spec: ImageReshape | None) -> tuple[bytes, ImageInfo, str, Geometry]:
+    """The stored image turned and flipped as the (resolved) ``attachment`` asks, and
+    the geometry applied since the source (the reshape ``spec``'s, then the turns)."""
+    geometry = reshape_geometry(source_info.width, source_info.height, spec)
+    if attachment.turns % 4 or attachment.flip:
+        data, info = _turned(data, info, attachment, spec)
+        geometry = dataclasses.replace(geometry, output=(info.width, info.height),
+                                       turns=attachment.turns % 4, flip=attachment.flip)
+        note = note or "attached/moved"
+    return data, info, note, geometry
 
 
 def _refused(ref: ImageRef, refused: AttachmentRefused) -> DeadLetter:
