@@ -153,7 +153,8 @@ class AnnotationAttach:
         semantic = self._mask(annotations) if annotations.mask else None
         resolved = _Resolved(annotations, orienting, semantic)
         return Attachment(turns=orienting.turns, flip=orienting.flip, labels=labels,
-                          follow=functools.partial(self.follow, resolved), displayed=True)
+                          follow=functools.partial(self.follow, resolved),
+                          displayed=bool(orienting.turns % 4 or orienting.flip))
 
     def follow(self, resolved: _Resolved, geometry: Geometry) -> Followed:
         """The features in the output's frame, and what the run counts.

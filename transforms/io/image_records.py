@@ -23,12 +23,12 @@ side data is looked up by them). An ``Attachment`` may:
   quarter turns clockwise, then ``flip`` (mirrored left to right). The image is
   then decoded and written again (PNG stays PNG, JPEG stays JPEG at the
   reshape's ``--jpeg_quality``, others become PNG). With ``displayed`` (the turns
-  and flip show the picture as displayed: its EXIF orientation), a reshape is
-  sized for the turned picture: ``--size W x H`` gives a stored ``W x H`` image
-  (the stored pixels are reshaped to ``H x W`` when the turns are odd, then
-  turned: the same as turning first, but for the centring of an odd crop or pad
-  remainder, one pixel, and the resampling's rounding); without it ``--size``
-  applies to the stored pixels, before the turns (an odd turn then swaps it);
+  and flip show the picture as displayed: its EXIF orientation) and a reshape,
+  they are applied BEFORE it instead, in the same decode (one encode): the
+  reshape works on the displayed picture, so ``--size W x H`` gives a stored
+  ``W x H`` image (``Geometry.first_turns``, ``first_flip``); without it
+  ``--size`` applies to the stored pixels, before the turns (an odd turn then
+  swaps its sides);
 * follow the pixels: ``follow(geometry) -> features``, called with the
   ``Geometry`` applied (scale, crop, pad from a reshape; the turns and flip
   asked), so that side data in source coordinates (points, boxes) is stored in
@@ -75,7 +75,6 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
-from PIL import Image
 
 from beam_tfrecords.schemas.config import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, ImageReshape
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
@@ -89,7 +88,7 @@ from beam_tfrecords.transforms.codec.image_inspection import (
 )
 from beam_tfrecords.transforms.codec.orientation import exif_orientation
 from beam_tfrecords.transforms.codec.readable import readable_image
-from beam_tfrecords.transforms.codec.reshape import reshape_decodes, reshape_image, target_size
+from beam_tfrecords.transforms.codec.reshape import reshape_decodes, reshape_image, target_size, transposed
 from beam_tfrecords.transforms.codec.tfrecord import RECORD_OVERHEAD, frame_parts
 from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
 
@@ -121,14 +120,13 @@ _TYPICAL_SIDE = 1024
 _TYPICAL_CHANNELS = 3
 # Length varints that grow with the file size and name: 4 entries, 4 extra bytes each at most.
 _VARINT_SLACK = 16
-# Clockwise quarter turns as Pillow transposes.
-_TURNS = {1: Image.Transpose.ROTATE_270, 2: Image.Transpose.ROTATE_180, 3: Image.Transpose.ROTATE_90}
 
 
 @dataclasses.dataclass(frozen=True)
 class Geometry:
-    """How an image's pixels were moved, source to output, in this order: scaled,
-    cropped or padded (a reshape), turned, flipped.
+    """How an image's pixels were moved, source to output, in this order: turned
+    and flipped first (an EXIF orientation shown as displayed, before a reshape),
+    scaled, cropped or padded (a reshape), turned, flipped.
 
     Coordinates are continuous, in pixels, from the top-left corner: pixel
     ``(col, row)`` covers ``[col, col + 1) x [row, row + 1)``.
@@ -141,6 +139,9 @@ class Geometry:
       pad: ``(left, top)`` of black added before the scaled image (``--fit pad``).
       turns: quarter turns clockwise (0-3) after the reshape.
       flip: mirrored left to right, last.
+      first_turns: quarter turns clockwise (0-3) of the source, before the reshape
+        (the scale, crop and pad are then in the turned picture's frame).
+      first_flip: mirrored left to right after ``first_turns``, before the reshape.
     """
 
     source: tuple[int, int]
@@ -150,24 +151,23 @@ class Geometry:
     pad: tuple[int, int] = (0, 0)
     turns: int = 0
     flip: bool = False
+    first_turns: int = 0
+    first_flip: bool = False
 
     @property
     def moved(self) -> bool:
         """Whether any pixel is elsewhere than in the source."""
         return (self.scale != (1.0, 1.0) or self.crop != (0, 0) or self.pad != (0, 0)
-                or self.turns % 4 != 0 or self.flip)
+                or self.turns % 4 != 0 or self.flip or self.first_turns % 4 != 0 or self.first_flip)
 
     def map_point(self, x: float, y: float) -> tuple[float, float]:
         """A point of the source, in the output's coordinates (may fall outside it:
         a point cropped away)."""
+        x, y = _turned_point(x, y, self.source, self.first_turns, self.first_flip)
         x = x * self.scale[0] - self.crop[0] + self.pad[0]
         y = y * self.scale[1] - self.crop[1] + self.pad[1]
-        width, height = self.output if self.turns % 2 == 0 else self.output[::-1]
-        for _ in range(self.turns % 4):  # One clockwise turn: (x, y) -> (height - y, x).
-            x, y, width, height = height - y, x, height, width
-        if self.flip:
-            x = width - x
-        return x, y
+        return _turned_point(x, y, self.output if self.turns % 2 == 0 else self.output[::-1],
+                             self.turns, self.flip)
 
     def map_pixel(self, col: int, row: int) -> tuple[float, float]:
         """The output position of a source pixel's centre, as a pixel index (whole
@@ -182,8 +182,25 @@ class Geometry:
         return min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)
 
 
-def reshape_geometry(width: int, height: int, spec: ImageReshape | None) -> Geometry:
-    """The geometry ``codec.reshape.reshape_image`` applies to an image of that size."""
+def _turned_point(x, y, size: tuple[int, int], turns: int, flip: bool):
+    """A point of a ``size`` frame, turned ``turns`` quarter turns clockwise, then
+    mirrored left to right when ``flip`` (numbers or numpy arrays)."""
+    width, height = size
+    for _ in range(turns % 4):  # One clockwise turn: (x, y) -> (height - y, x).
+        x, y, width, height = height - y, x, height, width
+    if flip:
+        x = width - x
+    return x, y
+
+
+def reshape_geometry(width: int, height: int, spec: ImageReshape | None, turns: int = 0,
+                     flip: bool = False) -> Geometry:
+    """The geometry ``codec.reshape.reshape_image`` applies to an image of that size
+    (turned ``turns`` and flipped first, when given: ``first_turns``, ``first_flip``)."""
+    if turns % 4 or flip:
+        shown = (height, width) if turns % 2 else (width, height)
+        return dataclasses.replace(reshape_geometry(shown[0], shown[1], spec), source=(width, height),
+                                   first_turns=turns % 4, first_flip=flip)
     if spec is None or not spec.active:
         return Geometry((width, height), (width, height))
     size = target_size(width, height, spec)
@@ -284,8 +301,8 @@ class ImageOutcome(NamedTuple):
       sha256: the SHA-256 of the stored image (``image/key/sha256``).
       source_sha256: the SHA-256 of the file's bytes (equal unless converted).
       image: the stored image's ``(format, mode, width, height)`` (statistics).
-      geometry: the geometry applied (a reshape's, then the attachment's turns
-        and flip) when the image had an attachment; else ``None``.
+      geometry: the geometry applied (an EXIF orientation's turns first, a
+        reshape's, then the attachment's turns and flip) when the image had an attachment; else ``None``.
       report: what the attachment's ``follow`` reported (``Followed``), else ``None``.
     """
 
@@ -341,9 +358,7 @@ def _turned(data: bytes, info: ImageInfo, attachment: Attachment,
     """The image turned and flipped as ``attachment`` asks, written again."""
     out_format = info.format if info.format in ("jpeg", "png") else "png"
     with decode_first_frame(data, info) as im:
-        moved = im.transpose(_TURNS[attachment.turns % 4]) if attachment.turns % 4 else im
-        if attachment.flip:
-            moved = moved.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        moved = transposed(im, attachment.turns, attachment.flip)
         out = io.BytesIO()
         if out_format == "jpeg":
             moved.save(out, format="JPEG", quality=spec.quality if spec is not None else 90)
@@ -436,18 +451,16 @@ class ImageRecordBuilder:
         except AttachmentRefused as refused:
             return _refused(ref, refused)
         try:
-            spec, source_info = self.reshape, None
+            spec, source_info, first = self.reshape, None, (0, False)
             if attachment is not None and spec is not None:
-                # Resolved before the reshape: an EXIF orientation's turns size it.
-                source_info = inspect_image(source, "headers", self.max_pixels)
-                attachment = _resolved(attachment, source, source_info)
-                spec = _displayed_spec(spec, attachment)
-            data, info, note = self._stored(data, spec)
+                source_info, attachment, first = self._first(source, attachment)
+            data, info, note = self._stored(data, first)
             if attachment is not None:
                 if source_info is None:
                     source_info = info
                     attachment = _resolved(attachment, source, source_info)
-                data, info, note, geometry = _moved(data, info, note, attachment, source_info, spec)
+                geometry = reshape_geometry(source_info.width, source_info.height, spec, *first)
+                data, info, note, geometry = _moved(data, info, note, attachment, geometry, spec)
         except AttachmentRefused as refused:
             return _refused(ref, refused)
         except ImageError as err:
@@ -475,7 +488,18 @@ class ImageRecordBuilder:
                                          (info.format, info.mode, info.width, info.height), geometry,
                                          report)
 
-    def _stored(self, data: bytes, reshape: ImageReshape | None) -> tuple[bytes, ImageInfo, str]:
+    def _first(self, source: bytes, attachment: Attachment) -> tuple[ImageInfo, Attachment, tuple[int, bool]]:
+        """Before a reshape: the source's header, the attachment resolved, and the
+        turns and flip to apply before the reshape (an EXIF orientation shown as
+        displayed, ``Attachment.displayed``), then no longer asked of the attachment."""
+        source_info = inspect_image(source, "headers", self.max_pixels)
+        attachment = _resolved(attachment, source, source_info)
+        if not attachment.displayed:
+            return source_info, attachment, (0, False)
+        return (source_info, dataclasses.replace(attachment, turns=0, flip=False),
+                (attachment.turns % 4, attachment.flip))
+
+    def _stored(self, data: bytes, first: tuple[int, bool] = (0, False)) -> tuple[bytes, ImageInfo, str]:
         """Inspects the image and makes it what is stored: ``(bytes, info, note)``.
 
         With ``image_bytes='readable'``, an image ``tf.io.decode_image`` cannot read as
@@ -483,18 +507,20 @@ class ImageRecordBuilder:
         a manifest should count: ``converted_to_png/<why>``, ``kept/<why>`` (an image
         kept as it is that a reader should know about: ``png_16_bit``, or, with
         ``original``, the reason TensorFlow cannot read it), or ''. With an active
-        ``reshape`` (the builder's, its size turned for an attachment's EXIF
-        orientation) the image is resized and re-encoded as it says (see
-        ``codec.reshape``; always readable) and the note is ``reshape/<what>``.
+        ``reshape`` the image is resized and re-encoded as it says (see
+        ``codec.reshape``; always readable), turned and flipped first as ``first``
+        says (``(turns, flip)``: an attachment's EXIF orientation), and the note is
+        ``reshape/<what>``.
         """
-        validate, max_pixels = self.validate, self.max_pixels
+        reshape, validate, max_pixels = self.reshape, self.validate, self.max_pixels
         if reshape is not None:
             info = inspect_image(data, "headers", max_pixels)
-            if validate != "headers" and not (info.format == "jpeg" and reshape_decodes(info, reshape)):
+            decodes = bool(first[0] or first[1]) or reshape_decodes(info, reshape)
+            if validate != "headers" and not (info.format == "jpeg" and decodes):
                 # A JPEG that is decoded anyway is checked by that decode (every
                 # entropy-coded byte is read at any scale); the rest as asked.
                 info = inspect_image(data, validate, max_pixels)
-            return reshape_image(data, info, reshape)
+            return reshape_image(data, info, reshape, turns=first[0], flip=first[1])
         info = inspect_image(data, validate, max_pixels)
         if info.unreadable and self.image_bytes == "readable":
             data, converted = readable_image(data, info)
@@ -513,21 +539,10 @@ def _resolved(attachment: Attachment, source: bytes, info: ImageInfo) -> Attachm
                                resolve=None)
 
 
-def _displayed_spec(spec: ImageReshape, attachment: Attachment) -> ImageReshape:
-    """The reshape to apply to the stored pixels so that, turned as ``attachment``
-    asks, they are ``spec``'s size: its ``--size`` sides swapped when the turns
-    show the picture as displayed (``Attachment.displayed``) and are odd. The other
-    ways of sizing (``--max_side``, ``--min_side``) treat both sides alike."""
-    if attachment.displayed and attachment.turns % 2 and spec.size:
-        return dataclasses.replace(spec, size=(spec.size[1], spec.size[0]))
-    return spec
-
-
-def _moved(data: bytes, info: ImageInfo, note: str, attachment: Attachment, source_info: ImageInfo,
+def _moved(data: bytes, info: ImageInfo, note: str, attachment: Attachment, geometry: Geometry,
            spec: ImageReshape | None) -> tuple[bytes, ImageInfo, str, Geometry]:
-    """The stored image turned and flipped as the (resolved) ``attachment`` asks, and
-    the geometry applied since the source (the reshape ``spec``'s, then the turns)."""
-    geometry = reshape_geometry(source_info.width, source_info.height, spec)
+    """The stored image turned and flipped as the (resolved) ``attachment`` asks
+    (after the reshape), and ``geometry`` (the reshape's) followed by those turns."""
     if attachment.turns % 4 or attachment.flip:
         data, info = _turned(data, info, attachment, spec)
         geometry = dataclasses.replace(geometry, output=(info.width, info.height),
