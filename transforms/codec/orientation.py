@@ -54,8 +54,8 @@ class Orienting:
         clockwise, then a mirror): the pixels are stored as displayed.
       frame: ``(width, height)`` of the picture the annotations' coordinates are in:
         the displayed one when turned (the boxes are then mapped back to the stored
-        pixels, then through the geometry the builder applied, which ends with these
-        turns), else the stored one.
+        pixels, then through the geometry the builder applied, which holds these
+        turns: first, before a reshape, else last), else the stored one.
       count: what the run counts: ``exif_rotated`` (stored turned), or
         ``exif_orientation_not_applied`` (an orientation other than 1 left as it is:
         no size stated, or the stated size is the stored one), or ''.

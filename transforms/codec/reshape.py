@@ -18,13 +18,22 @@ from beam_tfrecords.schemas.config import ImageReshape
 from beam_tfrecords.transforms.codec.image_inspection import ImageInfo, decode_first_frame
 from beam_tfrecords.transforms.codec.readable import readable_image, to_uint16
 
-__all__ = ["reshape_decodes", "reshape_image", "target_size"]
+__all__ = ["reshape_decodes", "reshape_image", "target_size", "transposed"]
 
 _CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "I;16": 1}
 _PNG_LEVEL = 6
 # Pillow downsamples by whole factors first when shrinking more than this many
 # times, then resamples with Lanczos (near-identical output, far less work).
 _REDUCING_GAP = 3.0
+# Clockwise quarter turns as Pillow transposes.
+_TURNS = {1: Image.Transpose.ROTATE_270, 2: Image.Transpose.ROTATE_180, 3: Image.Transpose.ROTATE_90}
+
+
+def transposed(im: Image.Image, turns: int, flip: bool) -> Image.Image:
+    """``im`` turned ``turns`` quarter turns clockwise, then mirrored left to right
+    when ``flip``."""
+    moved = im.transpose(_TURNS[turns % 4]) if turns % 4 else im
+    return moved.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else moved
 
 
 def target_size(width: int, height: int, spec: ImageReshape) -> tuple[int, int]:
@@ -113,35 +122,44 @@ def reshape_decodes(info: ImageInfo, spec: ImageReshape) -> bool:
                 and not info.unreadable)
 
 
-def reshape_image(data: bytes, info: ImageInfo, spec: ImageReshape) -> tuple[bytes, ImageInfo, str]:
+def reshape_image(data: bytes, info: ImageInfo, spec: ImageReshape, *, turns: int = 0,
+                  flip: bool = False) -> tuple[bytes, ImageInfo, str]:
     """The image as ``spec`` makes it: ``(bytes, info, note)``.
 
     ``note`` is ``reshape/resized`` (the size changed), ``reshape/re-encoded``
     (format or colour mode changed, or made readable), or ``reshape/kept`` (the
     file's own bytes, nothing to change).
 
+    ``turns`` (quarter turns clockwise) and ``flip`` (then mirrored left to right),
+    when given, are applied to the decoded pixels first (an EXIF orientation shown
+    as displayed): the reshape is of the turned picture, and the image is always
+    written again.
+
     Raises:
       ImageError: when the pixels cannot be decoded or converted.
     """
-    size = target_size(info.width, info.height, spec)
+    turned = turns % 2 == 1
+    shown = (info.height, info.width) if turned else (info.width, info.height)
+    moves = bool(turns % 4 or flip)
+    size = target_size(shown[0], shown[1], spec)
     out_format = _out_format(info, spec)
-    if not reshape_decodes(info, spec):
+    if not moves and not reshape_decodes(info, spec):
         return data, info, "reshape/kept"
-    if size == (info.width, info.height) and spec.color == "keep" and spec.format == "keep":
+    if not moves and size == shown and spec.color == "keep" and spec.format == "keep":
         converted, converted_info = readable_image(data, info)  # Only made readable.
         return converted, converted_info, "reshape/re-encoded"
     cover = size
     if spec.size and spec.fit != "stretch":
-        scale = (max if spec.fit == "crop" else min)(size[0] / info.width, size[1] / info.height)
-        cover = (max(1, round(info.width * scale)), max(1, round(info.height * scale)))
-    with decode_first_frame(data, info, at_least=cover) as im:
+        scale = (max if spec.fit == "crop" else min)(size[0] / shown[0], size[1] / shown[1])
+        cover = (max(1, round(shown[0] * scale)), max(1, round(shown[1] * scale)))
+    with decode_first_frame(data, info, at_least=cover[::-1] if turned else cover) as im:
         mode = _mode(im, spec, out_format)
-        im = _fit(_convert(im, mode), size, spec)
+        im = _fit(_convert(transposed(im, turns, flip) if moves else im, mode), size, spec)
         out = io.BytesIO()
         if out_format == "jpeg":
             im.save(out, format="JPEG", quality=spec.quality)
         else:
             im.save(out, format="PNG", compress_level=_PNG_LEVEL)
-    note = "reshape/resized" if size != (info.width, info.height) else "reshape/re-encoded"
+    note = "reshape/resized" if size != shown else "reshape/re-encoded"
     bits = 16 if mode == "I;16" else 8
     return out.getvalue(), ImageInfo(out_format, size[1], size[0], _CHANNELS[mode], bits), note

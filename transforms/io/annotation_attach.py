@@ -7,7 +7,8 @@ and attaches its detection and segmentation features:
 1. when the builder knows the source (``Attachment.resolve``, told its stored size and
    EXIF orientation), it decides the orientation (``codec.orientation.orient``): a
    stated size that is the displayed one asks the builder to store the pixels turned
-   as displayed; one that is neither refuses the image (``annotation_size_mismatch``);
+   as displayed (``Attachment.displayed``: ``--size`` is then the displayed picture's);
+   one that is neither refuses the image (``annotation_size_mismatch``);
    it reads the semantic mask, if any (a mask that cannot be read refuses the image,
    ``bad_mask``);
 2. once the pixels are moved (``Attachment.follow``), it computes the features in the
@@ -152,7 +153,8 @@ class AnnotationAttach:
         semantic = self._mask(annotations) if annotations.mask else None
         resolved = _Resolved(annotations, orienting, semantic)
         return Attachment(turns=orienting.turns, flip=orienting.flip, labels=labels,
-                          follow=functools.partial(self.follow, resolved))
+                          follow=functools.partial(self.follow, resolved),
+                          displayed=bool(orienting.turns % 4 or orienting.flip))
 
     def follow(self, resolved: _Resolved, geometry: Geometry) -> Followed:
         """The features in the output's frame, and what the run counts.

@@ -1,7 +1,8 @@
 """One image's annotations as record features, after the geometry its pixels went through.
 
 The record builder (``image_records``) tells an attachment's ``follow`` the
-``Geometry`` it applied (a reshape's scale, crop or pad, then turns and a flip);
+``Geometry`` it applied (an EXIF orientation's turns first, a reshape's scale, crop
+or pad, then turns and a flip);
 ``detection_features`` turns one ``ImageAnnotations`` into the features TF Model
 Garden's ``TfExampleDecoder`` and the Object Detection API read
 (``schemas.annotations.DETECTION_KEYS``), in the stored image's frame:
@@ -89,16 +90,26 @@ class DetectionFeatures:
 def source_point(geometry: Geometry, x, y):
     """The inverse of ``Geometry.map_point``: a point of the output, in the source's
     coordinates (numbers or numpy arrays)."""
-    width, height = geometry.output
-    if geometry.flip:
+    x, y, width, height = _unturned(x, y, geometry.output, geometry.turns, geometry.flip)
+    x = (x - geometry.pad[0] + geometry.crop[0]) / geometry.scale[0]
+    y = (y - geometry.pad[1] + geometry.crop[1]) / geometry.scale[1]
+    source = geometry.source
+    shown = source[::-1] if geometry.first_turns % 2 else source
+    x, y, _, _ = _unturned(x, y, shown, geometry.first_turns, geometry.first_flip)
+    return x, y
+
+
+def _unturned(x, y, size: tuple[int, int], turns: int, flip: bool):
+    """Undoes ``turns`` clockwise quarter turns then a flip that made a ``size``
+    frame: ``(x, y, width, height)`` in the frame before them."""
+    width, height = size
+    if flip:
         x = width - x
-    for _ in range(geometry.turns % 4):
+    for _ in range(turns % 4):
         # Undo one clockwise turn: (x, y) of a (width, height) frame came from
         # (y, width - x) of the (height, width) one before it.
         x, y, width, height = y, width - x, height, width
-    x = (x - geometry.pad[0] + geometry.crop[0]) / geometry.scale[0]
-    y = (y - geometry.pad[1] + geometry.crop[1]) / geometry.scale[1]
-    return x, y
+    return x, y, width, height
 
 
 def frame_geometry(stored: tuple[int, int], orienting: Orienting | None) -> Geometry:
@@ -140,7 +151,7 @@ def moved_mask(mask: np.ndarray, geometry: Geometry, frame: Geometry | None = No
     frame_w, frame_h = frame.output
     if mask.shape[:2] != (frame_h, frame_w):
         raise ValueError(f"a mask of {mask.shape[1]}x{mask.shape[0]} for a {frame_w}x{frame_h} frame")
-    swapped = (geometry.turns + frame.turns) % 2 == 1
+    swapped = (geometry.first_turns + geometry.turns + frame.turns) % 2 == 1
     row_x, row_y = _sampled(geometry, frame, along_x=True)  # Output x varies.
     col_x, col_y = _sampled(geometry, frame, along_x=False)  # Output y varies.
     if not swapped:
@@ -333,7 +344,8 @@ def detection_features(annotations: ImageAnnotations, geometry: Geometry, label_
       annotations: the image's annotations (coordinates in the frame's pixels, or
         normalized by its size).
       geometry: what the record builder applied (``geometry.source`` is the stored
-        image's true size; it ends with ``orienting``'s turns when those were asked).
+        image's true size; it holds ``orienting``'s turns when those were asked:
+        first, before a reshape, else last).
       label_map: the classes (a semantic mask's values are checked against it).
       orienting: the EXIF decision (``codec.orientation.orient``): its frame is the
         picture the annotations were drawn on; ``None``: the stored image.

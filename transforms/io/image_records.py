@@ -22,7 +22,13 @@ side data is looked up by them). An ``Attachment`` may:
 * ask for a geometry change of the pixels, applied after any reshape: ``turns``
   quarter turns clockwise, then ``flip`` (mirrored left to right). The image is
   then decoded and written again (PNG stays PNG, JPEG stays JPEG at the
-  reshape's ``--jpeg_quality``, others become PNG);
+  reshape's ``--jpeg_quality``, others become PNG). With ``displayed`` (the turns
+  and flip show the picture as displayed: its EXIF orientation) and a reshape,
+  they are applied BEFORE it instead, in the same decode (one encode): the
+  reshape works on the displayed picture, so ``--size W x H`` gives a stored
+  ``W x H`` image (``Geometry.first_turns``, ``first_flip``); without it
+  ``--size`` applies to the stored pixels, before the turns (an odd turn then
+  swaps its sides);
 * follow the pixels: ``follow(geometry) -> features``, called with the
   ``Geometry`` applied (scale, crop, pad from a reshape; the turns and flip
   asked), so that side data in source coordinates (points, boxes) is stored in
@@ -69,7 +75,6 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
-from PIL import Image
 
 from beam_tfrecords.schemas.config import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, ImageReshape
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
@@ -83,7 +88,7 @@ from beam_tfrecords.transforms.codec.image_inspection import (
 )
 from beam_tfrecords.transforms.codec.orientation import exif_orientation
 from beam_tfrecords.transforms.codec.readable import readable_image
-from beam_tfrecords.transforms.codec.reshape import reshape_decodes, reshape_image, target_size
+from beam_tfrecords.transforms.codec.reshape import reshape_decodes, reshape_image, target_size, transposed
 from beam_tfrecords.transforms.codec.tfrecord import RECORD_OVERHEAD, frame_parts
 from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
 
@@ -115,14 +120,13 @@ _TYPICAL_SIDE = 1024
 _TYPICAL_CHANNELS = 3
 # Length varints that grow with the file size and name: 4 entries, 4 extra bytes each at most.
 _VARINT_SLACK = 16
-# Clockwise quarter turns as Pillow transposes.
-_TURNS = {1: Image.Transpose.ROTATE_270, 2: Image.Transpose.ROTATE_180, 3: Image.Transpose.ROTATE_90}
 
 
 @dataclasses.dataclass(frozen=True)
 class Geometry:
-    """How an image's pixels were moved, source to output, in this order: scaled,
-    cropped or padded (a reshape), turned, flipped.
+    """How an image's pixels were moved, source to output, in this order: turned
+    and flipped first (an EXIF orientation shown as displayed, before a reshape),
+    scaled, cropped or padded (a reshape), turned, flipped.
 
     Coordinates are continuous, in pixels, from the top-left corner: pixel
     ``(col, row)`` covers ``[col, col + 1) x [row, row + 1)``.
@@ -135,6 +139,9 @@ class Geometry:
       pad: ``(left, top)`` of black added before the scaled image (``--fit pad``).
       turns: quarter turns clockwise (0-3) after the reshape.
       flip: mirrored left to right, last.
+      first_turns: quarter turns clockwise (0-3) of the source, before the reshape
+        (the scale, crop and pad are then in the turned picture's frame).
+      first_flip: mirrored left to right after ``first_turns``, before the reshape.
     """
 
     source: tuple[int, int]
@@ -144,24 +151,23 @@ class Geometry:
     pad: tuple[int, int] = (0, 0)
     turns: int = 0
     flip: bool = False
+    first_turns: int = 0
+    first_flip: bool = False
 
     @property
     def moved(self) -> bool:
         """Whether any pixel is elsewhere than in the source."""
         return (self.scale != (1.0, 1.0) or self.crop != (0, 0) or self.pad != (0, 0)
-                or self.turns % 4 != 0 or self.flip)
+                or self.turns % 4 != 0 or self.flip or self.first_turns % 4 != 0 or self.first_flip)
 
     def map_point(self, x: float, y: float) -> tuple[float, float]:
         """A point of the source, in the output's coordinates (may fall outside it:
         a point cropped away)."""
+        x, y = _turned_point(x, y, self.source, self.first_turns, self.first_flip)
         x = x * self.scale[0] - self.crop[0] + self.pad[0]
         y = y * self.scale[1] - self.crop[1] + self.pad[1]
-        width, height = self.output if self.turns % 2 == 0 else self.output[::-1]
-        for _ in range(self.turns % 4):  # One clockwise turn: (x, y) -> (height - y, x).
-            x, y, width, height = height - y, x, height, width
-        if self.flip:
-            x = width - x
-        return x, y
+        return _turned_point(x, y, self.output if self.turns % 2 == 0 else self.output[::-1],
+                             self.turns, self.flip)
 
     def map_pixel(self, col: int, row: int) -> tuple[float, float]:
         """The output position of a source pixel's centre, as a pixel index (whole
@@ -176,8 +182,25 @@ class Geometry:
         return min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)
 
 
-def reshape_geometry(width: int, height: int, spec: ImageReshape | None) -> Geometry:
-    """The geometry ``codec.reshape.reshape_image`` applies to an image of that size."""
+def _turned_point(x, y, size: tuple[int, int], turns: int, flip: bool):
+    """A point of a ``size`` frame, turned ``turns`` quarter turns clockwise, then
+    mirrored left to right when ``flip`` (numbers or numpy arrays)."""
+    width, height = size
+    for _ in range(turns % 4):  # One clockwise turn: (x, y) -> (height - y, x).
+        x, y, width, height = height - y, x, height, width
+    if flip:
+        x = width - x
+    return x, y
+
+
+def reshape_geometry(width: int, height: int, spec: ImageReshape | None, turns: int = 0,
+                     flip: bool = False) -> Geometry:
+    """The geometry ``codec.reshape.reshape_image`` applies to an image of that size
+    (turned ``turns`` and flipped first, when given: ``first_turns``, ``first_flip``)."""
+    if turns % 4 or flip:
+        shown = (height, width) if turns % 2 else (width, height)
+        return dataclasses.replace(reshape_geometry(shown[0], shown[1], spec), source=(width, height),
+                                   first_turns=turns % 4, first_flip=flip)
     if spec is None or not spec.active:
         return Geometry((width, height), (width, height))
     size = target_size(width, height, spec)
@@ -254,6 +277,8 @@ class Attachment:
       labels: several labels ``((id, name), ...)`` for ``image/class/label`` and
         ``image/class/text`` (empty: the listing's label).
       resolve: called with the ``SourceImage``; returns the attachment to apply.
+      displayed: ``turns`` and ``flip`` show the picture as displayed (its EXIF
+        orientation): a reshape is sized for the turned picture (see the module).
     """
 
     features: tuple[Feature, ...] = ()
@@ -262,6 +287,7 @@ class Attachment:
     follow: Callable[[Geometry], tuple[Feature, ...] | Followed] | None = None
     labels: tuple[tuple[int, str], ...] = ()
     resolve: Callable[[SourceImage], Attachment] | None = None
+    displayed: bool = False
 
 
 class ImageOutcome(NamedTuple):
@@ -275,8 +301,8 @@ class ImageOutcome(NamedTuple):
       sha256: the SHA-256 of the stored image (``image/key/sha256``).
       source_sha256: the SHA-256 of the file's bytes (equal unless converted).
       image: the stored image's ``(format, mode, width, height)`` (statistics).
-      geometry: the geometry applied (a reshape's, then the attachment's turns
-        and flip) when the image had an attachment; else ``None``.
+      geometry: the geometry applied (an EXIF orientation's turns first, a
+        reshape's, then the attachment's turns and flip) when the image had an attachment; else ``None``.
       report: what the attachment's ``follow`` reported (``Followed``), else ``None``.
     """
 
@@ -332,9 +358,7 @@ def _turned(data: bytes, info: ImageInfo, attachment: Attachment,
     """The image turned and flipped as ``attachment`` asks, written again."""
     out_format = info.format if info.format in ("jpeg", "png") else "png"
     with decode_first_frame(data, info) as im:
-        moved = im.transpose(_TURNS[attachment.turns % 4]) if attachment.turns % 4 else im
-        if attachment.flip:
-            moved = moved.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        moved = transposed(im, attachment.turns, attachment.flip)
         out = io.BytesIO()
         if out_format == "jpeg":
             moved.save(out, format="JPEG", quality=spec.quality if spec is not None else 90)
@@ -427,9 +451,16 @@ class ImageRecordBuilder:
         except AttachmentRefused as refused:
             return _refused(ref, refused)
         try:
-            data, info, note = self._stored(data)
+            spec, source_info, first = self.reshape, None, (0, False)
+            if attachment is not None and spec is not None:
+                source_info, attachment, first = self._first(source, attachment)
+            data, info, note = self._stored(data, first)
             if attachment is not None:
-                data, info, note, geometry, attachment = self._moved(source, data, info, note, attachment)
+                if source_info is None:
+                    source_info = info
+                    attachment = _resolved(attachment, source, source_info)
+                geometry = reshape_geometry(source_info.width, source_info.height, spec, *first)
+                data, info, note, geometry = _moved(data, info, note, attachment, geometry, spec)
         except AttachmentRefused as refused:
             return _refused(ref, refused)
         except ImageError as err:
@@ -457,25 +488,18 @@ class ImageRecordBuilder:
                                          (info.format, info.mode, info.width, info.height), geometry,
                                          report)
 
-    def _moved(self, source: bytes, data: bytes, info: ImageInfo, note: str,
-               attachment: Attachment) -> tuple[bytes, ImageInfo, str, Geometry, Attachment]:
-        """The stored image turned and flipped as ``attachment`` asks (resolved
-        first, when it has ``resolve``), the geometry applied since the source (a
-        reshape's too), and the attachment applied."""
-        spec = self.reshape
-        source_info = info if spec is None else inspect_image(source, "headers", self.max_pixels)
-        if attachment.resolve is not None:
-            attachment = attachment.resolve(SourceImage(source_info.width, source_info.height,
-                                                        exif_orientation(source)))
-        geometry = reshape_geometry(source_info.width, source_info.height, spec)
-        if attachment.turns % 4 or attachment.flip:
-            data, info = _turned(data, info, attachment, spec)
-            geometry = dataclasses.replace(geometry, output=(info.width, info.height),
-                                           turns=attachment.turns % 4, flip=attachment.flip)
-            note = note or "attached/moved"
-        return data, info, note, geometry, attachment
+    def _first(self, source: bytes, attachment: Attachment) -> tuple[ImageInfo, Attachment, tuple[int, bool]]:
+        """Before a reshape: the source's header, the attachment resolved, and the
+        turns and flip to apply before the reshape (an EXIF orientation shown as
+        displayed, ``Attachment.displayed``), then no longer asked of the attachment."""
+        source_info = inspect_image(source, "headers", self.max_pixels)
+        attachment = _resolved(attachment, source, source_info)
+        if not attachment.displayed:
+            return source_info, attachment, (0, False)
+        return (source_info, dataclasses.replace(attachment, turns=0, flip=False),
+                (attachment.turns % 4, attachment.flip))
 
-    def _stored(self, data: bytes) -> tuple[bytes, ImageInfo, str]:
+    def _stored(self, data: bytes, first: tuple[int, bool] = (0, False)) -> tuple[bytes, ImageInfo, str]:
         """Inspects the image and makes it what is stored: ``(bytes, info, note)``.
 
         With ``image_bytes='readable'``, an image ``tf.io.decode_image`` cannot read as
@@ -484,16 +508,19 @@ class ImageRecordBuilder:
         kept as it is that a reader should know about: ``png_16_bit``, or, with
         ``original``, the reason TensorFlow cannot read it), or ''. With an active
         ``reshape`` the image is resized and re-encoded as it says (see
-        ``codec.reshape``; always readable) and the note is ``reshape/<what>``.
+        ``codec.reshape``; always readable), turned and flipped first as ``first``
+        says (``(turns, flip)``: an attachment's EXIF orientation), and the note is
+        ``reshape/<what>``.
         """
         reshape, validate, max_pixels = self.reshape, self.validate, self.max_pixels
         if reshape is not None:
             info = inspect_image(data, "headers", max_pixels)
-            if validate != "headers" and not (info.format == "jpeg" and reshape_decodes(info, reshape)):
+            decodes = bool(first[0] or first[1]) or reshape_decodes(info, reshape)
+            if validate != "headers" and not (info.format == "jpeg" and decodes):
                 # A JPEG that is decoded anyway is checked by that decode (every
                 # entropy-coded byte is read at any scale); the rest as asked.
                 info = inspect_image(data, validate, max_pixels)
-            return reshape_image(data, info, reshape)
+            return reshape_image(data, info, reshape, turns=first[0], flip=first[1])
         info = inspect_image(data, validate, max_pixels)
         if info.unreadable and self.image_bytes == "readable":
             data, converted = readable_image(data, info)
@@ -501,6 +528,27 @@ class ImageRecordBuilder:
         if info.unreadable:
             return data, info, f"kept/{info.unreadable}"
         return data, info, "kept/png_16_bit" if info.bit_depth == 16 else ""
+
+
+def _resolved(attachment: Attachment, source: bytes, info: ImageInfo) -> Attachment:
+    """The attachment to apply: ``attachment.resolve``'s answer, told the source
+    (its size as stored and EXIF orientation), when it has one; else itself."""
+    if attachment.resolve is None:
+        return attachment
+    return dataclasses.replace(attachment.resolve(SourceImage(info.width, info.height, exif_orientation(source))),
+                               resolve=None)
+
+
+def _moved(data: bytes, info: ImageInfo, note: str, attachment: Attachment, geometry: Geometry,
+           spec: ImageReshape | None) -> tuple[bytes, ImageInfo, str, Geometry]:
+    """The stored image turned and flipped as the (resolved) ``attachment`` asks
+    (after the reshape), and ``geometry`` (the reshape's) followed by those turns."""
+    if attachment.turns % 4 or attachment.flip:
+        data, info = _turned(data, info, attachment, spec)
+        geometry = dataclasses.replace(geometry, output=(info.width, info.height),
+                                       turns=attachment.turns % 4, flip=attachment.flip)
+        note = note or "attached/moved"
+    return data, info, note, geometry
 
 
 def _refused(ref: ImageRef, refused: AttachmentRefused) -> DeadLetter:
