@@ -22,6 +22,7 @@ from beam_tfrecords.schemas.annotations import ImageAnnotations, LabelMap, Objec
 from beam_tfrecords.schemas.config import ImageReshape
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
 from beam_tfrecords.schemas.proto import example_pb2
+from beam_tfrecords.transforms.codec.annotation_bytes import encode_annotations
 from beam_tfrecords.transforms.codec.orientation import EXIF_TURNS, exif_orientation, orient
 from beam_tfrecords.transforms.io.annotation_attach import AnnotationAttach, AnnotationOptions, annotation_key
 from beam_tfrecords.transforms.io.detection_features import moved_mask, source_point
@@ -309,3 +310,27 @@ def test_the_decoder_fails_on_a_missing_source_id_or_a_wrong_type():
     example.features.feature["image/object/bbox/xmin"].int64_list.value.append(6)
     with pytest.raises(DecodeError, match="bbox/xmin: expected float32"):
         decode_detection(example.SerializeToString())
+
+
+def test_annotations_carried_in_the_reference_give_the_same_record_as_an_index():
+    """How a run carries them (``ImageRef.annotation``, no index in the job graph):
+    the same record, byte for byte; bytes that are not annotations dead-letter the
+    image (``bad_annotation_file``), naming neither their content nor a traceback."""
+    data = _encoded(_drawn())
+    annotations = _ann(_obj(RECT), _obj((16, 24, 24, 28), label=2))
+    reshape = ImageReshape(size=(20, 20), fit="pad")
+    ref = ImageRef("train", "k", annotations.path, "/in/" + annotations.path, len(data), 0, "")
+    by_index = ImageRecordBuilder(reshape=reshape, attach=AnnotationAttach(
+        {annotations.path: annotations}, LABELS)).example(ref, data)
+    carried = dataclasses.replace(ref, annotation=encode_annotations(annotations))
+    attach = pickle.loads(pickle.dumps(AnnotationAttach(None, LABELS)))
+    in_ref = ImageRecordBuilder(reshape=reshape, attach=attach).example(carried, data)
+    assert not isinstance(in_ref, DeadLetter), in_ref
+    assert in_ref[0] == by_index[0]
+    assert decode_detection(in_ref[0]).classes.tolist() == [1, 2]
+    # No annotation in the reference and no index: a plain record.
+    assert ImageRecordBuilder(attach=attach).example(ref, data)[0] == ImageRecordBuilder().example(ref, data)[0]
+    garbage = dataclasses.replace(ref, annotation=b'{"secret": 1}')
+    letter = ImageRecordBuilder(attach=attach).example(garbage, data)
+    assert isinstance(letter, DeadLetter) and letter.error == "bad_annotation_file", letter
+    assert "secret" not in letter.message and letter.source == annotations.path

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from beam_tfrecords.schemas.annotations import ImageAnnotations, LabelMap
 from beam_tfrecords.schemas.config import DEFAULT_MAX_FILE_BYTES
 from beam_tfrecords.schemas.elements import ImageRef
+from beam_tfrecords.transforms.codec.annotation_bytes import decode_annotations
 from beam_tfrecords.transforms.codec.orientation import Orienting, displayed_size, orient
 from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
 from beam_tfrecords.transforms.io.detection_features import Render, detection_features
@@ -104,7 +105,10 @@ class AnnotationAttach:
 
     Args:
       index: ``ImageAnnotations`` by path (``ImageAnnotations.path``; keys are
-        normalized with ``annotation_key``, after ``options.images_root``).
+        normalized with ``annotation_key``, after ``options.images_root``), or
+        ``None``: each image's annotations travel in its reference
+        (``ImageRef.annotation``, see ``codec.annotation_bytes``), the way a run
+        carries them to its workers (an index would travel in the job graph).
       label_map: the classes.
       options: ``AnnotationOptions``.
       render: ``render(segmentation, height, width)`` -> a 0/1 ``uint8`` array;
@@ -114,18 +118,25 @@ class AnnotationAttach:
       ValueError: instance masks asked without a renderer.
     """
 
-    def __init__(self, index: Mapping[str, ImageAnnotations], label_map: LabelMap,
+    def __init__(self, index: Mapping[str, ImageAnnotations] | None, label_map: LabelMap,
                  options: AnnotationOptions | None = None, render: Render | None = None):
         self.options = options or AnnotationOptions()
         if self.options.instance_masks and render is None:
             raise ValueError("instance masks need a mask renderer")
         root = self.options.images_root.strip("/")
-        self.index = {annotation_key(f"{root}/{key}" if root else key): value for key, value in index.items()}
+        self.index = {annotation_key(f"{root}/{key}" if root else key): value
+                      for key, value in (index or {}).items()}
         self.label_map = label_map
         self.render = render
 
     def __call__(self, ref: ImageRef) -> Attachment | None:
-        annotations = self.index.get(annotation_key(ref.filename))
+        if ref.annotation:
+            try:
+                annotations = decode_annotations(ref.annotation)
+            except ValueError as err:  # Made by the launcher and digest-checked: not expected.
+                raise AttachmentRefused("bad_annotation_file", f"the annotations the listing carries: {err}") from None
+        else:
+            annotations = self.index.get(annotation_key(ref.filename))
         if annotations is None:
             return None
         names = dict(self.label_map.items)
