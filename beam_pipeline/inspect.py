@@ -3,7 +3,8 @@
 The contact sheets, one per split, are drawn from the records themselves
 (decoded from ``image/encoded``, captioned with ``image/class/label``,
 ``image/class/text`` and ``image/filename``), so they show what a reader of the
-shards will get.
+shards will get. A record's boxes and masks, if any, are drawn over its
+thumbnail (``beam_pipeline.sheet_drawing``).
 
 The dataset is read as every reader reads it (``beam_pipeline.verify``): a
 malformed manifest, or one naming a path outside its folder, fails with one
@@ -27,6 +28,7 @@ from PIL import Image, ImageDraw, UnidentifiedImageError
 
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, manifest_shards, parse_manifest, shown_value
 from beam_tfrecords.schemas.shards import is_valid_split_name
+from beam_tfrecords.sheet_drawing import annotate_thumbnail
 from beam_tfrecords.transforms.codec.example import example_to_dict
 from beam_tfrecords.transforms.codec.tfrecord import RecordError, iter_records, stream_size
 from beam_tfrecords.transforms.io import files
@@ -157,7 +159,7 @@ def contact_sheet(records: list[tuple[str, dict]], out_path: str) -> int:
     for i, (_, features) in enumerate(records):
         x, y = (i % columns) * _THUMB, (i // columns) * (_THUMB + _CAPTION)
         try:
-            thumb = _thumbnail(features["image/encoded"][0])
+            thumb = annotate_thumbnail(_thumbnail(features["image/encoded"][0]), features)
         except (UnidentifiedImageError, OSError, KeyError, IndexError, ValueError):
             draw.text((x + 4, y + 40), "unreadable", fill="red")
             continue
