@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from beam_tfrecords.schemas.annotations import AnnotatedRun
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.inputs import InputFile
 from beam_tfrecords.schemas.shards import ShardTarget
@@ -78,6 +79,9 @@ class RunPlan:
         ``transforms.io.ownership``); ``None`` until ``plan_run`` looked.
       contents_on_workers: ``--drop_duplicates`` or ``--split_by content`` hash the
         images on the workers (``contents_on_workers``), not here.
+      annotated: for an annotated layout (``--layout coco|voc|yolo|box_csv|
+        multi_label|masks``, or one detected), what the pipeline and the commit need
+        besides the annotations the listing's references carry; ``None`` otherwise.
     """
 
     config: ConvertConfig
@@ -100,6 +104,7 @@ class RunPlan:
     units: UnitsToList | None = None
     output_claims: OutputClaims | None = None
     contents_on_workers: bool = False
+    annotated: AnnotatedRun | None = None
 
     @property
     def is_table(self) -> bool:

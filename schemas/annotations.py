@@ -30,6 +30,7 @@ import math
 __all__ = [
     "ANNOTATION_LAYOUTS",
     "Annotated",
+    "AnnotatedRun",
     "AnnotationProblem",
     "DETECTION_KEYS",
     "ImageAnnotations",
@@ -235,3 +236,33 @@ class Annotated:
     images: tuple[ImageAnnotations, ...]
     label_map: LabelMap
     problems: tuple[AnnotationProblem, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class AnnotatedRun:
+    """What the plan of an annotated run tells its pipeline and its commit (issue 21).
+
+    The preflight reads the annotations (``Annotated``) and puts each image's into its
+    ``ImageRef.annotation``; this is the rest, small enough for the job graph.
+
+    Attributes:
+      layout: one of ``ANNOTATION_LAYOUTS``.
+      label_map: the classes (``label_map.pbtxt``; the manifest's vocabulary).
+      instance_masks: ``--instance_masks``: write ``image/object/mask``.
+      images_root: the images' folder relative to the input root when the
+        annotations' paths are relative to it (``AnnotationOptions.images_root``).
+      mask_root: ``--masks``: the folder the semantic masks' paths are under, or ''.
+      problems: what the launcher counted by reason while reading the annotations,
+        ``((reason, n), ...)`` sorted (objects dropped, images kept or dead-lettered).
+      images_without_objects: images kept with no objects (negative examples).
+      dropped_empty: images left out by ``--drop_empty``.
+    """
+
+    layout: str
+    label_map: LabelMap
+    instance_masks: bool = False
+    images_root: str = ""
+    mask_root: str = ""
+    problems: tuple[tuple[str, int], ...] = ()
+    images_without_objects: int = 0
+    dropped_empty: int = 0
