@@ -32,6 +32,7 @@ from beam_tfrecords.schemas.inputs import InputFile
 from beam_tfrecords.schemas.manifest import DEAD_LETTER_DIR
 from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.transforms import worker_listing
+from beam_tfrecords.transforms.annotated_inputs import annotation_parts
 from beam_tfrecords.transforms.codec.image_inspection import is_image_filename
 from beam_tfrecords.transforms.image_steps import HeldImages, ListingIdentity, keep_listing, list_images
 from beam_tfrecords.transforms.io import files, gcs
@@ -113,7 +114,8 @@ def plan_images(config: ConvertConfig, target: ShardTarget, dataset, root: str,
     return RunPlan(config, target, inputs=inputs, listing=token, input_files=tuple(entries),
                    role_files=roles, update=update, dataset_output=dataset_output,
                    vocabulary=vocabulary, only=only, hand_over=hand_over,
-                   contents_on_workers=on_workers)
+                   contents_on_workers=on_workers,
+                   annotated=listing.annotated.run if listing.annotated is not None else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -376,8 +378,11 @@ def _role_files(config: ConvertConfig, root: str, layout: str = "") -> tuple[Inp
         roles.append((files.join(root, CIFAR_LABELS_FILE), "labels"))
     if config.schema:
         roles.append((config.schema, "schema"))
-    if "csv" in (config.layout, layout):
+    if "csv" in (config.layout, layout) or config.layout in ("box_csv", "multi_label"):
         roles.append((config.input, "manifest_csv"))
+    if config.layout == "coco" and config.annotations:
+        roles.extend((path, f"annotations_{split}" if split else "annotations")
+                     for split, path in annotation_parts(config.annotations))
     entries = []
     for path, role in roles:
         try:
