@@ -8,7 +8,7 @@ detect_annotated_layout``), makes the paths of ``--annotations`` and ``--masks``
 absolute, and refuses what an annotated layout does not do yet: ``--incremental``,
 ``--skip_unchanged`` (the annotation files are not in the input's fingerprint),
 ``--list_on_workers``, ``--drop_duplicates`` and ``--split_by content``; and
-``--labels`` but with ``--masks`` (the annotations name their classes).
+``--labels`` with COCO and YOLO (their annotations number the classes).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from beam_tfrecords.transforms.annotated_inputs import (
 )
 from beam_tfrecords.transforms.io import files
 
-__all__ = ["annotated_config"]
+__all__ = ["annotated_config", "refuse_annotation_flags"]
 
 # Flag -> the layouts it applies to (given with another layout, the run is refused).
 _FLAG_LAYOUTS = (
@@ -53,8 +53,13 @@ def _given(config: ConvertConfig) -> list[tuple[str, tuple[str, ...]]]:
             not (name == "box_columns" and tuple(getattr(config, name)) == BOX_COLUMNS)]
 
 
-def _refuse_combinations(config: ConvertConfig) -> None:
-    """Flags that cannot go together whatever the input (before the layout is known)."""
+def refuse_annotation_flags(config: ConvertConfig) -> None:
+    """Refuses the annotation flags that cannot go together whatever the input (called
+    before any input or bucket is looked at).
+
+    Raises:
+      ConvertError: naming what to change.
+    """
     if config.annotations and config.masks:
         raise ConvertError("--annotations (COCO) and --masks (semantic masks) are two layouts; give one")
     if config.masks and config.list_on_workers:
@@ -81,9 +86,9 @@ def _refuse_for_layout(config: ConvertConfig) -> None:
     if given:
         raise ConvertError(f"{given[0]} does not work with annotated images (--layout {layout}) yet: "
                            "drop it (a full run with --overwrite rebuilds the dataset)")
-    if config.labels and layout != "masks":
-        raise ConvertError(f"--labels: with --layout {layout} the annotations name the classes "
-                           "(label_map.pbtxt is made from them); drop --labels")
+    if config.labels and layout in ("coco", "yolo"):
+        raise ConvertError(f"--labels: with --layout {layout} the annotations number the classes "
+                           f"({'the categories' if layout == 'coco' else 'data.yaml'}); drop --labels")
     if layout == "coco" and not config.annotations:
         raise ConvertError("--layout coco needs --annotations instances.json (or "
                            "train=a.json,validation=b.json)")
@@ -127,7 +132,7 @@ def annotated_config(config: ConvertConfig) -> ConvertConfig:
     """
     if config.layout == "table":
         return config
-    _refuse_combinations(config)
+    refuse_annotation_flags(config)
     if config.layout == "auto":
         try:
             layout = detect_annotated_layout(config.input, AnnotationArgs.of(config), config.image_column)

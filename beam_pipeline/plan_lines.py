@@ -122,7 +122,9 @@ def describe_annotated(summary, config: ConvertConfig) -> list[str]:
              f"{len(run.label_map.items):,} class{'es' if len(run.label_map.items) != 1 else ''} "
              + ("(from --labels: line i is mask value i)" if run.layout == "masks" and config.labels else
                 "(none: pass --labels to name the mask values)" if run.layout == "masks" else
-                "(ids as the categories give them)" if run.layout == "coco" else "(ids from 1)")]
+                "(ids as the categories give them)" if run.layout == "coco" else
+                f"(ids from 1, in the order of --labels {config.labels})" if config.labels else
+                "(ids from 1)")]
     per_class = Counter(dict(summary.objects_per_class))
     what = "labels" if run.layout == "multi_label" else "objects"
     if run.layout != "masks":

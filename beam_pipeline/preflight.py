@@ -30,7 +30,7 @@ from apache_beam.options.pipeline_options import (
     TestOptions,
 )
 
-from beam_tfrecords.annotated_plan import annotated_config
+from beam_tfrecords.annotated_plan import annotated_config, refuse_annotation_flags
 from beam_tfrecords.input_checks import (
     check_manifest_rows,
     infer_table_schema,
@@ -332,6 +332,7 @@ def _plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
     """
     options = options or PipelineOptions([])
     given_layout = config.layout
+    refuse_annotation_flags(config)  # Before any bucket is asked.
     config = annotated_config(_checked_config(config, options))  # An annotated layout decided.
     _, root, _ = resolve_input(config.input, config.layout)
     target = ShardTarget(config.output, config.compression, run_id or new_run_id())

@@ -80,7 +80,7 @@ BAD = [
      "is read as --layout voc"),
     (["--input", "{voc}", "--box_columns", "x0,y0,x1"], "--box_columns must name 4 different columns"),
     (["--input", "{folders}", "--drop_empty"], "--drop_empty applies only to an annotated layout"),
-    (["--input", "{voc}", "--labels", "{coco}"], "--labels: with --layout voc the annotations name the classes"),
+    (["--input", "{folders}", "--annotations", "{coco}", "--labels", "{coco}"], "--labels: with --layout coco"),
     (["--input", "{folders}", "--annotations", "{folders}/none.json"], "--annotations: "),
     (["--input", "{folders}", "--layout", "coco"], "--layout coco needs --annotations"),
     (["--input", "{folders}", "--annotations", "train={coco},bad name={coco}"], "is not SPLIT=FILE"),

@@ -87,6 +87,14 @@ def test_voc_with_imagesets_and_difficult(tmp_path):
     assert listing.vocabulary == ["cat", "dog"]
     assert listing.annotated.objects_per_class == (("cat", 2), ("dog", 1))
 
+    labels = _write(tmp_path / "l", {"labels.txt": "dog\nbird\n"}) + "/labels.txt"
+    numbered = _by_name(_listing(input=root, layout="voc", labels=labels))  # --labels: ids from 1 in its order
+    assert [(o.text, o.label) for o in numbered["JPEGImages/a.jpg"][1].objects] == [("dog", 1)]
+    renumbered = _listing(input=root, layout="voc", labels=labels)
+    assert renumbered.annotated.run.label_map.items == ((1, "dog"), (2, "bird"))
+    assert sorted(d.source for d in renumbered.skipped if d.error == "unknown_category") == [
+        "Annotations/a.xml: object 2", "Annotations/b.xml: object 1"]  # cats: left out, images kept
+
     dropped = _listing(input=root, layout="voc", drop_empty=True)
     assert sorted(_by_name(dropped)) == ["JPEGImages/a.jpg", "JPEGImages/b.jpg"]
     assert (dropped.annotated.run.dropped_empty, dropped.annotated.run.images_without_objects) == (1, 0)

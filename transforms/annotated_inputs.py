@@ -46,6 +46,7 @@ from beam_tfrecords.transforms.plan.annotated_listing import (
     annotated_listing,
     mask_label_map,
     read_mask_folder,
+    relabeled,
 )
 from beam_tfrecords.transforms.plan.annotation_folders import (
     YOLO_YAML,
@@ -229,6 +230,8 @@ def list_annotated(input_path: str, layout: str, labels_path: str | None = None,
         if layout in ("coco", "masks"):
             unnamed = len(set(images) - {annotation_key(entry.path) for entry in annotated.images}
                           - {p.image for p in annotated.problems})
+    if labels_path and layout in ("voc", "box_csv", "multi_label"):
+        annotated = relabeled(annotated, parse_labels_text(files.read_text(labels_path)))
     normalized = layout == "box_csv" and args.box_units == "pixels" and every_value_normalized(annotated)
     return annotated_listing(annotated, found, splits=tuple(splits), drop_empty=args.drop_empty,
                              instance_masks=args.instance_masks,

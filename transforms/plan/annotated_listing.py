@@ -54,7 +54,8 @@ from beam_tfrecords.transforms.plan.layouts import DEFAULT_SPLIT, Listing
 from beam_tfrecords.transforms.plan.shard_cuts import stable_key
 from beam_tfrecords.transforms.quality.splits import split_of
 
-__all__ = ["AnnotatedSummary", "FoundImage", "annotated_listing", "mask_label_map", "read_mask_folder"]
+__all__ = ["AnnotatedSummary", "FoundImage", "annotated_listing", "mask_label_map", "read_mask_folder",
+           "relabeled"]
 
 # Layouts whose images carry objects (boxes): an image without any is a negative example.
 _OBJECT_LAYOUTS = frozenset({"box_csv", "coco", "voc", "yolo"})
@@ -186,3 +187,23 @@ def read_mask_folder(images: Iterable[str], masks: Iterable[str],
                                               detail=f"no mask {mask} under --masks", image=path,
                                               kept="nothing"))
     return Annotated(layout="masks", images=tuple(found), label_map=label_map, problems=tuple(problems))
+
+
+def relabeled(annotated: Annotated, names: Sequence[str]) -> Annotated:
+    """``annotated`` numbered by a labels file (``--labels``: the class on line ``i``,
+    from 0, gets id ``i + 1``; 0 is the background): an object or label of a class the
+    file does not name is left out, its image kept (``unknown_category``)."""
+    label_map = LabelMap(tuple(enumerate(names, start=1)))
+    ids = {name: label for label, name in label_map.items}
+    images, problems = [], list(annotated.problems)
+    for image in annotated.images:
+        sources = [o.source for o in image.objects if o.text not in ids]
+        sources += [image.source for t in image.texts if t not in ids]
+        problems.extend(AnnotationProblem(source=where or image.source, reason="unknown_category",
+                                          detail="its class is not in --labels", image=image.path)
+                        for where in sources)
+        objects = tuple(dataclasses.replace(o, label=ids[o.text]) for o in image.objects if o.text in ids)
+        texts = tuple(t for t in image.texts if t in ids)
+        images.append(dataclasses.replace(image, objects=objects, texts=texts,
+                                          labels=tuple(ids[t] for t in texts)))
+    return Annotated(annotated.layout, tuple(images), label_map, tuple(problems))
