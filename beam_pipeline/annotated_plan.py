@@ -20,12 +20,9 @@ from beam_tfrecords.run_plan import ConvertError
 from beam_tfrecords.schemas.annotations import ANNOTATION_LAYOUTS
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.options import BOX_COLUMNS
-from beam_tfrecords.transforms.annotated_inputs import (
-    AnnotationArgs,
-    annotation_parts,
-    detect_annotated_layout,
-)
+from beam_tfrecords.transforms.annotated_inputs import AnnotationArgs, detect_annotated_layout
 from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.plan.annotated_listing import annotation_parts
 
 __all__ = ["annotated_config", "refuse_annotation_flags"]
 

@@ -32,7 +32,6 @@ from beam_tfrecords.schemas.inputs import InputFile
 from beam_tfrecords.schemas.manifest import DEAD_LETTER_DIR
 from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.transforms import worker_listing
-from beam_tfrecords.transforms.annotated_inputs import annotation_parts
 from beam_tfrecords.transforms.codec.image_inspection import is_image_filename
 from beam_tfrecords.transforms.image_steps import HeldImages, ListingIdentity, keep_listing, list_images
 from beam_tfrecords.transforms.io import files, gcs
@@ -45,6 +44,7 @@ from beam_tfrecords.transforms.io.fingerprint import (
     table_entries,
 )
 from beam_tfrecords.transforms.io.table_readers import table_format
+from beam_tfrecords.transforms.plan.annotated_listing import annotation_parts
 from beam_tfrecords.transforms.plan.layouts import (
     CIFAR_LABELS_FILE,
     DEFAULT_SPLIT,

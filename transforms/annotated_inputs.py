@@ -28,7 +28,6 @@ from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
 from beam_tfrecords.schemas.annotations import ANNOTATION_LAYOUTS, Annotated
-from beam_tfrecords.schemas.shards import is_valid_split_name
 from beam_tfrecords.transforms.codec.box_csv import (
     BOX_COLUMNS,
     csv_rows,
@@ -44,6 +43,7 @@ from beam_tfrecords.transforms.io.fingerprint import relative_path
 from beam_tfrecords.transforms.plan.annotated_listing import (
     FoundImage,
     annotated_listing,
+    annotation_parts,
     mask_label_map,
     read_mask_folder,
     relabeled,
@@ -63,7 +63,7 @@ from beam_tfrecords.transforms.plan.layouts import (
     resolve_input,
 )
 
-__all__ = ["AnnotationArgs", "annotation_parts", "detect_annotated_layout", "list_annotated"]
+__all__ = ["AnnotationArgs", "detect_annotated_layout", "list_annotated"]
 
 
 class AnnotationArgs(NamedTuple):
@@ -83,29 +83,6 @@ class AnnotationArgs(NamedTuple):
         """The flags of ``config`` (a ``ConvertConfig``)."""
         return cls(config.annotations, config.masks, config.instance_masks, tuple(config.box_columns),
                    config.box_units, config.label_separator, config.drop_empty)
-
-
-def annotation_parts(text: str) -> tuple[tuple[str, str], ...]:
-    """``--annotations``: ``((split, path), ...)``; a single path is ``(("", path),)``.
-
-    Raises:
-      ValueError: when a part of ``split=path,...`` is not one, or a split name
-        cannot name a shard file, or is given twice.
-    """
-    head = text.split(",", 1)[0]
-    if "=" not in head or "/" in head.split("=", 1)[0]:
-        return (("", text),)
-    parts = []
-    for part in text.split(","):
-        split, sep, path = part.partition("=")
-        split, path = split.strip(), path.strip()
-        if not sep or not path or not is_valid_split_name(split):
-            raise ValueError(f"--annotations: {part!r} is not SPLIT=FILE (e.g. train=a.json,"
-                             "validation=b.json; split names of letters, digits, '_' and '.')")
-        parts.append((split, path))
-    if len({s for s, _ in parts}) != len(parts):
-        raise ValueError("--annotations names a split twice")
-    return tuple(parts)
 
 
 def _top_names(root: str) -> list[str]:

@@ -48,17 +48,15 @@ from beam_tfrecords.schemas.annotations import (
     LabelMap,
 )
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
+from beam_tfrecords.schemas.shards import is_valid_split_name
 from beam_tfrecords.transforms.codec.annotation_bytes import encode_annotations
 from beam_tfrecords.transforms.codec.image_inspection import is_image_filename
 from beam_tfrecords.transforms.plan.layouts import DEFAULT_SPLIT, Listing
 from beam_tfrecords.transforms.plan.shard_cuts import stable_key
 from beam_tfrecords.transforms.quality.splits import split_of
 
-__all__ = ["AnnotatedSummary", "FoundImage", "annotated_listing", "mask_label_map", "read_mask_folder",
-           "relabeled"]
-
-# Layouts whose images carry objects (boxes): an image without any is a negative example.
-_OBJECT_LAYOUTS = frozenset({"box_csv", "coco", "voc", "yolo"})
+__all__ = ["AnnotatedSummary", "FoundImage", "annotated_listing", "annotation_parts", "mask_label_map",
+           "read_mask_folder", "relabeled"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,3 +205,26 @@ def relabeled(annotated: Annotated, names: Sequence[str]) -> Annotated:
         images.append(dataclasses.replace(image, objects=objects, texts=texts,
                                           labels=tuple(ids[t] for t in texts)))
     return Annotated(annotated.layout, tuple(images), label_map, tuple(problems))
+
+
+def annotation_parts(text: str) -> tuple[tuple[str, str], ...]:
+    """``--annotations``: ``((split, path), ...)``; a single path is ``(("", path),)``.
+
+    Raises:
+      ValueError: when a part of ``split=path,...`` is not one, or a split name
+        cannot name a shard file, or is given twice.
+    """
+    head = text.split(",", 1)[0]
+    if "=" not in head or "/" in head.split("=", 1)[0]:
+        return (("", text),)
+    parts = []
+    for part in text.split(","):
+        split, sep, path = part.partition("=")
+        split, path = split.strip(), path.strip()
+        if not sep or not path or not is_valid_split_name(split):
+            raise ValueError(f"--annotations: {part!r} is not SPLIT=FILE (e.g. train=a.json,"
+                             "validation=b.json; split names of letters, digits, '_' and '.')")
+        parts.append((split, path))
+    if len({s for s, _ in parts}) != len(parts):
+        raise ValueError("--annotations names a split twice")
+    return tuple(parts)
