@@ -12,6 +12,7 @@ import os
 from collections import Counter
 
 from beam_tfrecords.input_checks import INFER_SAMPLE_ROWS
+from beam_tfrecords.schemas.annotations import PROBLEM_REASONS
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.features import IMAGE_FEATURE_SPEC
 from beam_tfrecords.schemas.table_schema import TableSchema
@@ -101,7 +102,8 @@ def _left_out(config: ConvertConfig, listing: Listing, on_workers: bool) -> list
     refused = Counter(d.error for d in listing.dead_letters)
     if refused:
         left.append(f"{sum(refused.values()):,} refused ({_counts(refused)}; dead-lettered)")
-    skipped = Counter(d.error for d in listing.skipped if listing.annotated is None)
+    skipped = Counter(d.error for d in listing.skipped  # Not the objects left out of an annotated input.
+                      if listing.annotated is None or d.error not in PROBLEM_REASONS)
     if skipped:
         left.append(f"{sum(skipped.values()):,} paths passed over ({_counts(skipped)})")
     return [f"  left out: {'; '.join(left)}"] if left else []

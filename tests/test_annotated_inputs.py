@@ -229,3 +229,12 @@ def test_semantic_masks_pair_by_path_and_stem(tmp_path):
     run = listing.annotated.run
     assert (run.mask_root, run.label_map.items) == (masks, ((0, "background"), (1, "road"), (2, "car")))
     assert _listing(input=images, layout="masks", masks=masks).annotated.run.label_map.items == ()
+
+
+def test_a_mask_folder_inside_the_input_and_names_that_are_not_utf8(tmp_path):
+    root = _write(tmp_path / "data", {"a.jpg": b"x", "masks/a.png": b"m"})
+    with open(os.path.join(os.fsencode(root), b"bad\xff.jpg"), "wb") as f:
+        f.write(b"x")
+    listing = _listing(input=root, layout="masks", masks=f"{root}/masks")
+    assert [(r.filename, decode_annotations(r.annotation).mask) for r in listing.refs] == [("a.jpg", "a.png")]
+    assert _letters(listing.dead_letters) == [("bad\\xff.jpg", "bad_file_name")]  # masks/a.png is no image

@@ -28,6 +28,7 @@ from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
 from beam_tfrecords.schemas.annotations import ANNOTATION_LAYOUTS, Annotated
+from beam_tfrecords.schemas.elements import DeadLetter
 from beam_tfrecords.transforms.codec.box_csv import (
     BOX_COLUMNS,
     csv_rows,
@@ -40,6 +41,7 @@ from beam_tfrecords.transforms.codec.image_inspection import is_image_filename
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.annotation_attach import annotation_key
 from beam_tfrecords.transforms.io.fingerprint import relative_path
+from beam_tfrecords.transforms.io.gcs import is_gcs
 from beam_tfrecords.transforms.plan.annotated_listing import (
     FoundImage,
     annotated_listing,
@@ -137,10 +139,35 @@ def _size(path: str) -> int | None:
         return None
 
 
-def _listed(pattern: str, root: str, follow_links_outside: bool) -> dict[str, FoundImage]:
-    """``{path relative to root: FoundImage}`` of every file under the pattern."""
-    return {relative_path(root, path): FoundImage(path, size) for path, size, _, _ in
-            files.list_stamped(pattern, follow_outside=follow_links_outside)}
+def _utf8(path: str) -> bool:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(root: str, path: str) -> str:
+    """A listed path as dead letters name it: relative to the root, undecodable bytes escaped."""
+    return relative_path(root, path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _listed(pattern: str, root: str, follow_links_outside: bool,
+            skipped: list | None = None) -> dict[str, FoundImage]:
+    """``{path relative to root: FoundImage}`` of every file under the pattern (a
+    ``gs://`` object with the generation and CRC-32C listed); ``skipped`` gathers the
+    paths passed over (``files.list_stamped``)."""
+    found = {}
+    for path, size, stamp, crc in files.list_stamped(pattern, skipped=skipped,
+                                                     follow_outside=follow_links_outside):
+        if not _utf8(path):  # Not a name a feature's text can hold: a bad input, as other listings.
+            if skipped is not None:
+                skipped.append((path, "bad_file_name", "the file name is not UTF-8 text; rename the file"))
+            continue
+        pinned = is_gcs(path) and stamp > 0
+        found[relative_path(root, path)] = FoundImage(path, size, stamp if pinned else 0,
+                                                      crc if pinned else -1)
+    return found
 
 
 def _csv_listing(input_path: str, root: str, layout: str, image_column, label_column,
@@ -186,11 +213,11 @@ def list_annotated(input_path: str, layout: str, labels_path: str | None = None,
     if layout not in ANNOTATION_LAYOUTS:
         raise ValueError(f"not an annotated layout: {layout}")
     _, root, pattern = resolve_input(input_path, layout)
-    unnamed = 0
+    unnamed, skipped = 0, []
     if layout in ("box_csv", "multi_label"):
         annotated, found = _csv_listing(input_path, root, layout, image_column, label_column, args)
     else:
-        listed = _listed(pattern, root, follow_links_outside)
+        listed = _listed(pattern, root, follow_links_outside, skipped)
         images = [p for p in listed if is_image_filename(p)]
         if layout == "voc":
             annotated = read_voc_folder(listed, lambda p: files.read_bytes_if_exists(files.join(root, p)))
@@ -201,6 +228,8 @@ def list_annotated(input_path: str, layout: str, labels_path: str | None = None,
         else:
             labels = parse_labels_text(files.read_text(labels_path)) if labels_path else None
             masks = _listed(files.join(args.masks or "", "**"), args.masks or "", follow_links_outside)
+            inside = relative_path(root, args.masks or "").rstrip("/") + "/"  # A mask folder under --input:
+            images = [p for p in images if not p.startswith(inside)]  # its PNGs are not images.
             annotated = read_mask_folder(images, masks, mask_label_map(labels))
         found = {entry.path: listed[annotation_key(entry.path)] for entry in annotated.images
                  if annotation_key(entry.path) in listed}
@@ -210,7 +239,11 @@ def list_annotated(input_path: str, layout: str, labels_path: str | None = None,
     if labels_path and layout in ("voc", "box_csv", "multi_label"):
         annotated = relabeled(annotated, parse_labels_text(files.read_text(labels_path)))
     normalized = layout == "box_csv" and args.box_units == "pixels" and every_value_normalized(annotated)
-    return annotated_listing(annotated, found, splits=tuple(splits), drop_empty=args.drop_empty,
-                             instance_masks=args.instance_masks,
-                             mask_root=(args.masks or "") if layout == "masks" else "",
-                             unnamed=unnamed, normalized_boxes=normalized)
+    listing = annotated_listing(annotated, found, splits=tuple(splits), drop_empty=args.drop_empty,
+                                instance_masks=args.instance_masks,
+                                mask_root=(args.masks or "") if layout == "masks" else "",
+                                unnamed=unnamed, normalized_boxes=normalized)
+    for path, reason, message in skipped:
+        (listing.dead_letters if reason == "bad_file_name" else listing.skipped).append(
+            DeadLetter(_shown(root, path), "list", reason, message))
+    return listing

@@ -61,10 +61,13 @@ __all__ = ["AnnotatedSummary", "FoundImage", "annotated_listing", "annotation_pa
 
 @dataclasses.dataclass(frozen=True)
 class FoundImage:
-    """An image file an annotation names: where to read it, and its size in bytes."""
+    """An image file an annotation names: where to read it, its size in bytes, and for a
+    ``gs://`` object the generation and CRC-32C it was listed with (it is read at them)."""
 
     path: str
     size: int
+    generation: int = 0
+    crc32c: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +144,7 @@ def annotated_listing(annotated: Annotated, found: Mapping[str, FoundImage], *,
         classes.update(image.texts)
         refs.append(ImageRef(split=split, key=stable_key(split, filename), filename=filename,
                              path=where.path, size=where.size, label=-1, label_text="",
+                             generation=where.generation, crc32c=where.crc32c,
                              annotation=encode_annotations(image)))
     refs.sort(key=lambda r: r.filename)
     reasons = Counter(p.reason for p in annotated.problems)
