@@ -6,7 +6,8 @@ saying what to change).
 the layout ``--layout auto`` means (``transforms.annotated_inputs.
 detect_annotated_layout``), makes the paths of ``--annotations`` and ``--masks``
 absolute, and refuses what an annotated layout does not do yet: ``--incremental``,
-``--skip_unchanged`` (the annotation files are not in the input's fingerprint),
+``--skip_unchanged`` with VOC, YOLO and masks (their files are not in the input's
+fingerprint; a COCO file and a CSV are role files of it, so they may),
 ``--list_on_workers``, ``--drop_duplicates`` and ``--split_by content``; and
 ``--labels`` with COCO and YOLO (their annotations number the classes).
 """
@@ -76,8 +77,11 @@ def _refuse_for_layout(config: ConvertConfig) -> None:
                                f"{layout}: remove {flag} (or give --layout)")
     if layout not in ANNOTATION_LAYOUTS:
         return
+    # --skip_unchanged sees the annotation file change where it is one file (a role file of
+    # the input's fingerprint); VOC's and YOLO's files and the masks are not fingerprinted.
+    unseen = layout in ("voc", "yolo", "masks")
     given = [flag for flag, on in (
-        ("--incremental", config.incremental), ("--skip_unchanged", config.skip_unchanged),
+        ("--incremental", config.incremental), ("--skip_unchanged", config.skip_unchanged and unseen),
         ("--list_on_workers", config.list_on_workers), ("--drop_duplicates", config.drop_duplicates),
         ("--split_by content", config.split_by == "content")) if on]
     if given:

@@ -74,7 +74,7 @@ BAD = [
     (["--input", "{voc}", "--layout", "voc", "--annotations", "{coco}"], "--annotations applies only to --layout coco"),
     (["--input", "{folders}", "--masks", "{masks}", "--list_on_workers"], "--masks pairs every image"),
     (["--input", "{voc}", "--incremental"], "--incremental does not work with annotated images (--layout voc)"),
-    (["--input", "{folders}", "--annotations", "{coco}", "--skip_unchanged"], "--skip_unchanged does not work"),
+    (["--input", "{voc}", "--skip_unchanged"], "--skip_unchanged does not work"),
     (["--input", "{folders}", "--annotations", "{coco}", "--masks", "{masks}"], "two layouts; give one"),
     (["--input", "{voc}", "--box_units", "normalized"], "--box_units applies only to --layout box_csv; the input "
      "is read as --layout voc"),
@@ -124,3 +124,17 @@ def test_a_handed_over_listing_carries_the_annotations(tmp_path, voc):
     carried = {ref.filename: decode_annotations(ref.annotation) for ref in listing.refs}
     assert [o.text for o in carried["JPEGImages/a.jpg"].objects] == ["dog", "cat"]
     assert carried["JPEGImages/c.jpg"].objects == () and {ref.label for ref in listing.refs} == {-1}
+
+
+def test_skip_unchanged_sees_the_coco_file_change(tmp_path, capsys):
+    images = _write(tmp_path / "imgs", {"a.jpg": _jpeg()})
+    coco = tmp_path / "instances.json"
+    coco.write_text('{"images": [{"id": 1, "file_name": "a.jpg", "width": 32, "height": 24}], '
+                    '"annotations": [], "categories": [{"id": 1, "name": "cat"}]}')
+    argv = ["convert", "--input", images, "--annotations", str(coco), "--output", str(tmp_path / "out"),
+            "--skip_unchanged", "--overwrite"]
+    assert main(argv) == 0
+    assert main(argv) == 99  # The images and the COCO file unchanged: nothing to do.
+    coco.write_text(coco.read_text().replace('"cat"', '"dog"'))
+    assert main(argv) == 0
+    assert "the annotations file instances.json changed: a full run" in capsys.readouterr().out
