@@ -179,6 +179,7 @@ def test_box_csv_grouped_by_image_with_width_and_height(tmp_path):
     assert [(o.text, o.label, o.box, o.source) for o in a.objects] == [
         ("cat", 1, (1.0, 2.0, 30.0, 40.0), "boxes.csv:2"), ("dog", 2, (5.0, 5.0, 9.0, 9.0), "boxes.csv:4")]
     assert _letters(listing.dead_letters) == [("boxes.csv:6", "image_not_found")]
+    assert dict(listing.annotated.run.problems) == {"bad_label_line": 1, "image_not_found": 1}
     assert _letters(listing.skipped) == [("boxes.csv:5", "bad_label_line")]
     assert not listing.annotated.normalized_boxes
 

@@ -126,12 +126,13 @@ def annotated_listing(annotated: Annotated, found: Mapping[str, FoundImage], *,
     dead = [_letter(p) for p in annotated.problems if p.kept == "nothing"]
     kept_problems = [p for p in annotated.problems if p.kept != "nothing"]
     refs, classes = [], Counter()
-    without, dropped = 0, 0
+    without, dropped, missing = 0, 0, 0
     for image in annotated.images:
         where = found.get(image.path)
         if where is None:
             dead.append(DeadLetter(image.source or image.path, "list", "image_not_found",
                                    f"the annotations name image {image.path}, which does not exist"))
+            missing += 1
             continue
         if _empty(image):
             if drop_empty:
@@ -148,6 +149,7 @@ def annotated_listing(annotated: Annotated, found: Mapping[str, FoundImage], *,
                              annotation=encode_annotations(image)))
     refs.sort(key=lambda r: r.filename)
     reasons = Counter(p.reason for p in annotated.problems)
+    reasons.update(d.error for d in dead[len(dead) - missing:])  # The images found missing here.
     run = AnnotatedRun(layout=annotated.layout, label_map=annotated.label_map,
                        instance_masks=instance_masks, mask_root=mask_root,
                        problems=tuple(sorted(reasons.items())),
