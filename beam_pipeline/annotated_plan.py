@@ -20,7 +20,7 @@ import os
 from beam_tfrecords.run_plan import ConvertError
 from beam_tfrecords.schemas.annotations import ANNOTATION_LAYOUTS
 from beam_tfrecords.schemas.config import ConvertConfig
-from beam_tfrecords.schemas.options import BOX_COLUMNS
+from beam_tfrecords.schemas.options import ANNOTATION_OPTIONS, CONVERT_OPTIONS
 from beam_tfrecords.transforms.annotated_inputs import AnnotationArgs, detect_annotated_layout
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.plan.annotated_listing import annotation_parts
@@ -37,8 +37,7 @@ _FLAG_LAYOUTS = (
     ("--label_separator", "label_separator", ("multi_label",)),
     ("--drop_empty", "drop_empty", ANNOTATION_LAYOUTS),
 )
-_DEFAULTS = {"annotations": None, "instance_masks": False, "masks": None, "box_columns": BOX_COLUMNS,
-             "box_units": "pixels", "label_separator": None, "drop_empty": False}
+_DEFAULTS = {o.name: o.default for o in CONVERT_OPTIONS if o.name in ANNOTATION_OPTIONS}
 
 
 def _absolute(path: str | None) -> str | None:
@@ -46,9 +45,11 @@ def _absolute(path: str | None) -> str | None:
 
 
 def _given(config: ConvertConfig) -> list[tuple[str, tuple[str, ...]]]:
-    return [(flag, layouts) for flag, name, layouts in _FLAG_LAYOUTS
-            if getattr(config, name) != _DEFAULTS[name] and
-            not (name == "box_columns" and tuple(getattr(config, name)) == BOX_COLUMNS)]
+    def value(name: str):
+        given = getattr(config, name)
+        return tuple(given) if isinstance(given, list) else given
+
+    return [(flag, layouts) for flag, name, layouts in _FLAG_LAYOUTS if value(name) != _DEFAULTS[name]]
 
 
 def refuse_annotation_flags(config: ConvertConfig) -> None:
