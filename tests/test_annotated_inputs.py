@@ -65,6 +65,7 @@ VOC = {
 def test_voc_with_imagesets_and_difficult(tmp_path):
     root = _write(tmp_path / "voc", VOC)
     assert detect_annotated_layout(root, AnnotationArgs()) == "voc"
+    assert detect_annotated_layout(f"{root}/JPEGImages/*.jpg", AnnotationArgs()) is None  # a glob
     splits = (("train", 0.5), ("test", 0.5))
     listing = _listing(input=root, layout="voc", splits=splits)
     refs = _by_name(listing)

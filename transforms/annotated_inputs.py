@@ -107,7 +107,7 @@ def detect_annotated_layout(input_path: str, args: AnnotationArgs, image_column:
         return "coco"
     if args.masks:
         return "masks"
-    layout, root, _ = resolve_input(input_path, "auto")
+    layout, root, pattern = resolve_input(input_path, "auto")
     if layout == "csv":
         header, rows = csv_rows(files.read_text(input_path))
         if all(name in header for name in args.box_columns):
@@ -120,8 +120,8 @@ def detect_annotated_layout(input_path: str, args: AnnotationArgs, image_column:
         index = header.index(column)
         cells = [row.cells[index].strip() for row in rows if index < len(row.cells)]
         return "multi_label" if len(set(cells)) < len(cells) else None
-    if files.is_local(root) and not os.path.isdir(root):
-        return None
+    if pattern != root.rstrip("/") + "/**" or (files.is_local(root) and not os.path.isdir(root)):
+        return None  # A glob names its files: not a layout's folder.
     return detect_annotation_layout(_top_names(root))
 
 
