@@ -137,8 +137,9 @@ def refuse_local_paths_on_dataflow(config: ConvertConfig, options: PipelineOptio
     """
     if not runs_on_dataflow(options):
         return
-    local = [f"{flag} {value}" for flag, value in (("--input", config.input), ("--output", config.output))
-             if files.is_local(value)]
+    local = [f"{flag} {value}" for flag, value in (("--input", config.input), ("--output", config.output),
+                                                  ("--masks", config.masks))  # The workers read masks.
+             if value and files.is_local(value)]
     local += [f"--allowed_roots {root}" for root in config.allowed_roots if files.is_local(root)]
     if not local and config.allow_paths_outside and config.input.lower().endswith(".csv"):
         try:

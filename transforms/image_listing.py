@@ -411,8 +411,8 @@ def keep_listing(listing: Listing, args: tuple) -> str:
 
     ``args`` are the listing's arguments ``(input_path, layout, labels_path,
     image_column, label_column, splits, split_by, drop_duplicates, vocabulary,
-    only, follow_links_outside, max_file_bytes)``: a step lists again unless its
-    own match.
+    only, follow_links_outside, max_file_bytes, annotations)``: a step lists again
+    unless its own match.
     """
     token = uuid.uuid4().hex
     with _kept_lock:

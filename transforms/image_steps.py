@@ -197,7 +197,7 @@ class ListImages(beam.PTransform):
 
     Args:
       input_path: a folder, a glob or a CSV manifest.
-      layout: ``auto``, ``class_folders``, ``cifar`` or ``csv``.
+      layout: ``auto``, ``class_folders``, ``cifar``, ``csv`` or an annotated layout.
       labels_path: a labels file, or ``None``.
       output: the output folder (inputs refused while listing are dead-lettered there).
       helper_processes: helper processes the shard writers will use (started early).
