@@ -92,7 +92,7 @@ class AnnotatedSummary:
 
 def _letter(problem: AnnotationProblem) -> DeadLetter:
     where = f" (image {problem.image})" if problem.image and problem.image not in problem.source else ""
-    kept = "" if problem.kept == "nothing" else "object left out, image kept: "
+    kept = "" if problem.kept == "nothing" else "image kept: "
     return DeadLetter(problem.source or problem.image or "annotations", "list", problem.reason,
                       f"{kept}{problem.detail}{where}")
 
@@ -139,7 +139,9 @@ def annotated_listing(annotated: Annotated, found: Mapping[str, FoundImage], *,
                 dropped += 1
                 continue
             without += 1
-        filename = image.path.lstrip("/")
+        # As a CSV manifest's image/filename: the cell as written, file:// and a leading / dropped.
+        filename = image.path[len("file://"):] if image.path.startswith("file://") else image.path
+        filename = filename.lstrip("/")
         split = _split(image, filename, splits)
         classes.update(o.text for o in image.objects)
         classes.update(image.texts)
