@@ -25,6 +25,7 @@ from beam_tfrecords.transforms.image_contents import HashImages, add_contents_ou
 from beam_tfrecords.transforms.image_steps import (
     ImageRecords,
     ListImages,
+    ListingIdentity,
     PlanImageShards,
     SpoolImages,
     add_spool_dead_letters,
@@ -187,7 +188,8 @@ def _image_steps(pipeline: beam.Pipeline, plan: RunPlan, options: PipelineOption
         vocabulary=plan.vocabulary, only=plan.only, listing_path=plan.listing_path,
         follow_links_outside=config.follow_links_outside, max_file_bytes=config.max_file_bytes,
         listing_sha256=digest, part_rows=part_rows if in_parts else 0,
-        contents_on_workers=plan.contents_on_workers)
+        contents_on_workers=plan.contents_on_workers,
+        annotations=ListingIdentity.of(config).annotations)
     refs, summary = listing.refs, listing.summary
     if plan.contents_on_workers:
         hashing = HashImages(config.output, config.splits if config.split_by == "content" else (),

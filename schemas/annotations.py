@@ -90,6 +90,8 @@ PROBLEM_REASONS = (
     "annotation_size_mismatch",  # the stated size is neither the image's nor its EXIF-rotated size
     "mask_size_mismatch",     # a semantic mask whose size differs from its image's
     "bad_mask",               # a semantic mask that is not a one-channel PNG, or cannot be read
+    # The launcher's listing (--masks): an image without the mask of its path and stem.
+    "mask_not_found",
 )
 
 

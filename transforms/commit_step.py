@@ -68,6 +68,7 @@ from beam_tfrecords.transforms.io.ownership import (
 )
 from beam_tfrecords.transforms.io.progress import split_totals
 from beam_tfrecords.transforms.io.storage_errors import STORAGE_ERRORS
+from beam_tfrecords.transforms.plan.annotated_listing import annotation_parts
 from beam_tfrecords.transforms.quality.drift import DriftGate, statistics_and_drift
 
 __all__ = ["Commit", "CommitSettings", "RunFailed", "RunSummary", "StatusFacts", "commit_run",
@@ -138,9 +139,13 @@ def _published_options(options: dict, root: str) -> dict:
         return options
     if options.get("input"):
         options["input"] = published_input(root, options["input"])
-    for name in ("labels", "schema"):
+    for name in ("labels", "schema", "masks"):
         if options.get(name):
             options[name] = published_path(root, options[name])
+    if options.get("annotations"):  # COCO's files, one per split or one (issue 21).
+        options["annotations"] = ",".join(f"{split}={published_path(root, path)}" if split else
+                                          published_path(root, path)
+                                          for split, path in annotation_parts(options["annotations"]))
     return options
 
 

@@ -123,7 +123,8 @@ class _ListImagesFn(beam.DoFn):
                  drop_duplicates: bool = False, vocabulary: tuple[str, ...] = (),
                  only: tuple[str, ...] = (), listing_path: str | None = None,
                  follow_links_outside: bool = False, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-                 listing_sha256: str = "", part_rows: int = 0, contents_on_workers: bool = False):
+                 listing_sha256: str = "", part_rows: int = 0, contents_on_workers: bool = False,
+                 annotations: tuple = ()):
         if listing_path and not listing_sha256:
             raise ValueError("a listing handed over through storage needs its SHA-256")
         self._kept = kept
@@ -135,7 +136,8 @@ class _ListImagesFn(beam.DoFn):
             input_path=input_path, layout=layout, labels_path=labels_path, image_column=columns[0],
             label_column=columns[1], splits=tuple(splits), split_by=split_by,
             drop_duplicates=drop_duplicates, vocabulary=tuple(vocabulary), only=tuple(only),
-            follow_links_outside=follow_links_outside, max_file_bytes=max_file_bytes)
+            follow_links_outside=follow_links_outside, max_file_bytes=max_file_bytes,
+            annotations=tuple(annotations))
         if listing_path:  # The names are in the hand-off; the job graph holds their digest.
             self._identity = ListingIdentity(*graph_args(self._identity))
         self._input = input_path
@@ -195,7 +197,7 @@ class ListImages(beam.PTransform):
 
     Args:
       input_path: a folder, a glob or a CSV manifest.
-      layout: ``auto``, ``class_folders``, ``cifar`` or ``csv``.
+      layout: ``auto``, ``class_folders``, ``cifar``, ``csv`` or an annotated layout.
       labels_path: a labels file, or ``None``.
       output: the output folder (inputs refused while listing are dead-lettered there).
       helper_processes: helper processes the shard writers will use (started early).
@@ -214,6 +216,7 @@ class ListImages(beam.PTransform):
         used, ``part_refs``), for ``PlanListingParts``.
       contents_on_workers: a listing made by this step leaves splits by content
         and dropping copies to the pipeline's ``HashImages`` step (see ``list_images``).
+      annotations: an annotated layout's flags (``ListingIdentity.annotations``).
 
     Returns a ``DoOutputsTuple``: ``.refs`` holds one ``ImageRefs`` element (or the
     ``ListingPart`` s); ``.summary`` holds one ``InputSummary``.
@@ -226,13 +229,13 @@ class ListImages(beam.PTransform):
                  vocabulary: tuple[str, ...] = (), only: tuple[str, ...] = (),
                  listing_path: str | None = None, follow_links_outside: bool = False,
                  max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, listing_sha256: str = "",
-                 part_rows: int = 0, contents_on_workers: bool = False):
+                 part_rows: int = 0, contents_on_workers: bool = False, annotations: tuple = ()):
         super().__init__()
         self._fn = _ListImagesFn(input_path, layout, labels_path, output, helper_processes,
                                  (image_column, label_column), kept, splits, split_by,
                                  drop_duplicates, vocabulary, only, listing_path,
                                  follow_links_outside, max_file_bytes, listing_sha256, part_rows,
-                                 contents_on_workers)
+                                 contents_on_workers, annotations)
 
     def expand(self, pbegin):
         return (
