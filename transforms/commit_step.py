@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import apache_beam as beam
 
+from beam_tfrecords.schemas.annotations import LABEL_MAP_NAME, AnnotatedRun
 from beam_tfrecords.schemas.elements import CompletedInputs, InputSummary, ShardResult
 from beam_tfrecords.schemas.features import FeatureSpec, image_feature_spec
 from beam_tfrecords.schemas.inputs import INPUTS_NAME
@@ -44,6 +45,13 @@ from beam_tfrecords.schemas.shards import ShardBand, ShardTarget, clashing_split
 from beam_tfrecords.schemas.version import __version__
 from beam_tfrecords.transforms.gather import GatherContents, Gathered, gather_in_process, join_gathered
 from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io.annotated_output import (
+    annotated_feature_spec,
+    annotations_section,
+    split_statistics_json,
+    stage_label_map,
+    vocabulary_of,
+)
 from beam_tfrecords.transforms.io.commit import (
     holds_lock,
     publish,
@@ -103,6 +111,8 @@ class CommitSettings:
       input_units: for a listing made on the workers, its units: their
         ``inputs.jsonl`` lines (``UNIT_INPUTS_DIR``) follow the launcher's
         (the files with a role), in unit order.
+      annotated: an annotated run's layout and label map (``label_map.pbtxt``
+        and the manifest's ``annotations``, see ``io.annotated_output``), else ``None``.
     """
 
     target: ShardTarget
@@ -120,6 +130,7 @@ class CommitSettings:
     update: str = ""
     drift: DriftGate | None = None
     input_units: int = 0
+    annotated: AnnotatedRun | None = None
 
 
 class RunFailed(RuntimeError):
@@ -144,9 +155,11 @@ def _published_options(options: dict, root: str) -> dict:
     return options
 
 
-def _feature_spec(summary: InputSummary) -> FeatureSpec:
+def _feature_spec(summary: InputSummary, annotated: AnnotatedRun | None = None) -> FeatureSpec:
     if summary.layout in ("table", "records"):
         return FeatureSpec({name: (dtype, list(shape)) for name, dtype, shape in summary.features})
+    if annotated is not None:
+        return annotated_feature_spec(annotated, dict(summary.extra_features))
     return image_feature_spec(dict(summary.extra_features))
 
 
@@ -344,7 +357,8 @@ def summarize_run(settings: CommitSettings, results: Sequence[ShardResult], summ
     if rows is not None:
         input_json["rows"] = rows
     statistics, drift = statistics_and_drift(settings.drift, results, summary,
-                                             _feature_spec(summary).to_json())
+                                             _feature_spec(summary, settings.annotated).to_json(),
+                                             split_statistics_json(settings.annotated, results))
     late = [name for name, _ in summary.late_columns if name not in settings.dropped_columns]
     report = RunReport(
         Status.OK, settings.target.output, manifest=None,
@@ -416,8 +430,8 @@ def _run_manifest(settings: CommitSettings, run: RunSummary) -> dict:
         options=_published_options(dict(settings.options), run.root),
         input_summary=input_json,
         results=[dataclasses.replace(r, path=r.path.rsplit("/", 1)[-1]) for r in run.results],
-        vocabulary=summary.vocabulary,
-        feature_spec=_feature_spec(summary),
+        vocabulary=vocabulary_of(settings.annotated.label_map) if settings.annotated else summary.vocabulary,
+        feature_spec=_feature_spec(summary, settings.annotated),
         bad_counts=run.bad,
         dead_letter_files=list(run.report.dead_letter_files),
         budget=run.budget,
@@ -428,6 +442,8 @@ def _run_manifest(settings: CommitSettings, run: RunSummary) -> dict:
         manifest["image_bytes"] = run.report.image_bytes
     if run.duplicates:
         manifest["duplicates"] = run.duplicates
+    if settings.annotated is not None:
+        manifest["annotations"] = annotations_section(settings.annotated, run.results)
     if summary.schema:
         manifest["schema"] = json.loads(summary.schema)
     if summary.sequence_features:
@@ -454,6 +470,10 @@ def publish_run(settings: CommitSettings, run: RunSummary) -> RunReport:
     if completed is not None:
         renames.append((completed.path, files.join(target.output, INPUTS_NAME)))
         digests[renames[-1][1]] = Claim(INPUTS_NAME, completed.size, completed.sha256)
+    if settings.annotated is not None:  # label_map.pbtxt, beside the manifest, moved as a shard is.
+        *move, digests[files.join(target.output, LABEL_MAP_NAME)] = stage_label_map(
+            target.output, target.temp_dir, settings.annotated.label_map)
+        renames.append(tuple(move))
     manifest = _run_manifest(settings, run)
     manifest_bytes = _json_bytes(manifest)
     try:

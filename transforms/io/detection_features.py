@@ -79,12 +79,15 @@ class DetectionFeatures:
       refused: a problem that refuses the whole image (``mask_size_mismatch``,
         ``bad_mask``; ``kept`` is ``"nothing"``), else ``None``: then ``features``
         is empty.
+      objects: per object written, ``(class id, its box's area in output pixels)``
+        (the box's, not COCO's ``area``: the statistics' size ranges).
     """
 
     features: tuple[Feature, ...] = ()
     counts: tuple[tuple[str, int], ...] = ()
     problems: tuple[AnnotationProblem, ...] = ()
     refused: AnnotationProblem | None = None
+    objects: tuple[tuple[int, float], ...] = ()
 
 
 def source_point(geometry: Geometry, x, y):
@@ -183,6 +186,7 @@ class _Boxes:
     xmax: list = dataclasses.field(default_factory=list)
     ymax: list = dataclasses.field(default_factory=list)
     area: list = dataclasses.field(default_factory=list)
+    box_area: list = dataclasses.field(default_factory=list)
     kept: list = dataclasses.field(default_factory=list)
     clipped: int = 0
     problems: list = dataclasses.field(default_factory=list)
@@ -249,6 +253,7 @@ def _add_object(boxes: _Boxes, annotations: ImageAnnotations, obj: ObjectAnnotat
     boxes.ymin.append(clipped[1] / height)
     boxes.xmax.append(clipped[2] / width)
     boxes.ymax.append(clipped[3] / height)
+    boxes.box_area.append((clipped[2] - clipped[0]) * (clipped[3] - clipped[1]))
     boxes.area.append(kept_area)
     boxes.kept.append(obj)
     return True
@@ -379,4 +384,5 @@ def detection_features(annotations: ImageAnnotations, geometry: Geometry, label_
         pngs, counts["mask_from_box"] = _instance_masks(annotations, boxes.kept, geometry, frame, render)
         features += (("image/object/mask", "string", pngs),)
     return DetectionFeatures(features, tuple((k, n) for k, n in sorted(counts.items()) if n),
-                             tuple(boxes.problems))
+                             tuple(boxes.problems),
+                             objects=tuple((o.label, area) for o, area in zip(boxes.kept, boxes.box_area)))
