@@ -128,3 +128,19 @@ def test_a_plan_with_an_annotated_layout_gets_the_attachment_that_reads_its_refe
     attach, annotated = annotated_attach(Plan, mine)
     assert attach is mine and annotated == AnnotatedRun("custom", LABELS)
     assert annotated_attach(Plan, None) == (None, None)
+
+
+@pytest.mark.e2e
+def test_resized_images_carry_their_annotation_statistics_through_the_spools(tmp_path):
+    root, out = str(tmp_path / "in"), str(tmp_path / "out")
+    _inputs(root)
+    # --max_side 32: records are encoded into spools first, then copied into shards.
+    result = convert(ConvertConfig(input=root, output=out, max_side=32), attach=AnnotationAttach(INDEX, LABELS))
+    assert result.ok, result.report
+    section = load_manifest(out)["annotations"]
+    assert section["problems"] == {"box_clipped": 1, "box_empty": 1}
+    stats = section["statistics"]
+    assert (stats["images"], stats["images_without_objects"], stats["objects"]) == (3, 1, 3)
+    # Areas in output pixels: dog/c.png is 32x24 now (its box 768 px: small, no longer medium).
+    assert stats["areas"] == {"large": 0, "medium": 0, "small": 3}
+    assert [(d["source"], d["stage"]) for d in dead_letters(out)] == [("ann.json: annotation 4", "object")]
