@@ -19,14 +19,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from beam_tfrecords.schemas.annotations import ImageAnnotations, LabelMap, ObjectAnnotation
+from beam_tfrecords.schemas.annotations import ImageAnnotations, LabelMap, ObjectAnnotation, Rle
 from beam_tfrecords.schemas.elements import ImageRef, ImageRefs
 from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.transforms.codec.annotation_bytes import encode_annotations
+from beam_tfrecords.transforms.codec.masks import render_mask
 from beam_tfrecords.transforms.codec.tfrecord import iter_records
 from beam_tfrecords.transforms.image_steps import ImageRecords
 from beam_tfrecords.transforms.io.annotated_output import report_counts
-from beam_tfrecords.transforms.io.annotation_attach import AnnotationAttach
+from beam_tfrecords.transforms.io.annotation_attach import AnnotationAttach, AnnotationOptions
 from beam_tfrecords.transforms.io.image_records import ImageRecordBuilder
 from beam_tfrecords.transforms.plan.shard_cuts import shard_spec
 from beam_tfrecords.transforms.shard_engine import write_shard
@@ -127,3 +128,17 @@ def test_a_shard_folds_statistics_and_dead_letters_dropped_objects_outside_the_b
     assert [decode_detection(r).source_id for r in records] == ["77", "77"]
     assert result.label_counts == ()  # Detection records have no image label to count.
 
+
+
+def test_a_segmentation_the_renderer_refuses_is_an_empty_mask_counted_and_the_object_kept(tmp_path):
+    data = _png(str(tmp_path / "a.png"))
+    wrong = Rle((5, 5), (25,))  # An RLE of a 5x5 image, for a 40x30 one.
+    objects = (ObjectAnnotation((4.0, 2.0, 20.0, 12.0), 1, "cat", segmentation=wrong, source="a.json: annotation 7"),
+               ObjectAnnotation((0.0, 0.0, 10.0, 10.0), 3, "dog", source="a.json: annotation 8"))
+    ref = _ref(str(tmp_path / "a.png"), "a.png", data, objects)
+    attach = AnnotationAttach(None, LABELS, AnnotationOptions(instance_masks=True), render_mask)
+    serialized, outcome = ImageRecordBuilder(attach=attach).example(ref, data)
+    det = decode_detection(serialized, include_mask=True)
+    assert det.classes.tolist() == [1, 3]
+    assert det.masks[0].sum() == 0 and det.masks[1].sum() == 100  # The dog's box, filled.
+    assert dict(outcome.report.counts) == {"mask_from_box": 1, "segmentation_invalid": 1}
