@@ -47,6 +47,7 @@ __all__ = [
     "image_bad_counts",
     "image_facts",
     "label_map_bytes",
+    "merged_statistics",
     "object_letters",
     "report_counts",
     "split_statistics",
@@ -114,6 +115,15 @@ def fold_facts(facts: Iterable[tuple | None], into: AnnotationStatistics | None 
         width, height, objects, counts = fact
         into.add(width, height, objects, counts)
     return into
+
+
+def merged_statistics(total: AnnotationStatistics | None,
+                      more: AnnotationStatistics | None) -> AnnotationStatistics | None:
+    """``total`` with ``more`` merged in (a new accumulator, the arguments unchanged);
+    ``None`` when both are."""
+    if more is None:
+        return total
+    return AnnotationStatistics().merge(total or AnnotationStatistics()).merge(more)
 
 
 def split_statistics(results: Iterable) -> dict[str, AnnotationStatistics]:
