@@ -25,6 +25,7 @@ from beam_tfrecords.schemas.annotations import AnnotatedRun, ImageAnnotations, L
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.transforms.codec.masks import render_mask
 from beam_tfrecords.transforms.io.annotation_attach import AnnotationAttach
+from beam_tfrecords.transforms.quality.drift import DriftGate, compare
 from tests.conftest import dead_letters, load_manifest, read_dataset
 
 LABELS = LabelMap(((1, "cat"), (7, "dog's")))  # Ids as COCO gives them; a quote to escape.
@@ -144,3 +145,21 @@ def test_resized_images_carry_their_annotation_statistics_through_the_spools(tmp
     # Areas in output pixels: dog/c.png is 32x24 now (its box 768 px: small, no longer medium).
     assert stats["areas"] == {"large": 0, "medium": 0, "small": 3}
     assert [(d["source"], d["stage"]) for d in dead_letters(out)] == [("ann.json: annotation 4", "object")]
+
+
+@pytest.mark.unit
+def test_the_drift_gate_compares_object_class_shares_when_both_datasets_have_them():
+    def stats(cats: int, dogs: int) -> dict:
+        return {"records": 10, "annotations": {"objects": cats + dogs, "classes": [
+            {"id": 1, "text": "cat", "objects": cats}, {"id": 7, "text": "dog", "objects": dogs}]}}
+
+    gate = DriftGate("old", "old/manifest.json", {"features": {}, "splits": {"train": {
+        "records": 10, "statistics": stats(5, 5)}}})
+    report = compare(gate, {}, {"train": stats(9, 1)})
+    shares = [c for c in report["checks"] if c["check"] == "object_class_share"]
+    assert [(c["class"], c["old"], c["new"], c["verdict"]) for c in shares] == [
+        ("cat", 0.5, 0.9, "failed"), ("dog", 0.5, 0.1, "failed")]
+    assert report["status"] == "failed"
+    assert compare(gate, {}, {"train": stats(5, 5)})["status"] == "passed"
+    plain = compare(gate, {}, {"train": {"records": 10}})  # The new dataset has none: no check.
+    assert not [c for c in plain["checks"] if c["check"] == "object_class_share"]
