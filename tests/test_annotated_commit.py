@@ -24,7 +24,9 @@ from beam_tfrecords.preflight import ConvertError
 from beam_tfrecords.schemas.annotations import AnnotatedRun, ImageAnnotations, LabelMap, ObjectAnnotation
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.transforms.codec.masks import render_mask
+from beam_tfrecords.transforms.io.annotated_output import label_map_bytes
 from beam_tfrecords.transforms.io.annotation_attach import AnnotationAttach
+from beam_tfrecords.transforms.io.ownership import claim_output, file_claim, journal_commit
 from beam_tfrecords.transforms.quality.drift import DriftGate, compare
 from tests.conftest import dead_letters, load_manifest, read_dataset
 
@@ -163,3 +165,18 @@ def test_the_drift_gate_compares_object_class_shares_when_both_datasets_have_the
     assert compare(gate, {}, {"train": stats(5, 5)})["status"] == "passed"
     plain = compare(gate, {}, {"train": {"records": 10}})  # The new dataset has none: no check.
     assert not [c for c in plain["checks"] if c["check"] == "object_class_share"]
+
+
+@pytest.mark.unit
+def test_a_label_map_a_killed_commit_left_is_proved_ours_by_the_journal_by_its_bytes(tmp_path):
+    out = str(tmp_path)
+    data = label_map_bytes(LABELS)
+    # What a commit records before its moves (then killed: no manifest lists the file).
+    journal_commit(out, "r1", [file_claim("label_map.pbtxt", data, ".beam-tfrecords/tmp-r1/label_map.pbtxt")], None)
+    with open(os.path.join(out, "label_map.pbtxt"), "wb") as f:
+        f.write(data)
+    claims = claim_output(out)
+    assert "label_map.pbtxt" in claims.leftovers and not claims.refusal()
+    with open(os.path.join(out, "label_map.pbtxt"), "ab") as f:  # Other bytes: not ours any more.
+        f.write(b"item {\n  id: 9\n  name: 'added'\n}\n")
+    assert "label_map.pbtxt" in claim_output(out).foreign
