@@ -248,7 +248,10 @@ class AnnotatedRun:
     ``ImageRef.annotation``; this is the rest, small enough for the job graph.
 
     Attributes:
-      layout: one of ``ANNOTATION_LAYOUTS``.
+      layout: one of ``ANNOTATION_LAYOUTS``; or ``custom``: a library user's own
+        ``AnnotationAttach`` given to ``convert(attach=...)`` (the job graph makes
+        this record of it, so its commit writes the label map and the manifest's
+        ``annotations`` too).
       label_map: the classes (``label_map.pbtxt``; the manifest's vocabulary).
       instance_masks: ``--instance_masks``: write ``image/object/mask``.
       images_root: the images' folder relative to the input root when the
