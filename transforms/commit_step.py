@@ -52,6 +52,7 @@ from beam_tfrecords.transforms.io.commit import (
     remove_folder,
 )
 from beam_tfrecords.transforms.io.contents import stripped
+from beam_tfrecords.transforms.io.dead_letters import failed_run_letters, staged_letters, staged_moves
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.fingerprint import (
     published_input,
@@ -235,6 +236,7 @@ def commit_run(settings: CommitSettings, results: Sequence[ShardResult], summary
     elif status == Status.OK:
         report = publish_run(settings, run)
     if report.status not in (Status.OK, Status.COMMIT_FAILED):
+        report = failed_run_letters(report, target.temp_dir)
         _remove_temporaries(target)  # Nothing of a failed run reaches a final name.
     hold_point("before_report")
     home = settings.dataset_output or target.output
@@ -454,6 +456,10 @@ def publish_run(settings: CommitSettings, run: RunSummary) -> RunReport:
     if completed is not None:
         renames.append((completed.path, files.join(target.output, INPUTS_NAME)))
         digests[renames[-1][1]] = Claim(INPUTS_NAME, completed.size, completed.sha256)
+    # The dead letters, staged in the temporary folder, go with the shards.
+    letters, letter_digests = staged_moves(target.output, target.temp_dir, staged_letters(run.report))
+    renames += letters
+    digests.update(letter_digests)
     manifest = _run_manifest(settings, run)
     manifest_bytes = _json_bytes(manifest)
     try:
