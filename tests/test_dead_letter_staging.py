@@ -7,27 +7,39 @@ CLI: (a) a failed ``--overwrite`` run (error budget exceeded) leaves the publish
 dataset's dead-letter file byte-identical, and ``verify`` checks the dead-letter
 files its manifest lists; (b) a run killed inside its commit (every file moved,
 the manifest not yet published) keeps the old dead-letter file aside, and the next
-run publishes a dataset whose manifest and dead letters agree.
+run publishes a dataset whose manifest and dead letters agree; and on ``gs://``
+(the emulator, the commit step in this process) a failed run and a commit crashed
+while keeping the old files aside, or before its manifest, then retried.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
+from beam_tfrecords.cli import main as cli_main
+from beam_tfrecords.schemas.elements import DeadLetter, InputSummary, ShardSpec
+from beam_tfrecords.schemas.shards import ShardBand, ShardTarget, shard_name
+from beam_tfrecords.transforms.commit_step import CommitSettings, commit_run
+from beam_tfrecords.transforms.io.commit import acquire_lock, stored_object
+from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
+from beam_tfrecords.transforms.shard_engine import FramedRecords, write_shard
 from tests.harness.attack_table import cli, cli_env
-
-pytestmark = pytest.mark.e2e
+from tests.harness.gcs_emulator import gcs_emulator_fixture, gcs_fixture  # noqa: F401  (fixtures)
+from tests.test_dataflow_commit_retry import Crash, crash_at
 
 LETTERS = "dead_letter/train-00000-of-00001.jsonl"
 HOLD_TIMEOUT = 120.0  # A small run reaches its commit in well under this.
@@ -62,6 +74,7 @@ def _convert(work: Path, inp: Path, out: Path, *flags: str):
                *flags)
 
 
+@pytest.mark.e2e
 def test_failed_overwrite_keeps_the_published_dead_letters_and_verify_checks_them(tmp_path):
     inp, out = tmp_path / "in", tmp_path / "out"
     _images(inp, bad=1)
@@ -121,6 +134,7 @@ def _held_at(point: str, work: Path, argv: list[str]):
         proc.wait(timeout=30)
 
 
+@pytest.mark.e2e
 def test_a_commit_killed_before_its_manifest_recovers_with_matching_dead_letters(tmp_path):
     inp, out = tmp_path / "in", tmp_path / "out"
     _images(inp, bad=1)
@@ -159,3 +173,54 @@ def test_a_commit_killed_before_its_manifest_recovers_with_matching_dead_letters
     assert _convert(tmp_path, inp, out, "--overwrite").exit == 0
     assert json.loads((out / "manifest.json").read_text())["bad_records"]["dead_letter_files"] == []
     assert not (out / "dead_letter").exists()
+
+
+# --- gs:// (gcp-storage-emulator), the commit step in this process ----------------------
+
+
+def _gcs_run(out: str, letters: int, budget: float):
+    """A run's lock taken, one shard written and verified and ``letters`` dead letters
+    staged under ``out`` (by the product's writers); what its commit step receives."""
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    acquire_lock(out, run_id)
+    target = ShardTarget(out, "none", run_id)
+    records = tuple(f"record {i} ".encode() * 40 for i in range(5))
+    spec = ShardSpec("train", 0, 1, shard_name("train", 0, 1, "none"), 1000, records)
+    written = write_shard(spec, target, FramedRecords())
+    dead = [DeadLetter(f"cat/bad{i}.jpg", "validate", "not_an_image", "random bytes") for i in range(letters)]
+    result = dataclasses.replace(
+        written, verified=True, verified_as=stored_object(written.temp_path), bad_counts=(("not_an_image", letters),),
+        dead_letter_path=write_dead_letters(target.temp_dir, "train-00000-of-00001", dead))
+    summary = InputSummary(root="", layout="records", input_files=0, input_bytes=0, ignored_files=0,
+                           vocabulary=())
+    return CommitSettings(target, ShardBand(1, 1 << 20), budget, release_lock=run_id), [result], summary
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("end", ["failed", "kept_aside", "manifest_staged"])
+def test_on_gcs_the_published_dead_letters_survive_a_failed_run_and_a_crashed_commit(gcs, end):
+    gcs.create_bucket("dead-letters")
+    out = f"gs://dead-letters/{end}"
+    assert commit_run(*_gcs_run(out, 1, 0.5)).status == "ok"
+    old = {name: gcs.download(f"{out}/{name}") for name in ("manifest.json", LETTERS)}
+    settings, results, summary = _gcs_run(out, 2, 0.5 if end != "failed" else 0.1)
+    if end == "failed":  # 2 of 7 bad: over the budget, nothing published.
+        report = commit_run(settings, results, summary)
+        assert report.status == "error_budget_exceeded"
+        assert {name: gcs.download(f"{out}/{name}") for name in old} == old
+        [kept] = report.dead_letter_files
+        assert kept == f"dead_letter/train-00000-of-00001.run-{settings.target.run_id}.jsonl"
+        assert len(gcs.download(f"{out}/{kept}").splitlines()) == 2
+    else:
+        with crash_at(end) as seen, pytest.raises(Crash):
+            commit_run(settings, results, summary)
+        assert seen
+        aside = f"{settings.target.temp_dir}/previous"
+        # The old dead-letter file is at its name or kept aside, byte for byte.
+        assert old[LETTERS] in (gcs.download(f"{aside}/{LETTERS}"), gcs.download(f"{out}/{LETTERS}"))
+        assert commit_run(settings, results, summary).status == "ok"  # The retry.
+        manifest = json.loads(gcs.download(f"{out}/manifest.json"))
+        assert manifest["bad_records"]["dead_letter_files"] == [LETTERS]
+        assert manifest["bad_records"]["total"] == len(gcs.download(f"{out}/{LETTERS}").splitlines()) == 2
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli_main(["verify", out]) == 0
