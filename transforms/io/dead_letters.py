@@ -28,6 +28,7 @@ from beam_tfrecords.schemas.elements import DeadLetter
 from beam_tfrecords.schemas.manifest import DEAD_LETTER_DIR, MANIFEST_NAME
 from beam_tfrecords.schemas.report import RunReport
 from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.io.gcs import is_gcs, list_objects
 from beam_tfrecords.transforms.io.ownership import Claim, file_claim, listed_paths, write_atomic, write_owned
 
 __all__ = ["failed_run_letters", "keep_failed_letters", "safe_name", "staged_letters", "staged_moves",
@@ -72,14 +73,19 @@ def write_dead_letters(temp_dir: str, name: str, letters: Sequence[DeadLetter]) 
 def staged_moves(output: str, temp_dir: str, paths: Sequence[str]
                  ) -> tuple[list[tuple[str, str]], dict[str, Claim]]:
     """The commit's moves of a run's dead-letter files (``paths``, relative) from
-    ``temp_dir`` to ``output``, and by final path the size and SHA-256 of each still
-    staged (the journal records them; a retry whose file moved already finds them
-    in the journal)."""
+    ``temp_dir`` to ``output``, and by final path the size and checksum of each still
+    staged, which the journal records (on GCS the CRC-32C of one listing, instead of
+    a download each; a retry whose file moved already finds it in the journal)."""
+    listed = list_objects(files.join(temp_dir, DEAD_LETTER_DIR)) if is_gcs(temp_dir) and paths else {}
     renames, digests = [], {}
     for relative in paths:
         src, dst = files.join(temp_dir, relative), files.join(output, relative)
         renames.append((src, dst))
-        data = files.read_bytes_if_exists(src)
+        info = listed.get(src)
+        if info is not None and info.crc32c:
+            digests[dst] = Claim(relative, info.size, crc32c=info.crc32c)
+            continue
+        data = None if listed else files.read_bytes_if_exists(src)
         if data is not None:
             digests[dst] = file_claim(relative, data)
     return renames, digests
