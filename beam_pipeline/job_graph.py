@@ -170,7 +170,7 @@ def _table_steps(pipeline: beam.Pipeline, plan: RunPlan, verify: VerifyShards) -
     config, target, schema = plan.config, plan.target, plan.schema
     spool_dir = files.join(target.temp_dir, "spool")
     encoded = pipeline | "EncodeTables" >> EncodeTables(
-        plan.table_inputs, schema, config.dialect, config.table_layout, config.output, spool_dir,
+        plan.table_inputs, schema, config.dialect, config.table_layout, target.temp_dir, spool_dir,
         config.encode_processes)
     if config.sequence_key:
         spools = encoded.rows | "BuildSequences" >> BuildSequences(schema, spool_dir)
@@ -212,7 +212,7 @@ def _image_steps(pipeline: beam.Pipeline, plan: RunPlan, options: PipelineOption
     in_parts = plan.contents_on_workers or (
         not config.reshape.active and listing_size(plan.listing) > part_rows)
     listing = pipeline | "ListImages" >> ListImages(
-        config.input, config.layout, config.labels, config.output, config.encode_processes,
+        config.input, config.layout, config.labels, target.temp_dir, config.encode_processes,
         config.image_column, config.label_column, kept=plan.listing,
         splits=config.splits, split_by=config.split_by, drop_duplicates=config.drop_duplicates,
         vocabulary=plan.vocabulary, only=plan.only, listing_path=plan.listing_path,
@@ -222,7 +222,7 @@ def _image_steps(pipeline: beam.Pipeline, plan: RunPlan, options: PipelineOption
         annotations=ListingIdentity.of(config).annotations)
     refs, summary = listing.refs, listing.summary
     if plan.contents_on_workers:
-        hashing = HashImages(config.output, config.splits if config.split_by == "content" else (),
+        hashing = HashImages(target.temp_dir, config.splits if config.split_by == "content" else (),
                              config.drop_duplicates, config.max_file_bytes)
         refs = refs | "HashImages" >> hashing
         summary, left_out = add_contents_outcome(summary, hashing.outcome), hashing.left_out
@@ -233,7 +233,7 @@ def _image_steps(pipeline: beam.Pipeline, plan: RunPlan, options: PipelineOption
         if in_parts:
             refs = refs | "CollectParts" >> beam.combiners.ToList() | "JoinParts" >> beam.Map(joined_parts)
         specs, spools = refs | "SpoolImages" >> SpoolImages(
-            source, files.join(target.temp_dir, "spool"), config.output, config.band,
+            source, files.join(target.temp_dir, "spool"), target.temp_dir, config.band,
             config.compression)
         summary = add_spool_dead_letters(summary, spools)
         results = (

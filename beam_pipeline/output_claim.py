@@ -65,8 +65,9 @@ def take_output(plan: RunPlan, job: DataflowJob | None = None, api: DataflowApi 
 
     Refuses a finished dataset unless overwriting (the old manifest stays until
     the new one replaces it, see ``transforms.io.commit``), removes what killed
-    runs left behind, and clears the last run's report and dead letters. ``job``
-    and ``api``: see ``acquire_lock`` (a run on Dataflow; a lock naming a job).
+    runs left behind, and clears the last run's report and the dead letters no
+    manifest lists (a failed run's). ``job`` and ``api``: see ``acquire_lock`` (a run
+    on Dataflow; a lock naming a job).
 
     Raises:
       OutputExistsError: when ``manifest.json`` exists and ``overwrite`` is off.
@@ -91,7 +92,8 @@ def take_output(plan: RunPlan, job: DataflowJob | None = None, api: DataflowApi 
                                  "this one was planning; run again to compare with what it wrote")
         # Looked at again under the lock: only what this product can prove it wrote
         # is removed (the report and dead letters of the last run, what killed runs
-        # left); anything else a run would touch refuses the run.
+        # left); anything else a run would touch refuses the run. The dead letters the
+        # published manifest lists stay: its commit replaces or removes them.
         claims = claim_output(lock_output)
         check_output(plan, claims)
         remove_stale_temporaries(lock_output, target.run_id)
@@ -99,7 +101,7 @@ def take_output(plan: RunPlan, job: DataflowJob | None = None, api: DataflowApi 
         if part and claims.owns(part):
             # A part folder the root manifest does not list is what a killed run left.
             remove_folder(config.output)
-        stale = [REPORT_NAME] + [name for name in claims.owned if name.startswith(DEAD_LETTER_DIR + "/")
+        stale = [REPORT_NAME] + [name for name in claims.leftovers if name.startswith(DEAD_LETTER_DIR + "/")
                                  and not is_part]
         files.delete_files([files.join(lock_output, name) for name in stale if claims.owns(name)])
         if files.is_local(lock_output) and not is_part:

@@ -2,7 +2,9 @@
 
 With a manifest, every listed shard must exist and match its record count,
 size, CRC-32C and SHA-256, every record's CRCs must hold, and no other TFRecord
-file may sit beside them. A folder without a manifest is not a finished dataset
+file may sit beside them; every dead-letter file it lists must exist, and their
+lines add up to the bad inputs it counts (``bad_records.total``; for
+``skipped.jsonl``, ``input.skipped.by_reason``). A folder without a manifest is not a finished dataset
 and fails; asked to (``scan_only``), or given a glob or a file, every
 ``*.tfrecord[.gz]`` file found is scanned record by record instead (a run's
 unfinished work folder, ``.beam-tfrecords/``, is left out). A folder scan also
@@ -104,6 +106,7 @@ class VerifyReport:
 
 
 _TFRECORD_SUFFIXES = (".tfrecord", ".tfrecord.gz")
+_BLOCK = 1 << 22
 
 
 def _set_problems(paths: list[str]) -> dict[str, str]:
@@ -225,7 +228,45 @@ def _folder_jobs(folder: str, manifest: dict, source: str) -> tuple[list, list]:
         if (parse_shard_name(path.rsplit("/", 1)[-1]) or path.endswith(_TFRECORD_SUFFIXES))
         and path not in listed
     ]
-    return jobs, extra
+    return jobs, extra + _dead_letter_problems(folder, manifest, source)
+
+
+def _lines(path: str) -> int | None:
+    """The lines of a file, read a block at a time (``None`` when it is not there)."""
+    if not files.exists(path):
+        return None
+    count, last = 0, b"\n"
+    with files.open_read(path) as stream:
+        for block in iter(lambda: stream.read(_BLOCK), b""):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def _dead_letter_problems(folder: str, manifest: dict, source: str) -> list[tuple[str, str]]:
+    """The dead-letter files a manifest names that are missing, or whose letters do not
+    add up to what it counts: ``bad_records.dead_letter_files`` against
+    ``bad_records.total``, and ``input.skipped.file`` against its ``by_reason``."""
+    bad = manifest.get("bad_records") or {}
+    names = list(bad.get("dead_letter_files") or [])
+    groups = [([(n, f"bad_records.dead_letter_files[{i}]") for i, n in enumerate(names)],
+               bad.get("total"), "bad_records.total")]
+    skipped = (manifest.get("input") or {}).get("skipped") or {}
+    if isinstance(skipped.get("file"), str):
+        groups.append(([(skipped["file"], "input.skipped.file")],
+                       sum((skipped.get("by_reason") or {}).values()), "input.skipped.by_reason"))
+    problems = []
+    for listed, expected, key in groups:
+        paths = [dataset_path(folder, name, where, source) for name, where in listed]
+        lines = [_lines(path) for path in paths]
+        problems += [(path, f"dead-letter file listed in {MANIFEST_NAME} is missing")
+                     for path, n in zip(paths, lines) if n is None]
+        if not paths or None in lines or not isinstance(expected, int) or sum(lines) == expected:
+            continue
+        held = (f"holds {lines[0]} letters" if len(paths) == 1 else
+                f"and the {len(paths) - 1} other dead-letter files listed hold {sum(lines)} letters")
+        problems.append((paths[0], f"dead-letter file {held}; {MANIFEST_NAME} {key} counts {expected}"))
+    return problems
 
 
 def _manifest_jobs(location: str, manifest_path: str) -> tuple[list, list]:

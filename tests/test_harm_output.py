@@ -487,9 +487,13 @@ def test_an_input_named_with_a_bracket_and_a_control_character(tmp_path):
     # Nothing raw reaches the terminal: the escape is printed as text.
     assert "\x1b" not in run.stdout + run.stderr
     assert "a[1]\\x1b[31mb.csv" in run.stdout
-    # A failed re-run replaces the dead letters; a fixed one removes them (literal paths).
+    # A failed re-run leaves the published dead letters as they are and puts its own
+    # beside them; a fixed one removes both (literal paths).
+    published = Path(out, "dead_letter", name).read_bytes()
     failed = convert(tmp_path, str(src / "*.csv"), out, "--overwrite", "--max_bad_fraction", "0")
-    assert failed.exit == 1 and os.listdir(os.path.join(out, "dead_letter")) == [name]
+    assert failed.exit == 1 and Path(out, "dead_letter", name).read_bytes() == published
+    [own] = set(os.listdir(os.path.join(out, "dead_letter"))) - {name}
+    assert own.startswith(name.removesuffix(".jsonl") + ".run-"), own
     table.write_text("id,x\n" + "".join(f"{i},{i}\n" for i in range(50)))
     fixed = convert(tmp_path, str(src / "*.csv"), out, "--overwrite")
     assert fixed.exit == 0, fixed.stdout + fixed.stderr

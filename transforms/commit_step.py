@@ -54,6 +54,7 @@ from beam_tfrecords.transforms.io.commit import (
     remove_folder,
 )
 from beam_tfrecords.transforms.io.contents import stripped
+from beam_tfrecords.transforms.io.dead_letters import failed_run_letters, staged_letters, staged_moves
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.fingerprint import (
     published_input,
@@ -72,6 +73,7 @@ from beam_tfrecords.transforms.io.progress import split_totals
 from beam_tfrecords.transforms.io.storage_errors import STORAGE_ERRORS
 from beam_tfrecords.transforms.plan.annotated_listing import annotation_parts
 from beam_tfrecords.transforms.quality.drift import DriftGate, statistics_and_drift
+from beam_tfrecords.transforms.result_totals import FoldedResults
 
 __all__ = ["Commit", "CommitSettings", "RunFailed", "RunSummary", "StatusFacts", "commit_run",
            "decide_status", "publish_run", "summarize_run"]
@@ -247,6 +249,7 @@ def commit_run(settings: CommitSettings, results: Sequence[ShardResult], summary
     elif status == Status.OK:
         report = publish_run(settings, run)
     if report.status not in (Status.OK, Status.COMMIT_FAILED):
+        report = failed_run_letters(report, target.temp_dir)
         _remove_temporaries(target)  # Nothing of a failed run reaches a final name.
     hold_point("before_report")
     home = settings.dataset_output or target.output
@@ -474,6 +477,10 @@ def publish_run(settings: CommitSettings, run: RunSummary) -> RunReport:
         *move, digests[files.join(target.output, LABEL_MAP_NAME)] = annotated_io.stage_label_map(
             target.output, target.temp_dir, settings.annotated.label_map)
         renames.append(tuple(move))
+    # The dead letters, staged in the temporary folder, go with the shards.
+    letters, letter_digests = staged_moves(target.output, target.temp_dir, staged_letters(run.report))
+    renames += letters
+    digests.update(letter_digests)
     manifest = _run_manifest(settings, run)
     manifest_bytes = _json_bytes(manifest)
     try:
@@ -589,40 +596,6 @@ def _staged_manifest(target: ShardTarget, manifest: dict) -> bytes | None:
     return staged
 
 
-class _CountsFolded:
-    """Shard results as the commit keeps them: each split's label, image and note
-    counts summed as the results arrive, and carried by the split's first shard's
-    result alone (whatever reads them sums a split's: the manifest's label counts,
-    the statistics, the image notes; an annotated run's statistics likewise), so the
-    commit holds a few counts per split, not a thousand classes per shard."""
-
-    _COUNTS = ("label_counts", "image_counts", "note_counts")
-
-    def __init__(self):
-        self._results: list[ShardResult] = []
-        self._totals: dict[str, dict[str, Counter]] = {}
-
-    def add(self, result: ShardResult) -> None:
-        totals = self._totals.setdefault(result.split, {name: Counter() for name in self._COUNTS})
-        for name in self._COUNTS:
-            totals[name].update(dict(getattr(result, name)))
-        totals["annotations"] = annotated_io.merged_statistics(totals.get("annotations"), result.annotations)
-        self._results.append(dataclasses.replace(result, label_counts=(), image_counts=(), note_counts=(),
-                                                 annotations=None))
-
-    def results(self) -> list[ShardResult]:
-        first: dict[str, int] = {}
-        for number, result in enumerate(self._results):
-            if result.split not in first or result.index < self._results[first[result.split]].index:
-                first[result.split] = number
-        for split, number in first.items():
-            totals = self._totals[split]
-            self._results[number] = dataclasses.replace(
-                self._results[number], annotations=totals["annotations"],
-                **{name: tuple(sorted(totals[name].items())) for name in self._COUNTS})
-        return self._results
-
-
 class _CommitFn(beam.DoFn):
     """``(None, [("result", ShardResult) | ("summary", InputSummary) | a part of what
     was gathered (see ``transforms.gather``), ...])`` → the run report."""
@@ -632,7 +605,7 @@ class _CommitFn(beam.DoFn):
 
     def process(self, element) -> Iterator[RunReport]:
         _, values = element
-        results, summaries, parts = _CountsFolded(), [], []
+        results, summaries, parts = FoldedResults(), [], []
         for kind, value in values:  # A runner may hand a large group a page at a time.
             if kind == "result":
                 results.add(value)

@@ -227,7 +227,8 @@ class HashImages(beam.PTransform):
     ``image/filename`` s left out (for ``Commit``'s ``left_out``).
 
     Args:
-      output: the output folder (dead letters go there).
+      output: where dead letters are written: the run's temporary folder
+        (``ShardTarget.temp_dir``; the commit moves them to the output).
       splits: ratio splits to pick by content, or ``()``.
       drop_duplicates: leave out copies.
       max_file_bytes: a file larger than this is dead-lettered unread.

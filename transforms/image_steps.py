@@ -200,7 +200,8 @@ class ListImages(beam.PTransform):
       input_path: a folder, a glob or a CSV manifest.
       layout: ``auto``, ``class_folders``, ``cifar``, ``csv`` or an annotated layout.
       labels_path: a labels file, or ``None``.
-      output: the output folder (inputs refused while listing are dead-lettered there).
+      output: where inputs refused while listing are dead-lettered: the run's temporary
+        folder (``ShardTarget.temp_dir``; the commit moves them to the output).
       helper_processes: helper processes the shard writers will use (started early).
       image_column, label_column: a CSV manifest's columns (default: by name).
       kept: a token from ``keep_listing``: the listing already made, used when the
@@ -613,7 +614,8 @@ class SpoolImages(beam.PTransform):
     Args:
       source: the ``ImageRecords`` that reads, checks and encodes the images.
       spool_dir: where the spool files go (the run's temporary folder).
-      output: the output folder (dead letters go there).
+      output: where dead letters are written: the run's temporary folder
+        (``ShardTarget.temp_dir``; the commit moves them to the output).
       band, compression: the shard size band; the shards' compression.
 
     Returns ``(specs, spools)``: one ``ShardSpec`` per shard, and the list of

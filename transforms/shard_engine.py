@@ -304,7 +304,7 @@ def write_shard(spec: ShardSpec, target: ShardTarget, source: RecordSource,
     written = tried.written
     contents_path, contents_sha256, contents_count = tried.contents
     stem = spec.name.split(".tfrecord", 1)[0]
-    dead_path = write_dead_letters(target.output, stem, written.dead)
+    dead_path = write_dead_letters(target.temp_dir, stem, written.dead)
     beam.metrics.Metrics.counter("write", "records").inc(written.digest.records)
     run_progress.written(written.digest.records, written.digest.bytes)
     beam.metrics.Metrics.counter("write", "dead_letter").inc(len(written.dead))

@@ -132,7 +132,8 @@ class EncodeTables(beam.PTransform):
       schema: the table schema.
       dialect: how the files are written.
       layout: splits and sequences.
-      output: the output folder (for dead letters).
+      output: where dead letters are written: the run's temporary folder
+        (``ShardTarget.temp_dir``; the commit moves them to the output).
       spool_dir: where to spool the framed records.
       helper_processes: helper processes that encode batches (0: this process).
     """

@@ -77,8 +77,9 @@ class UnitsToList:
       labels: the labels file's class names (CIFAR: ``labels.txt``'s); ``()``: the
         class folders found, sorted.
       splits: ``--splits`` (by path), or ``()``.
-      output: the output folder (listing dead letters go there).
-      temp_dir: the run's temporary folder (each unit's ``inputs.jsonl`` lines).
+      output: the output folder.
+      temp_dir: the run's temporary folder (each unit's ``inputs.jsonl`` lines; the
+        listing's dead letters, which the commit moves to the output).
       band, compression: the shard plan's band and the shards' compression.
       shards_per_group: shards sent in one group (``CutPlan``).
     """
@@ -253,7 +254,7 @@ def cut_plan(thins: Sequence[_Thin], settings: UnitsToList) -> CutPlan:
         vocabulary=vocabulary,
         extra_features=(),
         bad_counts=tuple(sorted(Counter(d.error for d in dead).items())),
-        dead_letter_path=write_dead_letters(settings.output, "listing", dead),
+        dead_letter_path=write_dead_letters(settings.temp_dir, "listing", dead),
     )
     groups = max(1, -(-sum(num_shards.values()) // max(1, settings.shards_per_group)))
     return CutPlan(vocabulary, remaps, shards, num_shards, summary, groups)

@@ -66,7 +66,7 @@ from collections.abc import Mapping, Sequence
 from beam_tfrecords.schemas.annotations import LABEL_MAP_NAME
 from beam_tfrecords.schemas.elements import StoredObject
 from beam_tfrecords.schemas.inputs import INPUTS_NAME, PART_PREFIX
-from beam_tfrecords.schemas.manifest import MANIFEST_NAME
+from beam_tfrecords.schemas.manifest import DEAD_LETTER_DIR, MANIFEST_NAME
 from beam_tfrecords.schemas.shards import WORK_DIR
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.commit_moves import (
@@ -90,6 +90,7 @@ from beam_tfrecords.transforms.io.ownership import (
     OutputClaims,
     OutputNotOurs,
     claim_output,
+    commit_claims,
     commit_journaled,
     commit_replaces,
     file_claim,
@@ -211,12 +212,14 @@ def _stage(output: str, temp_dir: str, manifest: bytes, renames: Sequence[tuple[
             and files.read_bytes_if_exists(staged) == manifest:
         return earlier
     keep = {relative_name(output, dst) for _, dst in renames}
+    letters = tuple(sorted(n for n in claims.owned if n.startswith(DEAD_LETTER_DIR + "/") and n not in keep))
     state = _CommitState(
         digest,
         tuple(sorted(n for n in claims.owned if is_shard_like(n) and n not in keep)),
         tuple(sorted(n.rstrip("/") for n in claims.owned if n.startswith(PART_PREFIX)
                      and n.endswith("/") and n.count("/") == 1)) if remove_parts else (),
-        (INPUTS_NAME,) if remove_inputs and claims.owns(INPUTS_NAME) and INPUTS_NAME not in keep else ()
+        ((INPUTS_NAME,) if remove_inputs and claims.owns(INPUTS_NAME) and INPUTS_NAME not in keep
+         else ()) + letters
         # An annotated dataset's label map, replaced by a dataset without one.
         + ((LABEL_MAP_NAME,) if remove_parts and claims.owns(LABEL_MAP_NAME) and LABEL_MAP_NAME not in keep
            else ()))
@@ -281,6 +284,16 @@ def _journal_renames(output: str, temp_dir: str, renames: Sequence[tuple[str, st
     return claims, claims.manifest
 
 
+def _journaled_digests(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
+                       digests: Mapping[str, Claim]) -> Mapping[str, Claim]:
+    """``digests``, with what the journal recorded of the moves it lacks (a retry's
+    dead-letter files, moved by its first attempt: the journal knows their checksums)."""
+    if all(dst in digests for _, dst in renames):
+        return digests
+    run_id = temp_dir.rstrip("/").rsplit("/", 1)[-1].removeprefix("tmp-")
+    return {**{files.join(output, c.path): c for c in commit_claims(output, run_id)}, **digests}
+
+
 def _publish_manifest(output: str, temp_dir: str, manifest: bytes) -> str:
     """Puts ``manifest`` at ``OUT/manifest.json`` whole: locally a rename of a copy in
     the temporary folder (the staged one stays, for a retry), on GCS one object write."""
@@ -324,7 +337,8 @@ def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
        (what is in ``previous/`` stays as it is) and never keeps a new file;
     4. the manifest is published (skipped when ``manifest.json`` already holds these
        bytes: a finished commit is never unpublished);
-    5. the stale shards, part folders and files decided in step 1 are removed.
+    5. the stale shards, part folders and files decided in step 1 are removed (the
+       old dataset's dead-letter files this commit does not replace among them).
 
     The temporary folder is left for the caller, to remove after its report.
 
@@ -332,7 +346,8 @@ def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
       output: the output folder.
       temp_dir: this run's temporary folder (holds the shards; the manifest and
         ``commit.json`` are staged there).
-      renames: ``(temp_path, final_path)`` of every shard (and ``inputs.jsonl``).
+      renames: ``(temp_path, final_path)`` of every shard (and ``inputs.jsonl``, and
+        the dead-letter files, staged in ``tmp-<run>/dead_letter/``).
       manifest: the manifest's bytes.
       verified: ``{temp_path: StoredObject}`` of the shards, as their verification
         read them. Each is moved only if its temporary file still is that object
@@ -358,6 +373,7 @@ def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
     claims = claims if claims is not None else claim_output(output)
     state = _stage(output, temp_dir, manifest, renames, claims, remove_parts, remove_inputs)
     claims, old = _journal_renames(output, temp_dir, renames, claims, digests)
+    digests = _journaled_digests(output, temp_dir, renames, digests)
     hold_point("before_commit")
     manifest_path = files.join(output, MANIFEST_NAME)
     if files.read_bytes_if_exists(manifest_path) != manifest:
@@ -366,9 +382,20 @@ def publish(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
         _publish_manifest(output, temp_dir, manifest)
     hold_point("manifest_published")
     files.delete_files([files.join(output, name) for name in state.stale_shards + state.stale_files])
+    _remove_empty_letters(output, state)
     for part in state.parts:
         remove_folder(files.join(output, part))
     return Published(manifest_path, state.stale_shards, state.parts)
+
+
+def _remove_empty_letters(output: str, state: _CommitState) -> None:
+    """Locally, ``dead_letter/`` once the commit removed the last file in it (a user's
+    file in it keeps it)."""
+    if files.is_local(output) and any(n.startswith(DEAD_LETTER_DIR + "/") for n in state.stale_files):
+        try:
+            os.rmdir(files.join(output, DEAD_LETTER_DIR))
+        except OSError:
+            pass
 
 
 def register_part(output: str, entry: dict) -> str:

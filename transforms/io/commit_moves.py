@@ -24,7 +24,7 @@ import google_crc32c
 from apache_beam.io.filesystems import FileSystems
 
 from beam_tfrecords.schemas.elements import StoredObject
-from beam_tfrecords.schemas.manifest import MANIFEST_NAME
+from beam_tfrecords.schemas.manifest import DEAD_LETTER_DIR, MANIFEST_NAME
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.gcs import (
@@ -171,6 +171,16 @@ def _holds(dst: str, claim: Claim | None, listed: Mapping[str, ObjectInfo] | Non
     return data is not None and len(data) == claim.size and hashlib.sha256(data).hexdigest() == claim.sha256
 
 
+def _final_objects(output: str, renames: Sequence[tuple[str, str]]) -> dict[str, ObjectInfo]:
+    """On GCS, the objects at the output's top, and in its ``dead_letter/`` when a move
+    goes there: one listing each."""
+    finals = list_objects(output, below=False)
+    letters = files.join(output, DEAD_LETTER_DIR)
+    if any(dst.startswith(letters + "/") for _, dst in renames):
+        finals.update(list_objects(letters, below=False))
+    return finals
+
+
 def _pending_moves(output: str, temp_dir: str, renames: Sequence[tuple[str, str]],
                    verified: Mapping[str, StoredObject | None], digests: Mapping[str, Claim],
                    sources: Mapping[str, ObjectInfo]) -> list[_Move]:
@@ -206,7 +216,7 @@ def _pending_moves(output: str, temp_dir: str, renames: Sequence[tuple[str, str]
                     problems.append((src, dst, now, True))
             continue
         if gcs and finals is None:
-            finals = list_objects(output, below=False)
+            finals = _final_objects(output, renames)
         if _holds(dst, claim, finals):
             made += 1
             continue
@@ -223,8 +233,9 @@ def _pending_moves(output: str, temp_dir: str, renames: Sequence[tuple[str, str]
 
 
 def _listed_content(manifest: dict | None) -> dict[str, tuple[int | None, str, str]]:
-    """``{path: (size, crc32c, sha256)}`` of what a manifest lists with checksums (its
-    shards and ``inputs.jsonl``)."""
+    """``{path: (size, crc32c, sha256)}`` of what a manifest lists: its shards and
+    ``inputs.jsonl`` with checksums, its dead-letter files (``skipped.jsonl`` too)
+    without (``(None, '', '')``)."""
     found: dict[str, tuple[int | None, str, str]] = {}
     if not isinstance(manifest, dict):
         return found
@@ -240,6 +251,13 @@ def _listed_content(manifest: dict | None) -> dict[str, tuple[int | None, str, s
     label_map = annotations.get("label_map") if isinstance(annotations, dict) else None
     if isinstance(label_map, dict) and isinstance(label_map.get("path"), str):  # An annotated dataset's.
         found[label_map["path"]] = (None, "", str(label_map.get("sha256") or ""))
+    bad = manifest.get("bad_records")
+    skipped = (manifest.get("input") or {}).get("skipped") if isinstance(manifest.get("input"), dict) else None
+    letters = [*(bad.get("dead_letter_files") or [] if isinstance(bad, dict) else []),
+               *([skipped.get("file")] if isinstance(skipped, dict) else [])]
+    for path in letters:  # Listed without checksums: their content is unknown.
+        if isinstance(path, str):
+            found.setdefault(path, (None, "", ""))
     return found
 
 
@@ -250,6 +268,8 @@ def _replaces_listed(output: str, move: _Move, listed: Mapping[str, tuple[int | 
         return False
     size, crc, sha = entry
     claim = move.claim
+    if not crc and not sha:  # A dead-letter file: other bytes unless proved the same (locally).
+        return not (files.is_local(move.dst) and _holds(move.dst, claim, None))
     same = claim is not None and (size is None or size == claim.size) and (
         (bool(crc) and crc == claim.crc32c) or (bool(sha) and sha == claim.sha256))
     return not same
@@ -275,6 +295,7 @@ def _move_one(move: _Move) -> None:
                 # write to the run's temporary folder, who could as well change a
                 # published shard afterwards (which `verify` finds).
                 _check_verified(src, move.verified, _MID_COMMIT)
+            os.makedirs(os.path.dirname(dst), exist_ok=True)  # dead_letter/, the first time.
             os.replace(src, dst)
         elif is_gcs(src):
             try:  # The generation listed: for a shard, the one verified (checked before).
@@ -333,7 +354,7 @@ def _asides(output: str, temp_dir: str, moves: Sequence[_Move],
     file never goes aside."""
     if not moves:
         return [], 0
-    finals = list_objects(output, below=False) if is_gcs(output) else {}
+    finals = _final_objects(output, [(m.src, m.dst) for m in moves]) if is_gcs(output) else {}
 
     def generation(path: str, aside: str, source: str = "") -> int:
         info, new = finals.get(path), sources.get(source)

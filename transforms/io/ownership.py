@@ -59,6 +59,7 @@ __all__ = [
     "OutputClaims",
     "OutputNotOurs",
     "claim_output",
+    "commit_claims",
     "commit_journaled",
     "commit_replaces",
     "file_claim",
@@ -208,6 +209,20 @@ def commit_replaces(output: str, run_id: str) -> dict | None:
         return None
     replaces = value.get("replaces") if isinstance(value, dict) and value.get("format") == _FORMAT else None
     return replaces if isinstance(replaces, dict) else None
+
+
+def commit_claims(output: str, run_id: str) -> list[Claim]:
+    """What ``run_id``'s commit record says the commit puts at final names (``[]``
+    when there is no record): a retry finds there the size and checksum of a file
+    its first attempt moved already."""
+    try:
+        data = files.read_bytes_if_exists(files.join(_journal(output), f"commit-{run_id}.json"))
+        value = json.loads(data.decode("utf-8", "surrogateescape")) if data else None
+    except ValueError:
+        return []
+    if not isinstance(value, dict) or value.get("format") != _FORMAT:
+        return []
+    return [c for c in (Claim.from_json(v) for v in value.get("claims") or []) if c]
 
 
 def _read_journal(output: str) -> list[tuple[str, list[Claim], dict | None]]:
