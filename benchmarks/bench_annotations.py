@@ -197,8 +197,9 @@ def main(argv=None):
         for runner, cmd in cmds.items():
             result = bench_images.bench_run(runner, cmd, os.path.join(out_dir, runner),
                                             os.path.join(logs, f"{runner}-{round_}"), warm["bytes"])
-            print(f"  {runner}: {result['status']}, {result['wall_s']:.1f} s, {result.get('records')} records",
-                  flush=True)
+            wrong = result["status"] == "ok" and result.get("records") != images
+            print(f"  {runner}: {result['status']}, {result['wall_s']:.1f} s, {result.get('records')} records"
+                  + (f" (NOT one per image: {images} images)" if wrong else ""), flush=True)
             runs[runner].append(result)
     table = summary(runs, images)
     print_summary(table, images, warm["bytes"] / MB)

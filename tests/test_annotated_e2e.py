@@ -133,21 +133,26 @@ def _check_record(key: str, expected: sets.Expected, split: str, serialized: byt
 
 def _manifest_checks(out: Path, made: sets.AnnotatedSet, records: dict) -> None:
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
-    assert manifest["input"]["layout"] == made.layout
     per_split: dict[str, int] = {}
     for split, _ in records.values():
         per_split[split] = per_split.get(split, 0) + 1
     assert {s: v["records"] for s, v in manifest["splits"].items() if v["records"]} == per_split
     if made.splits:
         assert per_split == made.splits
-    if made.label_map:
-        text = (out / "label_map.pbtxt").read_text(encoding="utf-8")
-        assert sets.label_map_items(text) == list(made.label_map)
+    summary = manifest["annotations"]
+    assert summary["layout"] == made.layout
+    text = (out / "label_map.pbtxt").read_text(encoding="utf-8")
+    assert sets.label_map_items(text) == list(made.label_map)
+    assert summary["label_map"]["items"] == [{"id": i, "name": n} for i, n in made.label_map]
     if made.layout in DETECTION_KINDS:
-        summary = manifest["annotations"]
-        assert summary["images"] == len(made.records)
-        assert summary["objects"] == made.objects
-        assert summary["images_without_objects"] == made.without_objects
+        statistics = summary["statistics"]
+        assert (statistics["images"], statistics["objects"]) == (len(made.records), made.objects)
+        assert summary["images_without_objects"] == statistics["images_without_objects"] == made.without_objects
+        per_class: dict[int, int] = {}
+        for expected in made.records.values():
+            for label in expected.classes:
+                per_class[label] = per_class.get(label, 0) + 1
+        assert {c["id"]: c["objects"] for c in statistics["classes"]} == per_class
 
 
 @pytest.mark.parametrize("kind", sorted(MAKERS))

@@ -432,10 +432,14 @@ def make_yolo(root: Path) -> AnnotatedSet:
 # --- semantic masks -------------------------------------------------------------------
 
 
+MASK_CLASSES = ("background", "road", "sky")  # --labels: line i is mask value i.
+
+
 def make_semantic_masks(root: Path) -> AnnotatedSet:
-    """``root/images`` (PNGs and a JPEG, one in a subfolder) and ``root/masks`` (one-channel
-    PNGs of the same relative path and stem, values 0-2). Flags: ``--input root/images
-    --masks root/masks``."""
+    """``root/images`` (PNGs and a JPEG, one in a subfolder), ``root/masks`` (one-channel
+    PNGs of the same relative path and stem, values 0-2) and ``root/classes.txt`` (the
+    class of each mask value). Flags: ``--input root/images --masks root/masks --labels
+    root/classes.txt``."""
     images = {"a.png": (48, 32), "b.jpg": (40, 56), "sub/c.png": (64, 40)}
     records = {}
     for seed, (rel, size) in enumerate(images.items()):
@@ -448,8 +452,9 @@ def make_semantic_masks(root: Path) -> AnnotatedSet:
         mask[rng.uniform(size=mask.shape) < 0.05] = 1  # Scattered pixels: pixel-exact matters.
         _write(root / "masks" / (rel.rsplit(".", 1)[0] + ".png"), _encoded(mask, "PNG"))
         records[rel] = Expected(rel, size, encoded=data, segmentation=mask)
-    return AnnotatedSet(["--input", str(root / "images"), "--masks", str(root / "masks")], "masks",
-                        (), records)
+    (root / "classes.txt").write_text("\n".join(MASK_CLASSES) + "\n", encoding="utf-8")
+    return AnnotatedSet(["--input", str(root / "images"), "--masks", str(root / "masks"),
+                         "--labels", str(root / "classes.txt")], "masks", tuple(enumerate(MASK_CLASSES)), records)
 
 
 # --- several labels -------------------------------------------------------------------

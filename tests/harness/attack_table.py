@@ -1921,64 +1921,63 @@ class Letter:
     image: str | None = None
 
 
-def _annotation_counts(manifest: dict) -> dict[str, int]:
-    """The manifest's annotation counts by name (``annotations``: its whole numbers,
-    nested sections flattened)."""
-    counts: dict[str, int] = {}
-
-    def walk(node):
-        for key, value in node.items():
-            if isinstance(value, dict):
-                walk(value)
-            elif isinstance(value, int) and not isinstance(value, bool):
-                counts.setdefault(key, value)
-
-    walk(manifest.get("annotations") or {})
-    return counts
+def _annotation_count(manifest: dict, name: str):
+    """A count of the manifest's ``annotations`` section by dotted name
+    (``problems.box_clipped``, ``dropped_empty``); ``None`` when absent."""
+    node = manifest.get("annotations") or {}
+    for part in name.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def account_annotated(outcome: Outcome, out: str, images: list[str], kept: list[str],
                       letters: list[Letter], counted: dict[str, int] | None = None,
-                      skipped: int = 0) -> Tally:
+                      left_out: list[str] = ()) -> Tally:
     """An annotated run: every image file (``images``, as ``image/filename`` names it)
     written (``kept``), dead-lettered (a ``Letter`` with its ``image``) or left out
-    (``skipped``, e.g. ``--drop_empty``); every other expected letter found once by
-    reason and source, no other letter; the manifest's annotation counts ``counted``.
-    ``in`` counts the images and the annotations dead-lettered besides them."""
+    (``left_out``: ``--drop_empty``); every expected letter found once, by reason and
+    source, among the dead letters or the objects passed over (``skipped.jsonl``), and
+    no other; the manifest's annotation counts ``counted`` (dotted names). ``in``
+    counts the images and the annotations refused besides them."""
     found = outcome.found(out)
     outcome.n_in = len(images) + sum(letter.image is None for letter in letters)
     outcome.written, outcome.dead = len(found.records), len(found.dead)
-    outcome.skipped = len(found.skipped) if found.skipped else skipped
+    outcome.skipped = len(found.skipped)
     if not found.published:
         outcome.nothing_lost = found.nothing_published
         return found
     names = Counter(r["image/filename"][0].decode() for r in found.records)
     if names != Counter(kept):
         outcome.problems.append(f"records {sorted(names)}, expected {sorted(kept)}")
-    unmatched = list(found.dead)
+    unmatched = [("dead letter", d) for d in found.dead] + [("skipped.jsonl", d) for d in found.skipped]
     for letter in letters:
-        match = next((d for d in unmatched if d.get("error") == letter.reason and letter.source in d.get("source", "")),
-                     None)
+        match = next((m for m in unmatched if m[1].get("error") == letter.reason
+                      and letter.source in m[1].get("source", "")), None)
         if match is None:
             outcome.problems.append(f"no dead letter {letter.reason} naming {letter.source!r}")
             continue
         unmatched.remove(match)
-        outcome.notes.append(f"dead letter: {match['source']}: {match['error']}"
-                             + (f" ({letter.image} not written)" if letter.image else ""))
+        outcome.notes.append(f"dead letter: {match[1]['source']}: {match[1]['error']} [{match[0]}"
+                             + (f"; {letter.image} not written]" if letter.image else "]"))
+    for image in left_out:  # Listed as passed over, or only counted.
+        match = next((m for m in unmatched if m[0] == "skipped.jsonl" and image in m[1].get("source", "")), None)
+        if match is not None:
+            unmatched.remove(match)
+        else:
+            outcome.skipped += 1
+        outcome.notes.append(f"left out: {image}" + (f" ({match[1].get('error')}, skipped.jsonl)" if match else ""))
     if unmatched:
-        outcome.problems.append("unexpected dead letters: " + "; ".join(
-            f"{d.get('source')}: {d.get('error')}" for d in unmatched[:5]))
-    accounted = set(kept) | {letter.image for letter in letters if letter.image}
-    missing = set(images) - accounted
-    left_out = len(missing)
-    if left_out != skipped:
-        outcome.problems.append(f"images neither written nor dead-lettered: {sorted(missing)[:5]}")
-    outcome.nothing_lost = (not (names - Counter(kept)) and not unmatched and left_out == skipped
+        outcome.problems.append("unexpected letters: " + "; ".join(
+            f"{where} {d.get('source')}: {d.get('error')}" for where, d in unmatched[:5]))
+    missing = set(images) - set(kept) - {letter.image for letter in letters if letter.image} - set(left_out)
+    if missing:
+        outcome.problems.append(f"images neither written, dead-lettered nor left out: {sorted(missing)[:5]}")
+    outcome.nothing_lost = (names == Counter(kept) and not unmatched and not missing
                             and outcome.n_in == outcome.written + outcome.dead + outcome.skipped)
-    counts = _annotation_counts(found.manifest)
     for name, n in (counted or {}).items():
-        if counts.get(name) != n:
-            outcome.problems.append(f"the manifest counts {name} {counts.get(name)}, expected {n}")
+        got = _annotation_count(found.manifest, name)
+        if got != n:
+            outcome.problems.append(f"the manifest's annotations.{name} is {got}, expected {n}")
         else:
             outcome.notes.append(f"manifest: {name} {n}")
     outcome.notes.append(f"kept: {outcome.written} records")
@@ -2017,7 +2016,7 @@ def _annot_box_past_edge(work, outcome):
     out = str(work / "out")
     _convert(work, outcome, str(csv_path), out)
     found = account_annotated(outcome, out, images, images, [],
-                              {"box_clipped": 1, "images_without_objects": 1})
+                              {"problems.box_clipped": 1, "images_without_objects": 1})
     record = _record(found, "images/c.png")
     if [record.get(f"image/object/bbox/{k}") for k in ("xmin", "xmax")] != [[0.625], [1.0]]:
         outcome.problems.append("the box past the edge is not clipped to xmax 1.0: "
@@ -2036,7 +2035,7 @@ def _annot_box_empty(work, outcome):
     _convert(work, outcome, str(csv_path), out)
     found = account_annotated(outcome, out, images, images,
                               [Letter("box_empty", f"boxes.csv:{empty}"), Letter("box_not_finite", f"boxes.csv:{nan}")],
-                              {"box_empty": 1, "box_not_finite": 1})
+                              {"problems.box_empty": 1, "problems.box_not_finite": 1})
     objects = {name: len(_record(found, name).get("image/object/class/label", [])) for name in ("images/a.png", "images/b.png")}
     if objects != {"images/a.png": 3, "images/b.png": 2}:
         outcome.problems.append(f"objects kept {objects}, expected a 3 and b 2 (the bad ones dropped)")
@@ -2069,7 +2068,7 @@ def _annot_coco_unknown_image(work, outcome):
     run = cli(work, "convert", *flags, "--output", out)
     outcome.runs.append(run)
     account_annotated(outcome, out, images, images,
-                      [Letter("unknown_image_id", f"instances.json: annotation {number}")], {"unknown_image_id": 1})
+                      [Letter("unknown_image_id", f"instances.json: annotation {number}")], {"problems.unknown_image_id": 1})
 
 
 @case("annot-coco-unknown-category", "COCO: an annotation whose category_id is not a category",
@@ -2082,7 +2081,7 @@ def _annot_coco_unknown_category(work, outcome):
     outcome.runs.append(run)
     found = account_annotated(outcome, out, images, images,
                               [Letter("unknown_category", f"instances.json: annotation {number}")],
-                              {"unknown_category": 1})
+                              {"problems.unknown_category": 1})
     if _record(found, "1.png").get("image/object/class/label") != [3, 7]:
         outcome.problems.append("image 101 does not keep exactly its two known objects")
 
@@ -2096,7 +2095,7 @@ def _annot_yolo_bad_line(work, outcome):
     out = str(work / "out")
     _convert(work, outcome, str(work / "in"), out)
     found = account_annotated(outcome, out, images, images, [Letter("bad_label_line", "labels/train/a.txt:3")],
-                              {"bad_label_line": 1})
+                              {"problems.bad_label_line": 1})
     if len(_record(found, "images/train/a.png").get("image/object/class/label", [])) != 2:
         outcome.problems.append("images/train/a.png does not keep its two good objects")
 
@@ -2124,7 +2123,7 @@ def _annot_size_mismatch(work, outcome):
     _convert(work, outcome, str(csv_path), out, "--max_bad_fraction", "0.5")
     bad = "images/c.png"
     found = account_annotated(outcome, out, images, [i for i in images if i != bad],
-                              [Letter("annotation_size_mismatch", bad, bad)], {"exif_rotated": 1})
+                              [Letter("annotation_size_mismatch", bad, bad)], {"problems.exif_rotated": 1})
     record = _record(found, "images/photo_exif.jpg")
     if (record.get("image/width"), record.get("image/height")) != ([24], [40]):
         outcome.problems.append("the EXIF-turned photo is not stored as displayed (24x40): "
@@ -2151,7 +2150,7 @@ def _annot_drop_empty(work, outcome):
     out = str(work / "out")
     _convert(work, outcome, str(csv_path), out, "--drop_empty")
     account_annotated(outcome, out, images, [i for i in images if i != "images/c.png"], [],
-                      {"dropped_empty": 1}, skipped=1)
+                      {"dropped_empty": 1}, left_out=["images/c.png"])
 
 
 # Every case is registered above this line (a case added below would not run as a script).
