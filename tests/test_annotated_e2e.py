@@ -11,8 +11,9 @@ the numbers it wrote into the annotation files; records are decoded by
 ``tests/harness/detection_decode.py`` (the keys Model Garden requires, no TensorFlow):
 
 - boxes equal the source's, normalized, within 1e-6; classes, texts, crowd,
-  difficult and truncated flags equal; the image bytes are the source file's (so the
-  annotations sit on the right image);
+  difficult and truncated flags, areas (COCO's as given, else the box's) equal; the
+  image bytes are the source file's (so the annotations sit on the right image), its
+  file name and SHA-256 key;
 - semantic masks pixel-exact; an RLE's instance mask pixel-exact; a polygon's mask
   covers its shoelace area within its perimeter;
 - geometry: a pure red rectangle drawn in the source exactly at its box lies, in the
@@ -25,6 +26,7 @@ the numbers it wrote into the annotation files; records are decoded by
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -94,6 +96,8 @@ def _check_record(key: str, expected: sets.Expected, split: str, serialized: byt
     assert (det.width, det.height) == expected.size, key
     if expected.split is not None:
         assert split == expected.split, key
+    assert raw["image/filename"] == [expected.path.encode()], key
+    assert raw["image/key/sha256"] == [hashlib.sha256(raw["image/encoded"][0]).hexdigest().encode()], key
     if expected.encoded is not None:
         assert raw["image/encoded"][0] == expected.encoded, f"{key}: not the source file's bytes"
     if expected.displayed is not None:  # Turned, re-encoded: the red pixels are where a viewer shows them.
@@ -102,6 +106,7 @@ def _check_record(key: str, expected: sets.Expected, split: str, serialized: byt
     np.testing.assert_allclose(_xyxy(det.boxes), np.array(expected.boxes, dtype=np.float64).reshape(-1, 4),
                                rtol=0, atol=TOLERANCE, err_msg=key)
     assert det.classes.tolist() == expected.classes, key
+    np.testing.assert_allclose(det.area, expected.areas, rtol=1e-5, atol=1e-3, err_msg=f"{key}: area")
     assert list(det.class_text) == expected.texts, key
     assert det.is_crowd.tolist() == expected.crowd, key
     assert det.difficult.tolist() == expected.difficult, key

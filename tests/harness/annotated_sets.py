@@ -67,6 +67,7 @@ class Expected:
       classes, texts, crowd, difficult, truncated: per object.
       rings: per object, a polygon's rings (``((x0, y0, x1, y1, ...), ...)``) or ``None``.
       masks: per object, the exact 0/1 mask of an RLE or ``None``.
+      areas: per object, ``image/object/area`` in pixels (COCO's as given, else the box's).
       segmentation: the semantic mask, or ``None``.
       labels, label_texts: several labels per image.
       encoded: the file's bytes when the record must hold them as they are, else ``None``.
@@ -85,6 +86,7 @@ class Expected:
     truncated: list = dataclasses.field(default_factory=list)
     rings: list = dataclasses.field(default_factory=list)
     masks: list = dataclasses.field(default_factory=list)
+    areas: list = dataclasses.field(default_factory=list)
     segmentation: np.ndarray | None = None
     labels: list = dataclasses.field(default_factory=list)
     label_texts: list = dataclasses.field(default_factory=list)
@@ -93,7 +95,10 @@ class Expected:
     red_box: tuple | None = None
 
     def add(self, box, label: int, text: str, *, crowd=False, difficult=False, truncated=False,
-            ring=None, mask=None) -> None:
+            ring=None, mask=None, area=None) -> None:
+        """One object; ``area`` in pixels as given (COCO's), else the box's."""
+        width, height = self.size
+        self.areas.append(float(area) if area is not None else (box[2] - box[0]) * width * (box[3] - box[1]) * height)
         self.boxes.append(tuple(float(v) for v in box))
         self.classes.append(label)
         self.texts.append(text)
@@ -345,7 +350,7 @@ def make_coco(root: Path) -> AnnotatedSet:
                             "segmentation": segmentation})
         x, y, w, h = bbox
         records[str(image_id)].add(_norm((x, y, x + w, y + h), size), category, names[category],
-                                   crowd=crowd, ring=ring, mask=mask)
+                                   crowd=crowd, ring=ring, mask=mask, area=area)
     document = {"info": {"description": "generated"}, "images": entries, "annotations": annotations,
                 "categories": [{"id": i, "name": n, "supercategory": "animal"} for i, n in COCO_CATEGORIES]}
     (root / "instances.json").write_text(json.dumps(document), encoding="utf-8")
