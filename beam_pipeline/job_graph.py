@@ -19,12 +19,15 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
 
 from beam_tfrecords.preflight import RunPlan, drift_gate
+from beam_tfrecords.schemas.annotations import AnnotatedRun, LabelMap
 from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.transforms.codec.masks import render_mask
 from beam_tfrecords.transforms.commit_step import Commit, CommitSettings
 from beam_tfrecords.transforms.image_contents import HashImages, add_contents_outcome
 from beam_tfrecords.transforms.image_steps import (
     ImageRecords,
     ListImages,
+    ListingIdentity,
     PlanImageShards,
     SpoolImages,
     add_spool_dead_letters,
@@ -33,6 +36,8 @@ from beam_tfrecords.transforms.image_steps import (
     write_listing,
 )
 from beam_tfrecords.transforms.io import files, progress
+from beam_tfrecords.transforms.io.annotated_output import CUSTOM_LAYOUT
+from beam_tfrecords.transforms.io.annotation_attach import AnnotationAttach, AnnotationOptions
 from beam_tfrecords.transforms.listing_plan import PlanListingParts
 from beam_tfrecords.transforms.plan import handoff
 from beam_tfrecords.transforms.plan.layouts import resolve_input
@@ -42,10 +47,33 @@ from beam_tfrecords.transforms.tables import EncodeTables, PlanTableShards, tabl
 from beam_tfrecords.transforms.worker_listing import ListAndPlanOnWorkers
 from beam_tfrecords.updates import config_fingerprint
 
-__all__ = ["build_graph"]
+__all__ = ["annotated_attach", "build_graph"]
 
 
-def _commit_settings(plan: RunPlan) -> CommitSettings:
+def annotated_attach(plan: RunPlan, attach: Callable | None) -> tuple[Callable | None, AnnotatedRun | None]:
+    """The attachment and the ``AnnotatedRun`` of a run.
+
+    An annotated layout's plan (``plan.annotated``) gets ``AnnotationAttach`` over the
+    annotations each reference carries (``ImageRef.annotation``), with
+    ``codec.masks.render_mask`` for ``--instance_masks``. A library user's own
+    attachment that has a ``label_map`` (an ``AnnotationAttach`` over an index) makes
+    the run an annotated one of layout ``custom``: its commit writes
+    ``label_map.pbtxt`` and the manifest's ``annotations`` too.
+    """
+    annotated = plan.annotated
+    if annotated is not None and attach is None:
+        options = AnnotationOptions(instance_masks=annotated.instance_masks,
+                                    images_root=annotated.images_root, mask_root=annotated.mask_root)
+        attach = AnnotationAttach(None, annotated.label_map, options,
+                                  render_mask if annotated.instance_masks else None)
+    elif annotated is None and isinstance(getattr(attach, "label_map", None), LabelMap):
+        options = getattr(attach, "options", None) or AnnotationOptions()
+        annotated = AnnotatedRun(CUSTOM_LAYOUT, attach.label_map, instance_masks=options.instance_masks,
+                                 images_root=options.images_root, mask_root=options.mask_root)
+    return attach, annotated
+
+
+def _commit_settings(plan: RunPlan, annotated: AnnotatedRun | None = None) -> CommitSettings:
     config = plan.config
     _, root, _ = resolve_input(config.input, config.layout)
     is_part = plan.update is not None and plan.update.action == "part"
@@ -61,7 +89,8 @@ def _commit_settings(plan: RunPlan) -> CommitSettings:
                           part=plan.update.part if is_part else "",
                           update=json.dumps(plan.update.to_json()) if plan.update else "",
                           drift=drift_gate(config, plan.dataset_output),
-                          input_units=len(plan.units.units) if plan.units is not None else 0)
+                          input_units=len(plan.units.units) if plan.units is not None else 0,
+                          annotated=annotated)
 
 
 _DIRECT_RUNNER_NAMES = (None, "DirectRunner", "direct", "SwitchingDirectRunner")
@@ -96,6 +125,7 @@ def build_graph(plan: RunPlan, options: PipelineOptions, attach: Callable | None
     ``options`` name (see ``_local_runner``); ``attach``: images, what side data adds
     to each record (``transforms.io.image_records``)."""
     config = plan.config
+    attach, annotated = annotated_attach(plan, attach)
     carried = options.view_as(progress.ProgressOptions)
     if carried.progress_seconds is None:  # The job carries it to the processes running its steps.
         carried.progress_seconds = progress.interval()
@@ -114,7 +144,8 @@ def build_graph(plan: RunPlan, options: PipelineOptions, attach: Callable | None
         steps = _Steps(results, summary)
     else:
         steps = _image_steps(pipeline, plan, options, verify, attach)
-    _ = steps.results | "WriteManifest" >> Commit(_commit_settings(plan), steps.summary, steps.left_out)
+    _ = steps.results | "WriteManifest" >> Commit(_commit_settings(plan, annotated), steps.summary,
+                                                  steps.left_out)
     return pipeline
 
 
@@ -187,7 +218,8 @@ def _image_steps(pipeline: beam.Pipeline, plan: RunPlan, options: PipelineOption
         vocabulary=plan.vocabulary, only=plan.only, listing_path=plan.listing_path,
         follow_links_outside=config.follow_links_outside, max_file_bytes=config.max_file_bytes,
         listing_sha256=digest, part_rows=part_rows if in_parts else 0,
-        contents_on_workers=plan.contents_on_workers)
+        contents_on_workers=plan.contents_on_workers,
+        annotations=ListingIdentity.of(config).annotations)
     refs, summary = listing.refs, listing.summary
     if plan.contents_on_workers:
         hashing = HashImages(config.output, config.splits if config.split_by == "content" else (),

@@ -12,6 +12,7 @@ import os
 from collections import Counter
 
 from beam_tfrecords.input_checks import INFER_SAMPLE_ROWS
+from beam_tfrecords.schemas.annotations import PROBLEM_REASONS
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.features import IMAGE_FEATURE_SPEC
 from beam_tfrecords.schemas.table_schema import TableSchema
@@ -20,7 +21,7 @@ from beam_tfrecords.transforms.plan.layouts import DEFAULT_SPLIT, SPLIT_NAMES, L
 from beam_tfrecords.transforms.plan.ref_table import RefTable
 from beam_tfrecords.updates import Update
 
-__all__ = ["describe_images", "describe_table", "update_lines"]
+__all__ = ["describe_annotated", "describe_images", "describe_table", "update_lines"]
 
 _SHOWN = 8
 
@@ -36,7 +37,7 @@ def describe_images(config: ConvertConfig, listing: Listing, on_workers: bool = 
     are hashed on the workers, so splits by content and copies are not known yet)."""
     refs = listing.refs
     layout = {"class_folders": "class folders", "cifar": "CIFAR (<split>/<id>_<class>.<ext>)",
-              "csv": "CSV image manifest"}.get(listing.layout, listing.layout)
+              "csv": "CSV image manifest"}.get(listing.layout, _LAYOUT_NAMES.get(listing.layout, listing.layout))
     table = isinstance(refs, RefTable)  # A large listing, as columns: counted without objects.
     splits = Counter(refs.split_counts() if table else (ref.split for ref in refs))
     shown = _counts(splits) or "none"
@@ -46,6 +47,8 @@ def describe_images(config: ConvertConfig, listing: Listing, on_workers: bool = 
                  "are known at the end")
     lines = [f"  images: {len(refs):,} in layout {layout}; splits: {shown}"
              + (f" (from {listing.split_source})" if listing.split_source else "")]
+    if listing.annotated is not None:
+        return lines + describe_annotated(listing.annotated, config) + _left_out(config, listing, on_workers)
     if listing.layout == "class_folders":
         source = "folder names"
     elif listing.layout == "cifar":
@@ -72,6 +75,19 @@ def describe_images(config: ConvertConfig, listing: Listing, on_workers: bool = 
                      "are planned, so shards are cut by exact sizes")
     features = [name for name, _, _ in IMAGE_FEATURE_SPEC.entries()] + list(listing.extra_features)
     lines.append(f"  features: {', '.join(features)}")
+    lines.extend(_left_out(config, listing, on_workers))
+    name = os.path.basename(config.input.rstrip("/"))
+    if listing.layout == "class_folders" and name in SPLIT_NAMES and set(splits) == {DEFAULT_SPLIT}:
+        lines.append(f"  note: --input is a folder named {name!r}, but its images go to split "
+                     f"{DEFAULT_SPLIT!r} (splits are folders under --input; point --input at its "
+                     "parent to keep the name)")
+    if len(order) == 1 and listing.layout != "csv":
+        lines.append(f"  note: one class only ({order[0]!r}); is --input one folder too deep?")
+    return lines
+
+
+def _left_out(config: ConvertConfig, listing: Listing, on_workers: bool) -> list[str]:
+    """The plan's line of what an image listing leaves out and why (none: no line)."""
     left = []
     if on_workers and config.drop_duplicates:
         left.append("copies of other images (--drop_duplicates): found as the workers hash the "
@@ -86,18 +102,50 @@ def describe_images(config: ConvertConfig, listing: Listing, on_workers: bool = 
     refused = Counter(d.error for d in listing.dead_letters)
     if refused:
         left.append(f"{sum(refused.values()):,} refused ({_counts(refused)}; dead-lettered)")
-    skipped = Counter(d.error for d in listing.skipped)
+    skipped = Counter(d.error for d in listing.skipped  # Not the objects left out of an annotated input.
+                      if listing.annotated is None or d.error not in PROBLEM_REASONS)
     if skipped:
         left.append(f"{sum(skipped.values()):,} paths passed over ({_counts(skipped)})")
-    if left:
-        lines.append(f"  left out: {'; '.join(left)}")
-    name = os.path.basename(config.input.rstrip("/"))
-    if listing.layout == "class_folders" and name in SPLIT_NAMES and set(splits) == {DEFAULT_SPLIT}:
-        lines.append(f"  note: --input is a folder named {name!r}, but its images go to split "
-                     f"{DEFAULT_SPLIT!r} (splits are folders under --input; point --input at its "
-                     "parent to keep the name)")
-    if len(order) == 1 and listing.layout != "csv":
-        lines.append(f"  note: one class only ({order[0]!r}); is --input one folder too deep?")
+    return [f"  left out: {'; '.join(left)}"] if left else []
+
+
+_LAYOUT_NAMES = {"box_csv": "box CSV", "multi_label": "several labels per image (CSV)", "coco": "COCO",
+                 "voc": "Pascal VOC", "yolo": "YOLO", "masks": "semantic masks"}
+
+
+def describe_annotated(summary, config: ConvertConfig) -> list[str]:
+    """The plan's lines of an annotated listing (``summary``: its
+    ``plan.annotated_listing.AnnotatedSummary``; ``None``: no lines): the label map,
+    objects per class, images without objects, problems by reason, and notes."""
+    if summary is None:
+        return []
+    run = summary.run
+    lines = [f"  annotations: {_LAYOUT_NAMES.get(run.layout, run.layout)}; label map: "
+             f"{len(run.label_map.items):,} class{'es' if len(run.label_map.items) != 1 else ''} "
+             + ("(from --labels: line i is mask value i)" if run.layout == "masks" and config.labels else
+                "(none: pass --labels to name the mask values)" if run.layout == "masks" else
+                "(ids as the categories give them)" if run.layout == "coco" else
+                f"(ids from 1, in the order of --labels {config.labels})" if config.labels else
+                "(ids from 1)")]
+    per_class = Counter(dict(summary.objects_per_class))
+    what = "labels" if run.layout == "multi_label" else "objects"
+    if run.layout != "masks":
+        lines.append(f"  {what} per class: {sum(per_class.values()):,} in all: "
+                     f"{_counts(per_class, [name for name, _ in summary.objects_per_class]) or 'none'}")
+    empty = (f"{run.dropped_empty:,} left out (--drop_empty)" if config.drop_empty
+             else f"{run.images_without_objects:,} kept as negative examples")
+    if run.layout != "masks":
+        lines.append(f"  images without {what}: {empty}")
+    if run.problems:
+        lines.append(f"  annotation problems: {sum(n for _, n in run.problems):,} ("
+                     + ", ".join(f"{reason} ({n:,})" for reason, n in run.problems) + "); images "
+                     "refused are dead-lettered, objects left out are listed in dead_letter/skipped.jsonl")
+    if summary.unnamed:
+        lines.append(f"  note: {summary.unnamed:,} image file(s) under --input that the annotations do "
+                     "not name: not converted")
+    if summary.normalized_boxes:
+        lines.append("  note: every box value is <= 1 and pixels were assumed: say --box_units "
+                     "normalized if they are normalized")
     return lines
 
 

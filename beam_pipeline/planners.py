@@ -44,6 +44,7 @@ from beam_tfrecords.transforms.io.fingerprint import (
     table_entries,
 )
 from beam_tfrecords.transforms.io.table_readers import table_format
+from beam_tfrecords.transforms.plan.annotated_listing import annotation_parts
 from beam_tfrecords.transforms.plan.layouts import (
     CIFAR_LABELS_FILE,
     DEFAULT_SPLIT,
@@ -113,7 +114,8 @@ def plan_images(config: ConvertConfig, target: ShardTarget, dataset, root: str,
     return RunPlan(config, target, inputs=inputs, listing=token, input_files=tuple(entries),
                    role_files=roles, update=update, dataset_output=dataset_output,
                    vocabulary=vocabulary, only=only, hand_over=hand_over,
-                   contents_on_workers=on_workers)
+                   contents_on_workers=on_workers,
+                   annotated=listing.annotated.run if listing.annotated is not None else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -376,8 +378,11 @@ def _role_files(config: ConvertConfig, root: str, layout: str = "") -> tuple[Inp
         roles.append((files.join(root, CIFAR_LABELS_FILE), "labels"))
     if config.schema:
         roles.append((config.schema, "schema"))
-    if "csv" in (config.layout, layout):
+    if "csv" in (config.layout, layout) or config.layout in ("box_csv", "multi_label"):
         roles.append((config.input, "manifest_csv"))
+    if config.layout == "coco" and config.annotations:
+        roles.extend((path, f"annotations_{split}" if split else "annotations")
+                     for split, path in annotation_parts(config.annotations))
     entries = []
     for path, role in roles:
         try:

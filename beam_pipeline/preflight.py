@@ -30,6 +30,7 @@ from apache_beam.options.pipeline_options import (
     TestOptions,
 )
 
+from beam_tfrecords.annotated_plan import annotated_config, refuse_annotation_flags
 from beam_tfrecords.input_checks import (
     check_manifest_rows,
     infer_table_schema,
@@ -136,8 +137,9 @@ def refuse_local_paths_on_dataflow(config: ConvertConfig, options: PipelineOptio
     """
     if not runs_on_dataflow(options):
         return
-    local = [f"{flag} {value}" for flag, value in (("--input", config.input), ("--output", config.output))
-             if files.is_local(value)]
+    local = [f"{flag} {value}" for flag, value in (("--input", config.input), ("--output", config.output),
+                                                  ("--masks", config.masks))  # The workers read masks.
+             if value and files.is_local(value)]
     local += [f"--allowed_roots {root}" for root in config.allowed_roots if files.is_local(root)]
     if not local and config.allow_paths_outside and config.input.lower().endswith(".csv"):
         try:
@@ -331,7 +333,8 @@ def _plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
     """
     options = options or PipelineOptions([])
     given_layout = config.layout
-    config = _checked_config(config, options)
+    refuse_annotation_flags(config)  # Before any bucket is asked.
+    config = annotated_config(_checked_config(config, options))  # An annotated layout decided.
     _, root, _ = resolve_input(config.input, config.layout)
     target = ShardTarget(config.output, config.compression, run_id or new_run_id())
     scheduled = config.skip_unchanged or config.incremental

@@ -49,6 +49,7 @@ PATH_TYPES = {
     "output": "GCS_WRITE_FOLDER",
     "labels": "GCS_READ_FILE",
     "schema": "GCS_READ_FILE",
+    "masks": "GCS_READ_FOLDER",
     "compare_to": "TEXT",  # A manifest, a dataset folder, or 'previous'.
 }
 _GCS = r"^gs://[^\n\r]+$"
@@ -84,7 +85,8 @@ def parameter(option: Option) -> dict:
     else:
         param.update(paramType="TEXT", regexes=[_TEXT])
     if option.default not in (None, "", ()) and not option.required:
-        param["defaultValue"] = str(option.default)
+        default = option.default
+        param["defaultValue"] = ",".join(default) if isinstance(default, tuple) else str(default)
     return param
 
 

@@ -90,6 +90,8 @@ PROBLEM_REASONS = (
     "annotation_size_mismatch",  # the stated size is neither the image's nor its EXIF-rotated size
     "mask_size_mismatch",     # a semantic mask whose size differs from its image's
     "bad_mask",               # a semantic mask that is not a one-channel PNG, or cannot be read
+    # The launcher's listing (--masks): an image without the mask of its path and stem.
+    "mask_not_found",
 )
 
 
@@ -246,7 +248,10 @@ class AnnotatedRun:
     ``ImageRef.annotation``; this is the rest, small enough for the job graph.
 
     Attributes:
-      layout: one of ``ANNOTATION_LAYOUTS``.
+      layout: one of ``ANNOTATION_LAYOUTS``; or ``custom``: a library user's own
+        ``AnnotationAttach`` given to ``convert(attach=...)`` (the job graph makes
+        this record of it, so its commit writes the label map and the manifest's
+        ``annotations`` too).
       label_map: the classes (``label_map.pbtxt``; the manifest's vocabulary).
       instance_masks: ``--instance_masks``: write ``image/object/mask``.
       images_root: the images' folder relative to the input root when the

@@ -229,8 +229,13 @@ class ConvertConfig:
         return ShardBand.from_mb(self.shard_min_mb, self.shard_max_mb)
 
     def to_json(self) -> dict:
-        """The options as the manifest records them."""
-        return dataclasses.asdict(self)
+        """The options as the manifest records them (an option ``recorded_when_given``
+        only when it is not at its default)."""
+        recorded = dataclasses.asdict(self)
+        for option in self.OPTIONS:
+            if option.recorded_when_given and recorded.get(option.name) == option.default:
+                del recorded[option.name]
+        return recorded
 
 
 def expand_templates(path: str, date: str, flag: str = "--input") -> str:

@@ -26,7 +26,9 @@ __all__ = [
     "StoredObject",
 ]
 
-DEAD_LETTER_STAGES = ("list", "read", "validate", "encode")
+# "object": one object of an annotated image dropped (its box has no area, ...), the
+# image kept; the error budget, which counts images, does not count these.
+DEAD_LETTER_STAGES = ("list", "read", "validate", "encode", "object")
 MAX_ROW_CHARS = 4096
 _EXTRA_DTYPES = ("string", "int64", "float32")
 
@@ -214,6 +216,8 @@ class ImageSpool:
       labels, notes, contents, images: per record, its class text, its note ('' for
         none), ``(sha256, image/filename)`` and ``(format, mode, width, height)``.
       bad_counts, dead_letter_path: the unit's dead letters.
+      annotations: per record, its annotation facts (``io.annotated_output.image_facts``,
+        ``None`` for a record without), or ``()`` when no record had any.
     """
 
     split: str
@@ -226,6 +230,7 @@ class ImageSpool:
     bad_counts: tuple[tuple[str, int], ...] = ()
     dead_letter_path: str = ""
     images: tuple[tuple[str, str, int, int], ...] = ()
+    annotations: tuple = ()
 
     def record_sizes(self):
         import numpy as np  # pylint: disable=import-outside-toplevel
@@ -319,6 +324,11 @@ class ShardResult:
     contents_path: str = ""
     contents_sha256: str = ""
     contents_count: int = 0
+    # Annotated images (issue 21): the shard's ``quality.annotation_stats.AnnotationStatistics``
+    # (``None`` when no record had annotations), and its dead letters of stage
+    # ``object`` (objects dropped, images kept; not in ``bad_counts``).
+    annotations: object = None
+    objects_dead_lettered: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,17 +24,21 @@ import dataclasses
 import datetime
 from collections.abc import Callable, Collection, Mapping, Sequence
 
+from beam_tfrecords.schemas.annotations import ANNOTATION_LAYOUTS
 from beam_tfrecords.schemas.inputs import SKIPPED_EXIT_STATUS
 from beam_tfrecords.schemas.shards import COMPRESSIONS, clashing_split_names, is_valid_split_name
 
-__all__ = ["ALL_KINDS", "COLOR_MODES", "CONVERT_OPTIONS", "CSV_MANIFEST", "CSV_TABLE", "DEFAULT_MAX_FILE_BYTES",
+__all__ = ["ALL_KINDS", "ANNOTATION_OPTIONS", "BOX_COLUMNS", "BOX_UNITS", "COLOR_MODES", "CONVERT_OPTIONS", "CSV_MANIFEST", "CSV_TABLE", "DEFAULT_MAX_FILE_BYTES",
            "DEFAULT_MAX_PIXELS", "DRIFT_EXIT_STATUS", "DRIFT_MAX_CLASS_SHARE_CHANGE", "DRIFT_MAX_MEAN_SHIFT",
            "DRIFT_MAX_MISSING_CHANGE", "FINGERPRINTS", "FITS", "GROUP_TITLES", "IMAGES", "IMAGE_BYTES_MODES",
            "IMAGE_FOLDERS", "IMAGE_FORMATS", "LAYOUTS", "Option", "PROGRESS_MODES", "SPLIT_BY", "TABLES",
            "TYPED_TABLE", "VALIDATE_MODES", "check_options", "check_values", "flags_only_for", "option_fields", "option_values", "parse_date",
            "parse_roots", "parse_size", "parse_splits"]
 
-LAYOUTS = ("auto", "class_folders", "cifar", "csv", "table")
+LAYOUTS = ("auto", "class_folders", "cifar", "csv", "table", *ANNOTATION_LAYOUTS)
+# --box_units: a box CSV's coordinates in pixels, or divided by the width and height.
+BOX_UNITS: tuple[str, ...] = ("pixels", "normalized")
+BOX_COLUMNS: tuple[str, ...] = ("xmin", "ymin", "xmax", "ymax")
 # --validate, from the cheapest: container headers only; headers plus a check of the
 # compressed stream that refuses what a full decode would (the default); a full decode.
 VALIDATE_MODES: tuple[str, ...] = ("headers", "structure", "decode")
@@ -86,6 +90,7 @@ GROUP_TITLES: dict[str, str | None] = {
     "dialect": "CSV dialect (not for Parquet or JSON Lines)",
     "tables": "tables (--layout table, or a CSV without an image column)",
     "drift": "drift gate (see 'Statistics and drift gate' in the README)",
+    "annotations": "annotated images: boxes, masks, several labels (see 'Annotated images' in the README)",
 }
 
 
@@ -111,6 +116,9 @@ class Option:
         with the flag and the value; ``choices`` are checked without it).
       required: the flag must be given (the field has no default).
       config: a field of ``ConvertConfig``; False: the command line's own.
+      recorded_when_given: the manifest (``ConvertConfig.to_json``) records it only
+        when it is not at its default: an option added for inputs that runs made
+        before it never had, so their manifests and options fingerprints stay the same.
     """
 
     name: str
@@ -126,6 +134,7 @@ class Option:
     check: Callable[[str, object], None] | None = None
     required: bool = False
     config: bool = True
+    recorded_when_given: bool = False
 
     def __post_init__(self):
         if not self.flag:
@@ -459,8 +468,45 @@ _DRIFT = (
            f"{DRIFT_MAX_CLASS_SHARE_CHANGE:g})", DRIFT_MAX_CLASS_SHARE_CHANGE, "float", float,
            check=_share(1.0)),
 )
+
+
+def _check_box_columns(flag: str, value) -> None:
+    names = tuple(value)
+    if len(names) != 4 or not all(names) or len(set(names)) != 4:
+        raise ValueError(f"{flag} must name 4 different columns, comma-separated, in xmin,ymin,xmax,ymax "
+                         f"order; got {','.join(names)!r}")
+
+
+def _check_separator(flag: str, value) -> None:
+    if value is not None and (not value or "\n" in value or "\r" in value):
+        raise ValueError(f"{flag} must be one or more characters (not a newline); got {value!r}")
+
+
+def _annotated(option: Option) -> Option:
+    return dataclasses.replace(option, recorded_when_given=True)
+
+
+_ANNOTATIONS = tuple(_annotated(o) for o in (
+    _text("annotations", "annotations", "COCO instances JSON for the images under --input (file_name "
+          "relative to it): a path, or one per split: train=a.json,validation=b.json", kinds=IMAGES),
+    _text("masks", "annotations", "semantic segmentation: the folder of PNG masks, one per image at the "
+          "same relative path and stem (values: class ids, see --labels)", kinds=IMAGES),
+    _switch("instance_masks", "annotations", "COCO: render each object's segmentation (polygons, RLE) "
+            "into a PNG mask (image/object/mask)", kinds=IMAGES),
+    Option("box_columns", "annotations", "a box CSV's four box columns, comma-separated, in xmin,ymin,"
+           "xmax,ymax order", BOX_COLUMNS, "tuple[str, ...]", _parse_columns, kinds=IMAGES,
+           check=_check_box_columns),
+    Option("box_units", "annotations", "a box CSV's coordinates: pixels (default) or normalized "
+           "(divided by the image's width and height)", "pixels", "str", choices=BOX_UNITS, kinds=IMAGES),
+    _text("label_separator", "annotations", "several labels per image: split one label cell into several "
+          "at this text (e.g. '|')", kinds=IMAGES, check=_check_separator),
+    _switch("drop_empty", "annotations", "leave out images without objects (default: kept as negative "
+            "examples, counted)", kinds=IMAGES),
+))
+# The flags of annotated images (their ConvertConfig fields).
+ANNOTATION_OPTIONS: tuple[str, ...] = tuple(o.name for o in _ANNOTATIONS)
 CONVERT_OPTIONS: tuple[Option, ...] = (*_MAIN, *_RESIZE, *_RUN, *_SCHEDULE, *_MANIFEST, *_DIALECT, *_TABLES,
-                                       *_DRIFT)
+                                       *_DRIFT, *_ANNOTATIONS)
 
 
 def flags_only_for(kinds: Collection[str], options=CONVERT_OPTIONS) -> tuple[tuple[str, str], ...]:

@@ -142,10 +142,15 @@ FLAGS = {
     "list_on_workers": "false",  # Lists folders, not a CSV manifest.
     "incremental": "false",  # Not with --fail_on_leakage (and --skip_unchanged is true).
     "no_header": "false", "no_quoted_newlines": "false", "strict_schema": "false",  # Tables only.
+    "instance_masks": "false", "drop_empty": "false",  # Annotated layouts only.
 }
 NOT_GIVEN = {"size": "--max_side sizes the images", "columns": "tables", "schema": "tables",
              "split_column": "tables", "key_column": "tables", "sequence_key": "tables",
-             "sequence_order": "tables"}
+             "sequence_order": "tables",
+             # Annotated images: other layouts than a CSV image manifest's (--box_columns and
+             # --box_units are passed at their defaults).
+             "annotations": "COCO's layout", "masks": "semantic masks' layout",
+             "label_separator": "several labels' layout"}
 
 
 def _manifest_on_gcs(gcs, tmp_path) -> None:
@@ -176,9 +181,11 @@ def test_flex_template_entry_point_takes_every_flag(tmp_path, gcs, offline, temp
     assert rest == [] and beam_args == [] and config == config_from_args(args)  # The CLI's.
     defaults = ConvertConfig(input="i", output="o")
     same = sorted(f for f in vars(defaults) if getattr(config, f) == getattr(defaults, f))
-    assert same == ["columns", "csv_delimiter", "csv_quote", "encoding", "fit", "incremental",
-                    "key_column", "list_on_workers", "min_side", "no_header", "quoted_newlines",
-                    "schema", "sequence_key", "sequence_order", "size", "split_column", "strict_schema"]
+    assert same == ["annotations", "box_columns", "box_units", "columns", "csv_delimiter", "csv_quote",
+                    "drop_empty", "encoding", "fit", "incremental", "instance_masks", "key_column",
+                    "label_separator", "list_on_workers", "masks", "min_side", "no_header",
+                    "quoted_newlines", "schema", "sequence_key", "sequence_order", "size", "split_column",
+                    "strict_schema"]
 
     result = flex_main.run([*launcher, *DRY_RUN_FLAGS, f"--sdk_container_image={CUSTOM_IMAGE}"])
     job = result.job

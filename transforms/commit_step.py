@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import apache_beam as beam
 
+from beam_tfrecords.schemas.annotations import LABEL_MAP_NAME, AnnotatedRun
 from beam_tfrecords.schemas.elements import CompletedInputs, InputSummary, ShardResult
 from beam_tfrecords.schemas.features import FeatureSpec, image_feature_spec
 from beam_tfrecords.schemas.inputs import INPUTS_NAME
@@ -43,6 +44,7 @@ from beam_tfrecords.schemas.report import Failure, RunReport, Status
 from beam_tfrecords.schemas.shards import ShardBand, ShardTarget, clashing_split_names
 from beam_tfrecords.schemas.version import __version__
 from beam_tfrecords.transforms.gather import GatherContents, Gathered, gather_in_process, join_gathered
+from beam_tfrecords.transforms.io import annotated_output as annotated_io
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.commit import (
     holds_lock,
@@ -68,6 +70,7 @@ from beam_tfrecords.transforms.io.ownership import (
 )
 from beam_tfrecords.transforms.io.progress import split_totals
 from beam_tfrecords.transforms.io.storage_errors import STORAGE_ERRORS
+from beam_tfrecords.transforms.plan.annotated_listing import annotation_parts
 from beam_tfrecords.transforms.quality.drift import DriftGate, statistics_and_drift
 
 __all__ = ["Commit", "CommitSettings", "RunFailed", "RunSummary", "StatusFacts", "commit_run",
@@ -103,6 +106,8 @@ class CommitSettings:
       input_units: for a listing made on the workers, its units: their
         ``inputs.jsonl`` lines (``UNIT_INPUTS_DIR``) follow the launcher's
         (the files with a role), in unit order.
+      annotated: an annotated run's layout and label map (``label_map.pbtxt``
+        and the manifest's ``annotations``, see ``io.annotated_output``), else ``None``.
     """
 
     target: ShardTarget
@@ -120,6 +125,7 @@ class CommitSettings:
     update: str = ""
     drift: DriftGate | None = None
     input_units: int = 0
+    annotated: AnnotatedRun | None = None
 
 
 class RunFailed(RuntimeError):
@@ -138,15 +144,21 @@ def _published_options(options: dict, root: str) -> dict:
         return options
     if options.get("input"):
         options["input"] = published_input(root, options["input"])
-    for name in ("labels", "schema"):
+    for name in ("labels", "schema", "masks"):
         if options.get(name):
             options[name] = published_path(root, options[name])
+    if options.get("annotations"):  # COCO's files, one per split or one (issue 21).
+        options["annotations"] = ",".join(f"{split}={published_path(root, path)}" if split else
+                                          published_path(root, path)
+                                          for split, path in annotation_parts(options["annotations"]))
     return options
 
 
-def _feature_spec(summary: InputSummary) -> FeatureSpec:
+def _feature_spec(summary: InputSummary, annotated: AnnotatedRun | None = None) -> FeatureSpec:
     if summary.layout in ("table", "records"):
         return FeatureSpec({name: (dtype, list(shape)) for name, dtype, shape in summary.features})
+    if annotated is not None:
+        return annotated_io.annotated_feature_spec(annotated, dict(summary.extra_features))
     return image_feature_spec(dict(summary.extra_features))
 
 
@@ -344,7 +356,8 @@ def summarize_run(settings: CommitSettings, results: Sequence[ShardResult], summ
     if rows is not None:
         input_json["rows"] = rows
     statistics, drift = statistics_and_drift(settings.drift, results, summary,
-                                             _feature_spec(summary).to_json())
+                                             _feature_spec(summary, settings.annotated).to_json(),
+                                             annotated_io.split_statistics_json(settings.annotated, results))
     late = [name for name, _ in summary.late_columns if name not in settings.dropped_columns]
     report = RunReport(
         Status.OK, settings.target.output, manifest=None,
@@ -416,8 +429,9 @@ def _run_manifest(settings: CommitSettings, run: RunSummary) -> dict:
         options=_published_options(dict(settings.options), run.root),
         input_summary=input_json,
         results=[dataclasses.replace(r, path=r.path.rsplit("/", 1)[-1]) for r in run.results],
-        vocabulary=summary.vocabulary,
-        feature_spec=_feature_spec(summary),
+        vocabulary=annotated_io.vocabulary_of(settings.annotated.label_map) if settings.annotated
+        else summary.vocabulary,
+        feature_spec=_feature_spec(summary, settings.annotated),
         bad_counts=run.bad,
         dead_letter_files=list(run.report.dead_letter_files),
         budget=run.budget,
@@ -428,6 +442,8 @@ def _run_manifest(settings: CommitSettings, run: RunSummary) -> dict:
         manifest["image_bytes"] = run.report.image_bytes
     if run.duplicates:
         manifest["duplicates"] = run.duplicates
+    if settings.annotated is not None:
+        manifest["annotations"] = annotated_io.annotations_section(settings.annotated, run.results)
     if summary.schema:
         manifest["schema"] = json.loads(summary.schema)
     if summary.sequence_features:
@@ -454,6 +470,10 @@ def publish_run(settings: CommitSettings, run: RunSummary) -> RunReport:
     if completed is not None:
         renames.append((completed.path, files.join(target.output, INPUTS_NAME)))
         digests[renames[-1][1]] = Claim(INPUTS_NAME, completed.size, completed.sha256)
+    if settings.annotated is not None:  # label_map.pbtxt, beside the manifest, moved as a shard is.
+        *move, digests[files.join(target.output, LABEL_MAP_NAME)] = annotated_io.stage_label_map(
+            target.output, target.temp_dir, settings.annotated.label_map)
+        renames.append(tuple(move))
     manifest = _run_manifest(settings, run)
     manifest_bytes = _json_bytes(manifest)
     try:
@@ -573,8 +593,8 @@ class _CountsFolded:
     """Shard results as the commit keeps them: each split's label, image and note
     counts summed as the results arrive, and carried by the split's first shard's
     result alone (whatever reads them sums a split's: the manifest's label counts,
-    the statistics, the image notes), so the commit holds a few counts per split,
-    not a thousand classes per shard."""
+    the statistics, the image notes; an annotated run's statistics likewise), so the
+    commit holds a few counts per split, not a thousand classes per shard."""
 
     _COUNTS = ("label_counts", "image_counts", "note_counts")
 
@@ -586,7 +606,9 @@ class _CountsFolded:
         totals = self._totals.setdefault(result.split, {name: Counter() for name in self._COUNTS})
         for name in self._COUNTS:
             totals[name].update(dict(getattr(result, name)))
-        self._results.append(dataclasses.replace(result, label_counts=(), image_counts=(), note_counts=()))
+        totals["annotations"] = annotated_io.merged_statistics(totals.get("annotations"), result.annotations)
+        self._results.append(dataclasses.replace(result, label_counts=(), image_counts=(), note_counts=(),
+                                                 annotations=None))
 
     def results(self) -> list[ShardResult]:
         first: dict[str, int] = {}
@@ -596,7 +618,8 @@ class _CountsFolded:
         for split, number in first.items():
             totals = self._totals[split]
             self._results[number] = dataclasses.replace(
-                self._results[number], **{name: tuple(sorted(totals[name].items())) for name in self._COUNTS})
+                self._results[number], annotations=totals["annotations"],
+                **{name: tuple(sorted(totals[name].items())) for name in self._COUNTS})
         return self._results
 
 

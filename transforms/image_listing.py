@@ -27,8 +27,10 @@ import numpy as np
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
+from beam_tfrecords.schemas.annotations import ANNOTATION_LAYOUTS
 from beam_tfrecords.schemas.config import DEFAULT_MAX_FILE_BYTES
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef, ImageRefs, ListingPart
+from beam_tfrecords.transforms.annotated_inputs import AnnotationArgs, list_annotated
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input, sha256_input
 from beam_tfrecords.transforms.io.fingerprint import relative_path
@@ -104,6 +106,7 @@ class ListingIdentity(NamedTuple):
     only: tuple[str, ...]
     follow_links_outside: bool
     max_file_bytes: int
+    annotations: tuple = ()
 
     @classmethod
     def of(cls, config, vocabulary: tuple[str, ...] = (), only: tuple[str, ...] = ()) -> ListingIdentity:
@@ -112,7 +115,8 @@ class ListingIdentity(NamedTuple):
         return cls(config.input, config.layout, config.labels, config.image_column,
                    config.label_column, tuple(config.splits), config.split_by,
                    config.drop_duplicates, tuple(vocabulary), tuple(only),
-                   config.follow_links_outside, config.max_file_bytes)
+                   config.follow_links_outside, config.max_file_bytes,
+                   tuple(AnnotationArgs.of(config)) if config.layout in ANNOTATION_LAYOUTS else ())
 
 
 # A folder layout listing more images than this keeps them as columns (a ``RefTable``):
@@ -125,7 +129,7 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
                 splits: tuple[tuple[str, float], ...] = (), split_by: str = "path",
                 drop_duplicates: bool = False, vocabulary: tuple[str, ...] = (),
                 only: tuple[str, ...] = (), follow_links_outside: bool = False,
-                max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, *,
+                max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, annotations: tuple = (), *,
                 held: HeldImages | None = None, contents_on_workers: bool = False) -> Listing:
     """Lists and labels the images that ``input_path`` names.
 
@@ -147,6 +151,8 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
         outside it (else they are passed over: ``link_outside_input``).
       max_file_bytes: a file larger than this is dead-lettered (``file_too_large``)
         unread.
+      annotations: an annotated layout's flags (``annotated_inputs.AnnotationArgs``):
+        the listing is ``annotated_inputs.list_annotated``'s.
       held: with ``drop_duplicates``, the images the dataset an incremental run
         adds to already holds: they win over copies, and a new file holding one
         of their contents is left out as a copy (not given to the listing step:
@@ -161,6 +167,11 @@ def list_images(input_path: str, layout: str = "auto", labels_path: str | None =
         (``plan.names``), or when ``splits`` are given for an input that names its
         splits (these are caught before the pipeline runs, by the preflight).
     """
+    if layout in ANNOTATION_LAYOUTS:
+        listing = list_annotated(input_path, layout, labels_path, image_column, label_column,
+                                 tuple(splits), follow_links_outside, AnnotationArgs(*annotations))
+        _refuse_large_files(listing, max_file_bytes)
+        return listing
     listing = _list_images(input_path, layout, labels_path, image_column, label_column,
                            vocabulary, follow_links_outside)
     _refuse_large_files(listing, max_file_bytes)
@@ -400,8 +411,8 @@ def keep_listing(listing: Listing, args: tuple) -> str:
 
     ``args`` are the listing's arguments ``(input_path, layout, labels_path,
     image_column, label_column, splits, split_by, drop_duplicates, vocabulary,
-    only, follow_links_outside, max_file_bytes)``: a step lists again unless its
-    own match.
+    only, follow_links_outside, max_file_bytes, annotations)``: a step lists again
+    unless its own match.
     """
     token = uuid.uuid4().hex
     with _kept_lock:

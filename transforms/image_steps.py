@@ -59,6 +59,7 @@ from beam_tfrecords.transforms.image_listing import (
     write_listing,
 )
 from beam_tfrecords.transforms.io import files, progress
+from beam_tfrecords.transforms.io.annotated_output import image_bad_counts, image_facts, object_letters
 from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
@@ -123,7 +124,8 @@ class _ListImagesFn(beam.DoFn):
                  drop_duplicates: bool = False, vocabulary: tuple[str, ...] = (),
                  only: tuple[str, ...] = (), listing_path: str | None = None,
                  follow_links_outside: bool = False, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-                 listing_sha256: str = "", part_rows: int = 0, contents_on_workers: bool = False):
+                 listing_sha256: str = "", part_rows: int = 0, contents_on_workers: bool = False,
+                 annotations: tuple = ()):
         if listing_path and not listing_sha256:
             raise ValueError("a listing handed over through storage needs its SHA-256")
         self._kept = kept
@@ -135,7 +137,8 @@ class _ListImagesFn(beam.DoFn):
             input_path=input_path, layout=layout, labels_path=labels_path, image_column=columns[0],
             label_column=columns[1], splits=tuple(splits), split_by=split_by,
             drop_duplicates=drop_duplicates, vocabulary=tuple(vocabulary), only=tuple(only),
-            follow_links_outside=follow_links_outside, max_file_bytes=max_file_bytes)
+            follow_links_outside=follow_links_outside, max_file_bytes=max_file_bytes,
+            annotations=tuple(annotations))
         if listing_path:  # The names are in the hand-off; the job graph holds their digest.
             self._identity = ListingIdentity(*graph_args(self._identity))
         self._input = input_path
@@ -195,7 +198,7 @@ class ListImages(beam.PTransform):
 
     Args:
       input_path: a folder, a glob or a CSV manifest.
-      layout: ``auto``, ``class_folders``, ``cifar`` or ``csv``.
+      layout: ``auto``, ``class_folders``, ``cifar``, ``csv`` or an annotated layout.
       labels_path: a labels file, or ``None``.
       output: the output folder (inputs refused while listing are dead-lettered there).
       helper_processes: helper processes the shard writers will use (started early).
@@ -214,6 +217,7 @@ class ListImages(beam.PTransform):
         used, ``part_refs``), for ``PlanListingParts``.
       contents_on_workers: a listing made by this step leaves splits by content
         and dropping copies to the pipeline's ``HashImages`` step (see ``list_images``).
+      annotations: an annotated layout's flags (``ListingIdentity.annotations``).
 
     Returns a ``DoOutputsTuple``: ``.refs`` holds one ``ImageRefs`` element (or the
     ``ListingPart`` s); ``.summary`` holds one ``InputSummary``.
@@ -226,13 +230,13 @@ class ListImages(beam.PTransform):
                  vocabulary: tuple[str, ...] = (), only: tuple[str, ...] = (),
                  listing_path: str | None = None, follow_links_outside: bool = False,
                  max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, listing_sha256: str = "",
-                 part_rows: int = 0, contents_on_workers: bool = False):
+                 part_rows: int = 0, contents_on_workers: bool = False, annotations: tuple = ()):
         super().__init__()
         self._fn = _ListImagesFn(input_path, layout, labels_path, output, helper_processes,
                                  (image_column, label_column), kept, splits, split_by,
                                  drop_duplicates, vocabulary, only, listing_path,
                                  follow_links_outside, max_file_bytes, listing_sha256, part_rows,
-                                 contents_on_workers)
+                                 contents_on_workers, annotations)
 
     def expand(self, pbegin):
         return (
@@ -383,18 +387,21 @@ class ImageRecords(RecordSource):
         encoded = ordered_map(pool, self._builder.chunk, chunks, workers + 2)
         for chunk, (framed, outcomes) in zip(chunks, encoded):
             progress.add(inputs=len(chunk), input_bytes=sum(ref.size for ref in chunk))
-            dead, labels, notes, contents, images = [], [], [], [], []
+            dead, labels, notes, contents, images, facts = [], [], [], [], [], []
             for ref, outcome in zip(chunk, outcomes):
                 if isinstance(outcome, DeadLetter):
                     dead.append(outcome)
                 else:
-                    labels.append(ref.label_text or str(ref.label))
+                    labels.append(ref.label_text or ("" if ref.label == -1 else str(ref.label)))
                     contents.append((outcome.sha256, ref.filename,
                                      outcome.source_sha256 if outcome.source_sha256 != outcome.sha256 else ""))
                     notes.append(outcome.note)
                     images.append(outcome.image)
+                    if outcome.report is not None:  # Annotated: its facts; its objects dropped.
+                        dead += object_letters(ref.filename, outcome.report)
+                    facts.append(image_facts(outcome))
             yield Chunk(framed, len(labels), tuple(dead), tuple(labels), len(chunk), tuple(notes),
-                        tuple(contents), tuple(images))
+                        tuple(contents), tuple(images), tuple(facts) if any(facts) else ())
 
 
 class _ImageToExampleFn(beam.DoFn):
@@ -549,7 +556,7 @@ class _SpoolUnitFn(beam.DoFn):
         spec = ShardSpec(split, 0, 1, f"{split}-unit-{index:05d}", sum(r.size for r in refs.unpack()),
                          refs)
         path = files.join(self._spool_dir, f"{split}-{index:05d}.spool")
-        sizes, labels, notes, contents, images, dead = [], [], [], [], [], []
+        sizes, labels, notes, contents, images, dead, facts = [], [], [], [], [], [], []
         with files.open_write(path) as stream:
             for chunk in self._source.chunks(spec):
                 stream.write(chunk.framed)
@@ -558,13 +565,13 @@ class _SpoolUnitFn(beam.DoFn):
                 notes.extend(chunk.notes)
                 contents.extend(chunk.contents)
                 images.extend(chunk.images)
+                facts.extend(chunk.annotations or (None,) * chunk.records)
                 dead.extend(chunk.dead)
         dead_path = write_dead_letters(self._output, f"{split}-unit-{index:05d}", dead)
         beam.metrics.Metrics.counter("images", "spooled").inc(len(sizes))
         yield ImageSpool(split, index, path if sizes else "", np.asarray(sizes, "<i8").tobytes(),
-                         tuple(labels), tuple(notes), tuple(contents),
-                         tuple(sorted(Counter(d.error for d in dead).items())), dead_path,
-                         tuple(images))
+                         tuple(labels), tuple(notes), tuple(contents), image_bad_counts(dead), dead_path,
+                         tuple(images), tuple(facts) if any(facts) else ())
 
 
 def plan_spooled_images(spools: Sequence[ImageSpool], band: ShardBand,
@@ -580,7 +587,8 @@ def plan_spooled_images(spools: Sequence[ImageSpool], band: ShardBand,
             spool = by_path[path]
             first, last = np.searchsorted(offsets[path], [begin, end])
             extras.append((spool.labels[first:last], spool.notes[first:last],
-                           spool.contents[first:last], spool.images[first:last]))
+                           spool.contents[first:last], spool.images[first:last])
+                          + ((spool.annotations[first:last],) if spool.annotations else ()))
         specs.append(dataclasses.replace(
             spec, records=SpoolSegments(spec.records.segments, tuple(extras))))
     return specs

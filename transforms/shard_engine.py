@@ -52,12 +52,14 @@ from beam_tfrecords.transforms.codec.tfrecord import (
 )
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io import progress as run_progress
+from beam_tfrecords.transforms.io.annotated_output import OBJECT_STAGE, fold_facts, image_bad_counts
 from beam_tfrecords.transforms.io.contents import write_contents
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.retry import ATTEMPTS, retried
 from beam_tfrecords.transforms.io.storage_errors import STORAGE_ERRORS
 from beam_tfrecords.transforms.plan.shard_cuts import cut_shards, shard_spec
+from beam_tfrecords.transforms.quality.annotation_stats import AnnotationStatistics
 from beam_tfrecords.transforms.quality.statistics import image_counts
 from beam_tfrecords.transforms.shard_verification import VerifyShards, storage_crc32c_check, verify_shard
 
@@ -95,6 +97,8 @@ class Chunk(NamedTuple):
         written (for the duplicates and leakage report).
       images: for images, ``(format, mode, width, height)`` of each record written
         (for the statistics; see ``quality.statistics.image_counts``).
+      annotations: for annotated images, each record's facts
+        (``io.annotated_output.image_facts``; ``None`` for one without), or ``()``.
     """
 
     framed: bytes
@@ -105,6 +109,7 @@ class Chunk(NamedTuple):
     notes: tuple[str, ...] = ()
     contents: tuple[tuple[str, str, str], ...] = ()
     images: tuple[tuple[str, str, int, int], ...] = ()
+    annotations: tuple = ()
 
 
 class RecordSource:
@@ -159,7 +164,7 @@ class SpoolCopy(RecordSource):
         segments: SpoolSegments = spec.records
         extras = segments.extras
         for number, (spool, begin, end, records) in enumerate(segments.segments):
-            labels, notes, contents, images = extras[number] if extras else ((), (), (), ())
+            labels, notes, contents, images, *facts = extras[number] if extras else ((), (), (), ())
             last = None  # The segment's last block carries its records' counts.
             for block in files.read_range(spool, begin, end, _COPY_BYTES):
                 if last is not None:
@@ -167,7 +172,7 @@ class SpoolCopy(RecordSource):
                 last = block
             if last is not None:
                 yield Chunk(last, records, (), tuple(labels), records, tuple(notes),
-                            tuple(contents), tuple(images))
+                            tuple(contents), tuple(images), tuple(facts[0]) if facts else ())
 
 
 class _Progress:
@@ -188,6 +193,7 @@ class _Written:
     notes: Counter
     contents: list
     images: Counter
+    annotations: AnnotationStatistics | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,6 +230,7 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
     notes: Counter = Counter()
     contents: list = []
     kinds: Counter = Counter()  # (format, mode, width, height) -> records
+    annotations = None  # AnnotationStatistics, once a record has annotation facts.
     dead: list[DeadLetter] = []
     progress = _Progress(spec, source.count(spec))
     done = written = last_checkpoint = 0
@@ -233,10 +240,11 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
         writer = TFRecordWriter(sink, compression)
         for number, chunk in enumerate(source.chunks(spec)):
             dead.extend(chunk.dead)
-            labels.update(chunk.labels)
+            labels.update(label for label in chunk.labels if label)  # '': a detection record.
             notes.update(note for note in chunk.notes if note)
             contents.extend(chunk.contents)
             kinds.update(chunk.images)
+            annotations = fold_facts(chunk.annotations, annotations)
             writer.write_framed(chunk.framed, chunk.records)
             written += len(chunk.framed)
             done += chunk.inputs
@@ -256,7 +264,7 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
             images[key] += count
     _log.info("Wrote %s: %d records, %.1f MB in %.1f s", spec.name, digest.records,
               digest.bytes / 1e6, time.monotonic() - progress.start)
-    return _Written(digest, labels, dead, tuple(checkpoints), notes, contents, images)
+    return _Written(digest, labels, dead, tuple(checkpoints), notes, contents, images, annotations)
 
 
 def write_shard(spec: ShardSpec, target: ShardTarget, source: RecordSource,
@@ -316,7 +324,7 @@ def write_shard(spec: ShardSpec, target: ShardTarget, source: RecordSource,
         label_counts=tuple(sorted(written.labels.items())),
         note_counts=tuple(sorted(written.notes.items())),
         image_counts=tuple(sorted(written.images.items())),
-        bad_counts=tuple(sorted(Counter(d.error for d in written.dead).items())),
+        bad_counts=image_bad_counts(written.dead),  # Images: dropped objects apart.
         dead_letter_path=dead_path,
         checkpoints=() if compressed else (spec.checkpoints or written.checkpoints),
         temp_path=temp,
@@ -325,6 +333,8 @@ def write_shard(spec: ShardSpec, target: ShardTarget, source: RecordSource,
         contents_path=contents_path,
         contents_sha256=contents_sha256,
         contents_count=contents_count,
+        annotations=written.annotations,
+        objects_dead_lettered=sum(d.stage == OBJECT_STAGE for d in written.dead),
     )
 
 

@@ -40,8 +40,10 @@ def encode_image_example(
     Args:
       encoded: the image file's bytes, stored unchanged.
       info: format, dimensions and channel count read from the header.
-      label: class index (or, for several labels per image, a tuple of them).
-      label_text: class name (or a tuple of names, as ``label``).
+      label: class index (or, for several labels per image, a tuple of them; or
+        ``None``: no ``image/class/label`` nor ``image/class/text``, a detection
+        record whose classes are per object).
+      label_text: class name (or a tuple of names, as ``label``; ignored with ``None``).
       filename: path relative to the input root.
       extra: extra features, ``((name, dtype, value), ...)``: one value each, or a
         tuple or list of values (a list feature, possibly empty).
@@ -67,7 +69,7 @@ def image_example_parts(
     their total size: ``encoded`` is one of the pieces, not copied (see
     ``codec.tfrecord.frame_parts``). Arguments as for ``encode_image_example``."""
     digest = digest or hashlib.sha256(encoded).hexdigest()
-    if not extra and not isinstance(label, tuple):
+    if not extra and not isinstance(label, tuple) and label is not None:
         # The usual record: nine features whose name order is fixed (see _ORDER).
         image_parts, image_size = bytes_entry_parts("image/encoded", encoded)
         name_parts, name_size = bytes_entry_parts("image/filename", filename)
@@ -95,6 +97,8 @@ def image_example_parts(
         ("image/filename", "string", (filename,)),
         ("image/key/sha256", "string", (digest,)),
     ]
+    if label is None:  # A detection record: classes per object only.
+        features = [feature for feature in features if not feature[0].startswith("image/class/")]
     features.extend((name, dtype, _values(value)) for name, dtype, value in extra)
     example = encode_example(features)
     return [example], len(example)

@@ -183,7 +183,7 @@ class AnnotationAttach:
         counts = found.counts
         if resolved.orienting.count:
             counts = tuple(sorted(counts + ((resolved.orienting.count, 1),)))
-        return Followed(found.features, AttachReport(counts, found.problems))
+        return Followed(found.features, AttachReport(counts, found.problems, found.objects))
 
     def _mask(self, annotations: ImageAnnotations) -> bytes:
         path = annotations.mask

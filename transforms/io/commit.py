@@ -63,6 +63,7 @@ import os
 import uuid
 from collections.abc import Mapping, Sequence
 
+from beam_tfrecords.schemas.annotations import LABEL_MAP_NAME
 from beam_tfrecords.schemas.elements import StoredObject
 from beam_tfrecords.schemas.inputs import INPUTS_NAME, PART_PREFIX
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME
@@ -215,7 +216,10 @@ def _stage(output: str, temp_dir: str, manifest: bytes, renames: Sequence[tuple[
         tuple(sorted(n for n in claims.owned if is_shard_like(n) and n not in keep)),
         tuple(sorted(n.rstrip("/") for n in claims.owned if n.startswith(PART_PREFIX)
                      and n.endswith("/") and n.count("/") == 1)) if remove_parts else (),
-        (INPUTS_NAME,) if remove_inputs and claims.owns(INPUTS_NAME) and INPUTS_NAME not in keep else ())
+        (INPUTS_NAME,) if remove_inputs and claims.owns(INPUTS_NAME) and INPUTS_NAME not in keep else ()
+        # An annotated dataset's label map, replaced by a dataset without one.
+        + ((LABEL_MAP_NAME,) if remove_parts and claims.owns(LABEL_MAP_NAME) and LABEL_MAP_NAME not in keep
+           else ()))
     files.write_bytes(staged, manifest)
     write_atomic(state_path, state.to_bytes())  # Written after the manifest it names.
     return state

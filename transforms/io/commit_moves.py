@@ -236,6 +236,10 @@ def _listed_content(manifest: dict | None) -> dict[str, tuple[int | None, str, s
     listing = (manifest.get("input") or {}).get("files_list") if isinstance(manifest.get("input"), dict) else None
     if isinstance(listing, dict) and isinstance(listing.get("path"), str):
         found[listing["path"]] = (None, "", str(listing.get("sha256") or ""))
+    annotations = manifest.get("annotations")
+    label_map = annotations.get("label_map") if isinstance(annotations, dict) else None
+    if isinstance(label_map, dict) and isinstance(label_map.get("path"), str):  # An annotated dataset's.
+        found[label_map["path"]] = (None, "", str(label_map.get("sha256") or ""))
     return found
 
 

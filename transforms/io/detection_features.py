@@ -19,7 +19,9 @@ Garden's ``TfExampleDecoder`` and the Object Detection API read
 - instance masks (``instance_masks``): each object's segmentation rendered at the
   frame's size by the ``render`` given (``render(segmentation, height, width)`` ->
   a 0/1 ``uint8`` array; an object without one gets its box filled, counted
-  ``mask_from_box``), moved like the pixels with nearest neighbour (a mask stays
+  ``mask_from_box``; one the renderer refuses, an RLE of another size or a bad
+  ring, is an empty mask, counted ``segmentation_invalid``, the object kept),
+  moved like the pixels with nearest neighbour (a mask stays
   0/1), one PNG each (mode ``L``, values 0 and 1);
 - a semantic mask (PNG bytes): its size must be the frame's (else
   ``mask_size_mismatch``: the image is refused), moved with nearest neighbour,
@@ -79,12 +81,15 @@ class DetectionFeatures:
       refused: a problem that refuses the whole image (``mask_size_mismatch``,
         ``bad_mask``; ``kept`` is ``"nothing"``), else ``None``: then ``features``
         is empty.
+      objects: per object written, ``(class id, its box's area in output pixels)``
+        (the box's, not COCO's ``area``: the statistics' size ranges).
     """
 
     features: tuple[Feature, ...] = ()
     counts: tuple[tuple[str, int], ...] = ()
     problems: tuple[AnnotationProblem, ...] = ()
     refused: AnnotationProblem | None = None
+    objects: tuple[tuple[int, float], ...] = ()
 
 
 def source_point(geometry: Geometry, x, y):
@@ -183,6 +188,7 @@ class _Boxes:
     xmax: list = dataclasses.field(default_factory=list)
     ymax: list = dataclasses.field(default_factory=list)
     area: list = dataclasses.field(default_factory=list)
+    box_area: list = dataclasses.field(default_factory=list)
     kept: list = dataclasses.field(default_factory=list)
     clipped: int = 0
     problems: list = dataclasses.field(default_factory=list)
@@ -249,6 +255,7 @@ def _add_object(boxes: _Boxes, annotations: ImageAnnotations, obj: ObjectAnnotat
     boxes.ymin.append(clipped[1] / height)
     boxes.xmax.append(clipped[2] / width)
     boxes.ymax.append(clipped[3] / height)
+    boxes.box_area.append((clipped[2] - clipped[0]) * (clipped[3] - clipped[1]))
     boxes.area.append(kept_area)
     boxes.kept.append(obj)
     return True
@@ -265,21 +272,26 @@ def _box_mask(box: tuple[float, ...], frame: tuple[int, int]) -> np.ndarray:
 
 
 def _instance_masks(annotations: ImageAnnotations, objects: list[ObjectAnnotation], geometry: Geometry,
-                    frame: Geometry, render: Render) -> tuple[tuple[bytes, ...], int]:
-    """One PNG per kept object, and how many were filled from their box."""
+                    frame: Geometry, render: Render) -> tuple[tuple[bytes, ...], int, int]:
+    """One PNG per kept object, how many were filled from their box, and how many
+    segmentations the renderer refused (an RLE of another size, a bad ring: the
+    object kept with an empty mask, counted ``segmentation_invalid``)."""
     width, height = frame.output
-    pngs, from_box = [], 0
+    pngs, from_box, invalid = [], 0, 0
     for obj in objects:
         if obj.segmentation is None:
             drawn = _box_mask(_frame_box(obj, annotations.units, frame.output), frame.output)
             from_box += 1
         else:
-            drawn = np.asarray(render(obj.segmentation, height, width))
+            try:
+                drawn = np.asarray(render(obj.segmentation, height, width))
+            except ValueError:  # codec.masks.MaskError: this object's segmentation only.
+                drawn, invalid = np.zeros((height, width), np.uint8), invalid + 1
             if drawn.shape != (height, width):
                 raise ValueError(f"the mask renderer gave {drawn.shape}, not ({height}, {width})")
         moved = moved_mask((drawn > 0).astype(np.uint8), geometry, frame)
         pngs.append(png_bytes(moved))
-    return tuple(pngs), from_box
+    return tuple(pngs), from_box, invalid
 
 
 def _mask_array(data: bytes) -> np.ndarray:
@@ -376,7 +388,9 @@ def detection_features(annotations: ImageAnnotations, geometry: Geometry, label_
     counts["box_clipped"] = boxes.clipped
     counts["box_empty"] = sum(p.reason == "box_empty" for p in boxes.problems)
     if instance_masks and (annotations.objects or not annotations.labels):
-        pngs, counts["mask_from_box"] = _instance_masks(annotations, boxes.kept, geometry, frame, render)
+        pngs, counts["mask_from_box"], counts["segmentation_invalid"] = _instance_masks(
+            annotations, boxes.kept, geometry, frame, render)
         features += (("image/object/mask", "string", pngs),)
     return DetectionFeatures(features, tuple((k, n) for k, n in sorted(counts.items()) if n),
-                             tuple(boxes.problems))
+                             tuple(boxes.problems),
+                             objects=tuple((o.label, area) for o, area in zip(boxes.kept, boxes.box_area)))

@@ -18,7 +18,9 @@ side data is looked up by them). An ``Attachment`` may:
   or a tuple of values: a list feature, possibly empty);
 * give the image several labels: ``labels``, ``((id, name), ...)``, written as
   the lists ``image/class/label`` and ``image/class/text`` in place of the
-  listing's one label;
+  listing's one label. A reference whose ``label`` is -1 (an annotated layout's
+  detection image) and that gets no ``labels`` has neither key: its classes are
+  per object;
 * ask for a geometry change of the pixels, applied after any reshape: ``turns``
   quarter turns clockwise, then ``flip`` (mirrored left to right). The image is
   then decoded and written again (PNG stays PNG, JPEG stays JPEG at the
@@ -240,10 +242,13 @@ class AttachReport:
       counts: ``((reason, n), ...)``: things counted (boxes clipped, ...).
       problems: side data not taken as given, the image kept (objects dropped):
         ``schemas.annotations.AnnotationProblem`` for annotations.
+      objects: per object written, ``(class id, box area in output pixels)``
+        (the run's annotation statistics, ``quality.annotation_stats``).
     """
 
     counts: tuple[tuple[str, int], ...] = ()
     problems: tuple = ()
+    objects: tuple[tuple[int, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -478,6 +483,8 @@ class ImageRecordBuilder:
                 extra, report = _attached(ref, attachment, geometry)
                 if attachment.labels:
                     label, text = (tuple(labels) for labels in zip(*attachment.labels))
+            if label == -1:  # A detection record: classes per object, no image/class/*.
+                label, text = None, None
             parts, size = image_example_parts(data, info, label, text, ref.filename, extra, digest)
         except AttachmentRefused as refused:
             return _refused(ref, refused)

@@ -3,7 +3,8 @@
 A run removes or replaces only what it can prove it wrote:
 
 - what the output's ``manifest.json`` lists: its shards, its parts, its dead-letter
-  files (``skipped.jsonl`` too) and its ``inputs.jsonl``;
+  files (``skipped.jsonl`` too), its ``inputs.jsonl`` and an annotated dataset's
+  ``label_map.pbtxt`` (``annotations.label_map.path``);
 - a ``run_report.json`` that records the SHA-256 of that manifest
   (``manifest_sha256``; a report without the field, beside a manifest, is one
   written before the field existed, and is taken as ours);
@@ -45,6 +46,7 @@ from collections.abc import Iterable, Sequence
 
 import google_crc32c
 
+from beam_tfrecords.schemas.annotations import LABEL_MAP_NAME
 from beam_tfrecords.schemas.inputs import INPUTS_NAME, PART_PREFIX
 from beam_tfrecords.schemas.manifest import DEAD_LETTER_DIR, MANIFEST_NAME, REPORT_NAME, parse_manifest
 from beam_tfrecords.schemas.shards import WORK_DIR, parse_shard_name
@@ -247,7 +249,8 @@ def listed_paths(manifest: dict | None) -> set[str]:
     for path in get(manifest, "bad_records", "dead_letter_files") or []:
         if isinstance(path, str):
             listed.add(path)
-    for value in (get(manifest, "input", "skipped", "file"), get(manifest, "input", "files_list", "path")):
+    for value in (get(manifest, "input", "skipped", "file"), get(manifest, "input", "files_list", "path"),
+                  get(manifest, "annotations", "label_map", "path")):
         if isinstance(value, str):
             listed.add(value)
     return {p for p in listed if p and not p.startswith("/") and ".." not in p.split("/")}
@@ -556,7 +559,7 @@ def claim_output(output: str) -> OutputClaims:
                     leftovers.append(folder)
             else:
                 foreign.append(folder)
-        elif name in (REPORT_NAME, INPUTS_NAME):
+        elif name in (REPORT_NAME, INPUTS_NAME, LABEL_MAP_NAME):
             if item.folder or item.link:
                 foreign.append(name)
             elif name == REPORT_NAME and _report_is_ours(listing, item, manifest_sha256):

@@ -99,6 +99,8 @@ class Listing:
         the listing said of each file (time or generation, crc32c): the input
         fingerprint is written from it (``refs`` may be a subset of it, or the
         same table); ``None`` for a CSV manifest.
+      annotated: for an annotated layout, what its plan says of it
+        (``plan.annotated_listing.AnnotatedSummary``); ``None`` otherwise. Not handed over.
     """
 
     layout: str
@@ -111,6 +113,7 @@ class Listing:
     split_source: str = ""
     duplicates_dropped: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     files: RefTable | None = None
+    annotated: object = None
 
 
 _GLOB_CHARS = re.compile(r"[*?\[]")

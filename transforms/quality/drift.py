@@ -17,6 +17,9 @@ compares before it publishes anything, and a run that drifted publishes nothing
   went from 0% to 98% NaN fails even though its finite values kept their mean.
 - ``class_share``: per split and image class, the change of its share of the
   records (absolute, ``max_class_share_change``).
+- ``object_class_share``: per split and object class of annotated images, the
+  change of its share of the objects (same threshold), when both datasets have
+  annotation statistics with objects in the split (``statistics.annotations``).
 - ``value_share``: per split and string feature whose top values are exact on
   both sides, the change of each top value's share of the values (same
   threshold); a value outside one side's top list counts at most that list's
@@ -39,6 +42,7 @@ import math
 from collections.abc import Mapping
 
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME
+from beam_tfrecords.transforms.quality.annotation_stats import object_class_shares
 from beam_tfrecords.transforms.quality.statistics import split_statistics
 
 __all__ = ["PREVIOUS", "DriftGate", "baseline_of", "compare", "drift_manifest_path",
@@ -262,6 +266,17 @@ def _split(checks: _Checks, gate: DriftGate, split: str, old: Mapping, new: Mapp
                          "class", **{"class": name})
 
 
+def _object_shares(checks: _Checks, gate: DriftGate, split: str, old: Mapping, new: Mapping) -> None:
+    """``object_class_share``: per class, the change of its share of the objects, when
+    both splits have annotation statistics with objects (else nothing is listed)."""
+    before, after = (object_class_shares(side.get("annotations") or {}) for side in (old, new))
+    if not before or not after:
+        return
+    for name in sorted(set(before) | set(after)):
+        checks.share("object_class_share", f"'{name}' share of the objects", split, before.get(name, 0.0),
+                     after.get(name, 0.0), gate.max_class_share_change, "class", **{"class": name})
+
+
 def compare(gate: DriftGate, features: Mapping, statistics: Mapping[str, Mapping]) -> dict:
     """The drift report of a run (``run_report.json``'s ``drift``).
 
@@ -298,6 +313,7 @@ def compare(gate: DriftGate, features: Mapping, statistics: Mapping[str, Mapping
                 f"the split is only in the {'old' if split in old_splits else 'new'} dataset")
             continue
         _split(checks, gate, split, old_splits[split], statistics[split])
+        _object_shares(checks, gate, split, old_splits[split].get("statistics") or {}, statistics[split])
     failed = bool(checks.failures)
     passed = sum(1 for c in checks.checks if c["verdict"] == "passed")
     not_compared = sum(1 for c in checks.checks if c["verdict"] == "not_compared")
@@ -314,9 +330,14 @@ def compare(gate: DriftGate, features: Mapping, statistics: Mapping[str, Mapping
     return report
 
 
-def statistics_and_drift(gate: DriftGate | None, results, summary,
-                         features: Mapping) -> tuple[dict[str, dict], dict | None]:
+def statistics_and_drift(gate: DriftGate | None, results, summary, features: Mapping,
+                         annotations: Mapping[str, dict] | None = None) -> tuple[dict[str, dict], dict | None]:
     """For the commit step: the run's ``{split: statistics}`` (see
-    ``statistics.split_statistics``) and, with a gate, its drift report."""
+    ``statistics.split_statistics``; an annotated run's ``annotations``, per split,
+    ``AnnotationStatistics.to_json``, go in as each split's ``annotations``) and,
+    with a gate, its drift report."""
     statistics = split_statistics(results, summary)
+    for split, stats in (annotations or {}).items():
+        if split in statistics:
+            statistics[split]["annotations"] = stats
     return statistics, (compare(gate, features, statistics) if gate is not None else None)
