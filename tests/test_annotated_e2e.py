@@ -20,8 +20,9 @@ the numbers it wrote into the annotation files; records are decoded by
   stored pixels, inside the stored box (1 px allowed for resampling), and the box is
   no more than 1.5 px larger than the red pixels on any side; masks move with the
   pixels, never interpolated;
-- the splits the layout gives, the records per split, ``label_map.pbtxt`` and the
-  manifest's layout and counts.
+- the splits the layout gives, the records per split, ``label_map.pbtxt``, and the
+  manifest's feature spec (every key the records hold, detection keys with their
+  dtypes, per-object lists of shape ``[None]``), vocabulary, layout and counts.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from beam_tfrecords.schemas.annotations import DETECTION_KEYS
 from beam_tfrecords.transforms.codec.example import example_to_dict
 from beam_tfrecords.transforms.codec.tfrecord import iter_records
 from tests.harness import annotated_sets as sets
@@ -144,6 +146,15 @@ def _manifest_checks(out: Path, made: sets.AnnotatedSet, records: dict) -> None:
     assert {s: v["records"] for s, v in manifest["splits"].items() if v["records"]} == per_split
     if made.splits:
         assert per_split == made.splits
+    features = manifest["features"]
+    for _, serialized in records.values():
+        for key in example_to_dict(serialized):
+            assert key in features, f"{key} is not in the manifest's features"
+            if key in DETECTION_KEYS:
+                assert features[key]["dtype"] == DETECTION_KEYS[key], key
+            if key.startswith("image/object/") or (made.layout == "multi_label" and key.startswith("image/class/")):
+                assert features[key]["shape"] == [None], f"{key}: a list, its shape {features[key]['shape']}"
+    assert manifest["labels"]["vocabulary"] == [name for _, name in made.label_map]
     summary = manifest["annotations"]
     assert summary["layout"] == made.layout
     text = (out / "label_map.pbtxt").read_text(encoding="utf-8")
