@@ -1905,6 +1905,261 @@ def _csv_row_unknown_scheme(work, outcome):
         outcome.problems.append(f"x://a.jpg was not dead-lettered as unreadable_path: {reasons}")
 
 
+# --- issue 21: annotated inputs ---
+
+from tests.harness import annotated_sets  # noqa: E402  pylint: disable=wrong-import-position
+
+
+@dataclasses.dataclass(frozen=True)
+class Letter:
+    """A dead letter an annotated case expects: its reason, a piece of its source (the
+    annotation: file, line or id), and the image it stands for when that image is not
+    written (``None``: an annotation or an object, its image written or non-existent)."""
+
+    reason: str
+    source: str
+    image: str | None = None
+
+
+def _manifest_count(manifest: dict, name: str):
+    """A count of the manifest by dotted name (``annotations.problems.box_clipped``,
+    ``bad_records.by_reason.image_not_found``); ``None`` when absent."""
+    node = manifest
+    for part in name.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def account_annotated(outcome: Outcome, out: str, images: list[str], kept: list[str],
+                      letters: list[Letter], counted: dict[str, int] | None = None,
+                      left_out: list[str] = ()) -> Tally:
+    """An annotated run: every image file (``images``, as ``image/filename`` names it)
+    written (``kept``), dead-lettered (a ``Letter`` with its ``image``) or left out
+    (``left_out``: ``--drop_empty``); every expected letter found once, by reason and
+    source, among the dead letters or the objects passed over (``skipped.jsonl``), and
+    no other; the manifest's counts ``counted`` (dotted names). ``in``
+    counts the images and the annotations refused besides them."""
+    found = outcome.found(out)
+    outcome.n_in = len(images) + sum(letter.image is None for letter in letters)
+    outcome.written, outcome.dead = len(found.records), len(found.dead)
+    outcome.skipped = len(found.skipped)
+    if not found.published:
+        outcome.nothing_lost = found.nothing_published
+        return found
+    names = Counter(r["image/filename"][0].decode() for r in found.records)
+    if names != Counter(kept):
+        outcome.problems.append(f"records {sorted(names)}, expected {sorted(kept)}")
+    unmatched = [("dead letter", d) for d in found.dead] + [("skipped.jsonl", d) for d in found.skipped]
+    for letter in letters:
+        match = next((m for m in unmatched if m[1].get("error") == letter.reason
+                      and letter.source in m[1].get("source", "")), None)
+        if match is None:
+            outcome.problems.append(f"no dead letter {letter.reason} naming {letter.source!r}")
+            continue
+        unmatched.remove(match)
+        outcome.notes.append(f"dead letter: {match[1]['source']}: {match[1]['error']} [{match[0]}"
+                             + (f"; {letter.image} not written]" if letter.image else "]"))
+    for image in left_out:  # Listed as passed over, or only counted.
+        match = next((m for m in unmatched if m[0] == "skipped.jsonl" and image in m[1].get("source", "")), None)
+        if match is not None:
+            unmatched.remove(match)
+        else:
+            outcome.skipped += 1
+        outcome.notes.append(f"left out: {image}" + (f" ({match[1].get('error')}, skipped.jsonl)" if match else ""))
+    if unmatched:
+        outcome.problems.append("unexpected letters: " + "; ".join(
+            f"{where} {d.get('source')}: {d.get('error')}" for where, d in unmatched[:5]))
+    missing = set(images) - set(kept) - {letter.image for letter in letters if letter.image} - set(left_out)
+    if missing:
+        outcome.problems.append(f"images neither written, dead-lettered nor left out: {sorted(missing)[:5]}")
+    outcome.nothing_lost = (names == Counter(kept) and not unmatched and not missing
+                            and outcome.n_in == outcome.written + outcome.dead + outcome.skipped)
+    for name, n in (counted or {}).items():
+        got = _manifest_count(found.manifest, name)
+        if got != n:
+            outcome.problems.append(f"the manifest's {name} is {got}, expected {n}")
+        else:
+            outcome.notes.append(f"manifest: {name} {n}")
+    outcome.notes.append(f"kept: {outcome.written} records")
+    _manifest_total(outcome, found)
+    return found
+
+
+def _box_csv_faults(work: Path, rows: list[str], exif: bool = False) -> tuple[Path, list[str]]:
+    """``in/boxes.csv`` of ``annotated_sets.make_box_csv`` with ``rows`` added; returns
+    the CSV and the images (as records name them)."""
+    made = annotated_sets.make_box_csv(work / "in", exif=exif)
+    csv_path = work / "in" / "boxes.csv"
+    if rows:
+        csv_path.write_text(csv_path.read_text(encoding="utf-8") + "\n".join(rows) + "\n", encoding="utf-8")
+    return csv_path, sorted(made.records)
+
+
+def _csv_line(csv_path: Path, text: str) -> int:
+    """The line number of the first line of ``csv_path`` starting with ``text``."""
+    lines = csv_path.read_text(encoding="utf-8").splitlines()
+    return next(n for n, line in enumerate(lines, start=1) if line.startswith(text))
+
+
+def _record(found: Tally, filename: str) -> dict:
+    return next((r for r in found.records if r["image/filename"][0].decode() == filename), {})
+
+
+@case("annot-box-past-edge", "box CSV: a box past the right edge (clipped), an image without objects "
+      "(kept)", EXIT_OK, STATUS_OK)
+def _annot_box_past_edge(work, outcome):
+    csv_path, images = _box_csv_faults(work, ["images/c.png,64,40,cat,40,10,80,20"])
+    # images/c.png had a negative row; a box row now gives it one object: use d as the empty one.
+    lines = csv_path.read_text(encoding="utf-8").splitlines()
+    csv_path.write_text("\n".join(line for line in lines if not line.startswith("images/sub/d.png"))
+                        + "\nimages/sub/d.png,32,32,,,,,\n", encoding="utf-8")
+    out = str(work / "out")
+    _convert(work, outcome, str(csv_path), out)
+    found = account_annotated(outcome, out, images, images, [],
+                              {"annotations.problems.box_clipped": 1, "annotations.images_without_objects": 1,
+                               "bad_records.total": 0})
+    record = _record(found, "images/c.png")
+    if [record.get(f"image/object/bbox/{k}") for k in ("xmin", "xmax")] != [[0.625], [1.0]]:
+        outcome.problems.append("the box past the edge is not clipped to xmax 1.0: "
+                                f"{record.get('image/object/bbox/xmin')}..{record.get('image/object/bbox/xmax')}")
+    if _record(found, "images/sub/d.png").get("image/object/bbox/xmin", None) != []:
+        outcome.problems.append("the image without objects is not a record with empty box lists")
+
+
+@case("annot-box-empty-not-finite", "box CSV: a box without area, a box with a NaN coordinate",
+      EXIT_OK, STATUS_OK)
+def _annot_box_empty(work, outcome):
+    csv_path, images = _box_csv_faults(work, ["images/a.png,48,32,cat,10,10,10,20",
+                                              "images/b.png,40,56,dog,nan,1,5,5"])
+    empty, nan = _csv_line(csv_path, "images/a.png,48,32,cat,10,10,10"), _csv_line(csv_path, "images/b.png,40,56,dog,nan")
+    out = str(work / "out")
+    _convert(work, outcome, str(csv_path), out)
+    found = account_annotated(outcome, out, images, images,
+                              [Letter("box_empty", f"boxes.csv:{empty}"), Letter("box_not_finite", f"boxes.csv:{nan}")],
+                              {"annotations.problems.box_empty": 1, "annotations.problems.box_not_finite": 1,
+                               "annotations.objects_dead_lettered": 1, "bad_records.total": 0})
+    objects = {name: len(_record(found, name).get("image/object/class/label", [])) for name in ("images/a.png", "images/b.png")}
+    if objects != {"images/a.png": 3, "images/b.png": 2}:
+        outcome.problems.append(f"objects kept {objects}, expected a 3 and b 2 (the bad ones dropped)")
+
+
+@case("annot-missing-file", "box CSV: rows for an image that does not exist", EXIT_OK, STATUS_OK)
+def _annot_missing_file(work, outcome):
+    csv_path, images = _box_csv_faults(work, ["images/missing.png,48,32,cat,1,1,9,9"])
+    line = _csv_line(csv_path, "images/missing.png")
+    out = str(work / "out")
+    _convert(work, outcome, str(csv_path), out, "--max_bad_fraction", "0.5")
+    account_annotated(outcome, out, images, images, [Letter("image_not_found", f"boxes.csv:{line}")],
+                      {"bad_records.by_reason.image_not_found": 1})
+
+
+def _coco_faults(work: Path, annotation: dict) -> tuple[list[str], list[str], int]:
+    made = annotated_sets.make_coco(work / "in")
+    path = work / "in" / "instances.json"
+    document = json.loads(path.read_text(encoding="utf-8"))
+    document["annotations"].insert(2, dict(annotation, id=9001))
+    path.write_text(json.dumps(document), encoding="utf-8")
+    return made.flags, sorted(e.path for e in made.records.values()), 9001
+
+
+@case("annot-coco-unknown-image-id", "COCO: an annotation whose image_id is in no image entry",
+      EXIT_OK, STATUS_OK)
+def _annot_coco_unknown_image(work, outcome):
+    flags, images, number = _coco_faults(work, {"image_id": 999, "category_id": 3, "bbox": [1, 1, 5, 5],
+                                                "area": 25.0, "iscrowd": 0, "segmentation": []})
+    out = str(work / "out")
+    # The run counts an orphan annotation as a bad input: 1 of 5 would fail the default budget.
+    run = cli(work, "convert", *flags, "--output", out, "--max_bad_fraction", "0.5")
+    outcome.runs.append(run)
+    account_annotated(outcome, out, images, images,
+                      [Letter("unknown_image_id", f"instances.json: annotation {number}")], {"bad_records.by_reason.unknown_image_id": 1})
+
+
+@case("annot-coco-unknown-category", "COCO: an annotation whose category_id is not a category",
+      EXIT_OK, STATUS_OK)
+def _annot_coco_unknown_category(work, outcome):
+    flags, images, number = _coco_faults(work, {"image_id": 101, "category_id": 99, "bbox": [1, 1, 5, 5],
+                                                "area": 25.0, "iscrowd": 0, "segmentation": []})
+    out = str(work / "out")
+    run = cli(work, "convert", *flags, "--output", out)
+    outcome.runs.append(run)
+    found = account_annotated(outcome, out, images, images,
+                              [Letter("unknown_category", f"instances.json: annotation {number}")],
+                              {"annotations.problems.unknown_category": 1, "bad_records.total": 0})
+    if _record(found, "1.png").get("image/object/class/label") != [3, 7]:
+        outcome.problems.append("image 101 does not keep exactly its two known objects")
+
+
+@case("annot-yolo-bad-line", "YOLO: a label line that does not parse", EXIT_OK, STATUS_OK)
+def _annot_yolo_bad_line(work, outcome):
+    made = annotated_sets.make_yolo(work / "in")
+    label = work / "in" / "labels" / "train" / "a.txt"
+    label.write_text(label.read_text(encoding="utf-8") + "1 0.5 abc 0.2 0.2\n", encoding="utf-8")
+    images = sorted(made.records)
+    out = str(work / "out")
+    _convert(work, outcome, str(work / "in"), out)
+    found = account_annotated(outcome, out, images, images, [Letter("bad_label_line", "labels/train/a.txt:3")],
+                              {"annotations.problems.bad_label_line": 1, "bad_records.total": 0})
+    if len(_record(found, "images/train/a.png").get("image/object/class/label", [])) != 2:
+        outcome.problems.append("images/train/a.png does not keep its two good objects")
+
+
+@case("annot-voc-bad-xml", "Pascal VOC: an annotation XML that does not parse", EXIT_OK, STATUS_OK)
+def _annot_voc_bad_xml(work, outcome):
+    made = annotated_sets.make_voc(work / "in")
+    xml = work / "in" / "Annotations" / "2008_000002.xml"
+    xml.write_bytes(xml.read_bytes()[:120])
+    images = sorted(made.records)
+    out = str(work / "out")
+    _convert(work, outcome, str(work / "in"), out, "--max_bad_fraction", "0.5")
+    bad = "JPEGImages/2008_000002.jpg"
+    account_annotated(outcome, out, images, [i for i in images if i != bad],
+                      [Letter("bad_annotation_file", "Annotations/2008_000002.xml", bad)],
+                      {"bad_records.by_reason.bad_annotation_file": 1})
+
+
+@case("annot-size-mismatch", "box CSV: a stated size that is not the image's; an EXIF-turned photo "
+      "whose stated size is its displayed one", EXIT_OK, STATUS_OK)
+def _annot_size_mismatch(work, outcome):
+    csv_path, images = _box_csv_faults(work, [], exif=True)
+    text = csv_path.read_text(encoding="utf-8").replace("images/c.png,64,40,", "images/c.png,60,40,")
+    csv_path.write_text(text, encoding="utf-8")
+    out = str(work / "out")
+    _convert(work, outcome, str(csv_path), out, "--max_bad_fraction", "0.5")
+    bad = "images/c.png"
+    found = account_annotated(outcome, out, images, [i for i in images if i != bad],
+                              [Letter("annotation_size_mismatch", bad, bad)], {"annotations.problems.exif_rotated": 1,
+                               "bad_records.by_reason.annotation_size_mismatch": 1})
+    record = _record(found, "images/photo_exif.jpg")
+    if (record.get("image/width"), record.get("image/height")) != ([24], [40]):
+        outcome.problems.append("the EXIF-turned photo is not stored as displayed (24x40): "
+                                f"{record.get('image/width')}x{record.get('image/height')}")
+
+
+@case("annot-mask-wrong-size", "semantic masks: a mask of another size than its image", EXIT_OK, STATUS_OK)
+def _annot_mask_wrong_size(work, outcome):
+    made = annotated_sets.make_semantic_masks(work / "in")
+    from PIL import Image  # pylint: disable=import-outside-toplevel
+
+    Image.new("L", (10, 10)).save(work / "in" / "masks" / "a.png", format="PNG")
+    images = sorted(made.records)
+    out = str(work / "out")
+    _convert(work, outcome, str(work / "in" / "images"), out, "--masks", str(work / "in" / "masks"),
+             "--max_bad_fraction", "0.5")
+    account_annotated(outcome, out, images, [i for i in images if i != "a.png"],
+                      [Letter("mask_size_mismatch", "a.png", "a.png")], {"bad_records.by_reason.mask_size_mismatch": 1})
+
+
+@case("annot-drop-empty", "box CSV with an image without objects, --drop_empty", EXIT_OK, STATUS_OK)
+def _annot_drop_empty(work, outcome):
+    csv_path, images = _box_csv_faults(work, [])
+    out = str(work / "out")
+    _convert(work, outcome, str(csv_path), out, "--drop_empty")
+    account_annotated(outcome, out, images, [i for i in images if i != "images/c.png"], [],
+                      {"annotations.dropped_empty": 1, "annotations.images_without_objects": 0},
+                      left_out=["images/c.png"])
+
+
 # Every case is registered above this line (a case added below would not run as a script).
 CASES_BY_NAME = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
