@@ -137,7 +137,8 @@ def annotated_config(config: ConvertConfig) -> ConvertConfig:
     refuse_annotation_flags(config)
     if config.layout == "auto":
         try:
-            layout = detect_annotated_layout(config.input, AnnotationArgs.of(config), config.image_column)
+            layout = detect_annotated_layout(config.input, AnnotationArgs.of(config), config.image_column,
+                                             config.label_column)
         except (OSError, ValueError):
             layout = None  # Not readable as one: the image checks say why.
         if layout is not None:

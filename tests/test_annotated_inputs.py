@@ -214,6 +214,21 @@ def test_several_labels_per_image(tmp_path, separator, rows, labels):
 def test_a_plain_manifest_stays_a_csv_manifest(tmp_path):
     root = _write(tmp_path / "m", {"m.csv": "image,label\na.jpg,cat\nb.jpg,dog\n"})
     assert detect_annotated_layout(f"{root}/m.csv", AnnotationArgs()) is None
+    # A row repeated with its label, or a broken row naming the image again, is not a
+    # second label: the manifest stays one of one label per row (its checks dead-letter those rows).
+    repeated = _write(tmp_path / "r", {"m.csv": 'image,label,note\na.jpg,cat,x\nb.jpg,dog,y\na.jpg,cat,x\n'
+                                                'a.jpg,dog,"never closed\nb.jpg,cat\n'})
+    assert detect_annotated_layout(f"{repeated}/m.csv", AnnotationArgs()) is None
+
+
+def test_a_row_whose_quoting_is_broken_is_a_problem_and_the_rows_after_it_are_read(tmp_path):
+    root = _write(tmp_path / "tags", {"tags.csv": 'image,label,note\na.jpg,cat,x\na.jpg,dog,"never closed\n'
+                                                  'b.jpg,dog,z\nb.jpg,cat,z\n', "a.jpg": b"x", "b.jpg": b"x"})
+    listing = _listing(input=f"{root}/tags.csv", layout="multi_label")
+    assert {name: found.texts for name, (_, found) in _by_name(listing).items()} == {
+        "a.jpg": ("cat",), "b.jpg": ("dog", "cat")}
+    assert [(d.source.rsplit("/", 1)[-1], d.error) for d in listing.skipped] == [("tags.csv:3", "bad_label_line")]
+    assert "quoting is broken" in listing.skipped[0].message and "never" not in listing.skipped[0].message
     assert detect_annotated_layout(_write(tmp_path / "folders", {"cat/a.jpg": b"x"}), AnnotationArgs()) is None
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from apache_beam.io.filesystem import BeamIOError
@@ -31,6 +32,7 @@ from beam_tfrecords.schemas.annotations import ANNOTATION_LAYOUTS, Annotated
 from beam_tfrecords.schemas.elements import DeadLetter
 from beam_tfrecords.transforms.codec.box_csv import (
     BOX_COLUMNS,
+    CsvRow,
     csv_rows,
     every_value_normalized,
     read_box_rows,
@@ -58,7 +60,6 @@ from beam_tfrecords.transforms.plan.annotation_folders import (
 )
 from beam_tfrecords.transforms.plan.layouts import (
     Listing,
-    find_image_column,
     manifest_columns,
     manifest_image_path,
     parse_labels_text,
@@ -99,8 +100,8 @@ def _top_names(root: str) -> list[str]:
     return names + ([YOLO_YAML] if files.exists(files.join(root, YOLO_YAML)) else [])
 
 
-def detect_annotated_layout(input_path: str, args: AnnotationArgs, image_column: str | None = None
-                            ) -> str | None:
+def detect_annotated_layout(input_path: str, args: AnnotationArgs, image_column: str | None = None,
+                            label_column: str | None = None) -> str | None:
     """The annotated layout of ``input_path`` under ``--layout auto`` (see the module
     docstring), or ``None`` (not annotated: the other layouts decide)."""
     if args.annotations:
@@ -114,15 +115,30 @@ def detect_annotated_layout(input_path: str, args: AnnotationArgs, image_column:
             return "box_csv"
         if args.label_separator is not None:
             return "multi_label"
-        column = image_column or find_image_column(header)
-        if column is None or column not in header:
-            return None
-        index = header.index(column)
-        cells = [row.cells[index].strip() for row in rows if index < len(row.cells)]
-        return "multi_label" if len(set(cells)) < len(cells) else None
+        return "multi_label" if _labels_repeat(header, rows, image_column, label_column) else None
     if pattern != root.rstrip("/") + "/**" or (files.is_local(root) and not os.path.isdir(root)):
         return None  # A glob names its files: not a layout's folder.
     return detect_annotation_layout(_top_names(root))
+
+
+def _labels_repeat(header: Sequence[str], rows: Sequence[CsvRow], image_column: str | None,
+                   label_column: str | None) -> bool:
+    """Whether a CSV manifest gives some image several labels: two whole rows (every
+    cell, quoting intact) name it with different labels. A repeated row (the same
+    label) or a broken one does not make a manifest one of several labels."""
+    try:
+        image, label = manifest_columns(header, image_column, label_column)
+    except ValueError:
+        return False
+    where, what = header.index(image), header.index(label)
+    seen: dict[str, str] = {}
+    for row in rows:
+        if row.error or len(row.cells) != len(header):
+            continue
+        path, name = row.cells[where].strip(), row.cells[what].strip()
+        if seen.setdefault(path, name) != name:
+            return True
+    return False
 
 
 def _size(path: str) -> int | None:

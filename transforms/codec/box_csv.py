@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import io
 import math
 from collections.abc import Iterable, Sequence
 
@@ -63,26 +62,39 @@ BOX_UNITS = ("pixels", "normalized")
 
 @dataclasses.dataclass(frozen=True)
 class CsvRow:
-    """One CSV row: the line it starts on (the header is line 1) and its cells."""
+    """One CSV row: the line it starts on (the header is line 1) and its cells, or, for a
+    row that does not parse (a quote never closed), no cells and ``error`` saying so."""
 
     line: int
     cells: tuple[str, ...]
+    error: str = ""
 
 
 def csv_rows(text: str) -> tuple[tuple[str, ...], tuple[CsvRow, ...]]:
-    """The header and the rows of a CSV text (``csv`` module, excel dialect); blank rows
-    are skipped."""
-    reader = csv.reader(io.StringIO(text))
+    """The header and the rows of a CSV text (``csv`` module, excel dialect, strict);
+    blank rows are skipped. A row whose quoting is broken is a row with ``error`` set,
+    and reading goes on at the line after the one it starts on (the rows a quote never
+    closed would swallow are read as rows)."""
+    lines = text.splitlines(keepends=True)
     header: tuple[str, ...] = ()
     rows = []
-    previous = 0
-    for cells in reader:
-        start, previous = previous + 1, reader.line_num
-        if not header:
-            header = tuple(c.strip() for c in cells)
-            continue
-        if any(c.strip() for c in cells):
-            rows.append(CsvRow(start, tuple(cells)))
+    first = 0  # The index in ``lines`` reading starts from.
+    while first < len(lines):
+        reader = csv.reader(iter(lines[first:]), strict=True)
+        previous = 0
+        try:
+            for cells in reader:
+                start, previous = first + previous + 1, reader.line_num
+                if not header:
+                    header = tuple(c.strip() for c in cells)
+                    continue
+                if any(c.strip() for c in cells):
+                    rows.append(CsvRow(start, tuple(cells)))
+            break
+        except csv.Error:
+            rows.append(CsvRow(first + previous + 1, (), "the row's quoting is broken (a quote is never closed, "
+                                                          "or text follows a closing quote)"))
+            first += previous + 1
     return header, tuple(rows)
 
 
@@ -148,6 +160,9 @@ def _rows_by_image(source: str, header: Sequence[str], rows: Iterable[CsvRow], i
     index = _columns(header, [image_column])[0]
     for row in rows:
         where = f"{source}:{row.line}"
+        if row.error:
+            problems.append(_problem(where, "bad_label_line", row.error, kept="nothing"))
+            continue
         if len(row.cells) < len(header):
             image = row.cells[index].strip() if index < len(row.cells) else ""
             problems.append(_problem(where, "bad_label_line",

@@ -66,6 +66,9 @@ _SEGMENTATION_KEYS = ("image/segmentation/class/encoded", "image/segmentation/cl
 _CLASS_KEYS = ("image/class/label", "image/class/text")
 
 
+_BOXLESS = ("masks", "multi_label")  # Layouts whose records hold no boxes.
+
+
 def report_counts(report: AttachReport) -> tuple[tuple[str, int], ...]:
     """A report's counts by reason, with each dropped object whose reason they do
     not count added (see the module docstring), sorted."""
@@ -187,7 +190,9 @@ def annotations_json(annotated: AnnotatedRun, per_split: Mapping[str, Annotation
     not be contiguous; else 1, 2, ... in the label map's order; 0 is the
     background). ``problems``: by reason, the launcher's (reading the annotations)
     and the workers' (each image against its annotations) added up.
-    ``images_without_objects``: written with no object (negative examples);
+    ``images_without_objects``: written with no object (negative examples; for the
+    layouts without boxes, ``masks`` and ``multi_label``, the images without a mask or
+    labels, as the launcher counted them);
     ``listed_without_objects``: the launcher's count of them (before any image was
     read); ``dropped_empty``: left out by ``--drop_empty``; ``objects_dead_lettered``:
     the ``object`` dead letters written.
@@ -201,7 +206,10 @@ def annotations_json(annotated: AnnotatedRun, per_split: Mapping[str, Annotation
     problems.update(total.problems)
     return {
         "dropped_empty": annotated.dropped_empty,
-        "images_without_objects": total.per_image.get(0, 0),
+        # Without boxes (semantic masks, several labels) an image's objects are its mask or
+        # labels, which the launcher saw: its count, not the statistics' (no boxes at all).
+        "images_without_objects": (annotated.images_without_objects if annotated.layout in _BOXLESS
+                                   else total.per_image.get(0, 0)),
         "listed_without_objects": annotated.images_without_objects,
         "label_map": {"items": [{"id": label, "name": name} for label, name in annotated.label_map.items],
                       "path": LABEL_MAP_NAME, "sha256": label_map_sha256},

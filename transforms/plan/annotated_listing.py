@@ -15,8 +15,10 @@ What the annotations did not give as they are:
 * a problem that keeps nothing (``AnnotationProblem.kept == "nothing"``: an annotation
   for a file that does not exist, an image without its annotation file or mask, a file
   that does not parse, ...) is a dead letter of the listing (stage ``list``, error the
-  reason, source the annotation's file, line or id): the error budget counts it as
-  one bad input, like the listing's other dead letters;
+  reason, source the annotation's file, line or id): when it names an image, the error
+  budget counts it as one bad input, like the listing's other dead letters; one that
+  names no image (a COCO annotation whose ``image_id`` is unknown, a CSV row without an
+  image) refuses no image: it is passed over like an object left out (below);
 * a problem whose image is kept (an object dropped, a split conflict, a segmentation
   left out) is NOT a bad input: it is written to ``dead_letter/skipped.jsonl`` with
   the paths passed over (``Listing.skipped``, which the budget does not count) and
@@ -123,8 +125,10 @@ def annotated_listing(annotated: Annotated, found: Mapping[str, FoundImage], *,
       instance_masks, mask_root: for ``AnnotatedRun``.
       unnamed, normalized_boxes: for ``AnnotatedSummary``.
     """
-    dead = [_letter(p) for p in annotated.problems if p.kept == "nothing"]
-    kept_problems = [p for p in annotated.problems if p.kept != "nothing"]
+    # An image refused is a bad input; an annotation that names no image is not (the
+    # error budget counts images): it is passed over, with the objects left out.
+    dead = [_letter(p) for p in annotated.problems if p.kept == "nothing" and p.image]
+    kept_problems = [p for p in annotated.problems if p.kept != "nothing" or not p.image]
     refs, classes = [], Counter()
     without, dropped, missing = 0, 0, 0
     for image in annotated.images:
