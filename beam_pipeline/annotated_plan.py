@@ -21,9 +21,14 @@ from beam_tfrecords.run_plan import ConvertError
 from beam_tfrecords.schemas.annotations import ANNOTATION_LAYOUTS
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.options import ANNOTATION_OPTIONS, CONVERT_OPTIONS
-from beam_tfrecords.transforms.annotated_inputs import AnnotationArgs, detect_annotated_layout
+from beam_tfrecords.transforms.annotated_inputs import (
+    AmbiguousManifest,
+    AnnotationArgs,
+    detect_annotated_layout,
+)
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.plan.annotated_listing import annotation_parts
+from beam_tfrecords.transforms.plan.layouts import parse_labels_text
 
 __all__ = ["annotated_config", "refuse_annotation_flags"]
 
@@ -125,6 +130,17 @@ def _check_files(config: ConvertConfig) -> ConvertConfig:
     return config
 
 
+def _known_labels(config: ConvertConfig) -> frozenset[str] | None:
+    """The classes ``--labels`` names (``None``: not given, or not readable here: the
+    image checks say why)."""
+    if not config.labels:
+        return None
+    try:
+        return frozenset(parse_labels_text(files.read_text(_absolute(config.labels))))
+    except (OSError, ValueError):
+        return None
+
+
 def annotated_config(config: ConvertConfig) -> ConvertConfig:
     """The config with its annotated layout decided (``--layout auto``) and the paths of
     its annotation flags absolute; unchanged for an input that is not annotated.
@@ -138,7 +154,9 @@ def annotated_config(config: ConvertConfig) -> ConvertConfig:
     if config.layout == "auto":
         try:
             layout = detect_annotated_layout(config.input, AnnotationArgs.of(config), config.image_column,
-                                             config.label_column)
+                                             config.label_column, _known_labels(config))
+        except AmbiguousManifest as err:
+            raise ConvertError(str(err)) from None
         except (OSError, ValueError):
             layout = None  # Not readable as one: the image checks say why.
         if layout is not None:

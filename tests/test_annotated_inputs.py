@@ -11,7 +11,11 @@ import os
 import pytest
 
 from beam_tfrecords.schemas.config import ConvertConfig
-from beam_tfrecords.transforms.annotated_inputs import AnnotationArgs, detect_annotated_layout
+from beam_tfrecords.transforms.annotated_inputs import (
+    AmbiguousManifest,
+    AnnotationArgs,
+    detect_annotated_layout,
+)
 from beam_tfrecords.transforms.codec.annotation_bytes import decode_annotations
 from beam_tfrecords.transforms.image_steps import ListingIdentity, list_images
 from beam_tfrecords.transforms.quality.splits import split_of
@@ -152,8 +156,9 @@ def test_coco_single_file_and_one_per_split(tmp_path):
     assert (a.source_id, [(o.label, o.text, o.is_crowd, o.area, o.box) for o in a.objects]) == (
         "1", [(7, "dog", True, 5.0, (1.0, 2.0, 4.0, 6.0))])
     assert refs["a.jpg"][0].split == "train"  # no split given: the default
-    assert {d.error for d in single.dead_letters} == {"image_not_found", "unknown_image_id"}
-    assert [d.error for d in single.skipped] == ["unknown_category"]
+    # A missing image is a bad input; an annotation of no image is passed over, counted.
+    assert {d.error for d in single.dead_letters} == {"image_not_found"}
+    assert sorted(d.error for d in single.skipped) == ["unknown_category", "unknown_image_id"]
     assert single.annotated.run.label_map.items == ((3, "cat"), (7, "dog"))
     assert single.annotated.unnamed == 2  # c.jpg and extra.jpg: not in this file
 
@@ -201,7 +206,13 @@ def test_several_labels_per_image(tmp_path, separator, rows, labels):
     root = _write(tmp_path / "tags", {"tags.csv": "image,label\n" + rows, "a.jpg": b"x", "b.jpg": b"x",
                                       "c.jpg": b"x"})
     csv = f"{root}/tags.csv"
-    assert detect_annotated_layout(csv, AnnotationArgs(label_separator=separator)) == "multi_label"
+    if separator is None:  # Several rows per image: the user says which layout it is.
+        with pytest.raises(AmbiguousManifest, match=r"1 images appear on several rows with different labels "
+                                                    r"\(the first: line 3\): say --layout multi_label"):
+            detect_annotated_layout(csv, AnnotationArgs())
+        assert detect_annotated_layout(csv, AnnotationArgs(), known=frozenset({"cat"})) is None
+    else:
+        assert detect_annotated_layout(csv, AnnotationArgs(label_separator=separator)) == "multi_label"
     listing = _listing(input=csv, layout="multi_label", label_separator=separator)
     refs = _by_name(listing)
     assert {name: found.texts for name, (_, found) in refs.items()} == labels
@@ -222,13 +233,13 @@ def test_a_plain_manifest_stays_a_csv_manifest(tmp_path):
 
 
 def test_a_row_whose_quoting_is_broken_is_a_problem_and_the_rows_after_it_are_read(tmp_path):
-    root = _write(tmp_path / "tags", {"tags.csv": 'image,label,note\na.jpg,cat,x\na.jpg,dog,"never closed\n'
+    root = _write(tmp_path / "tags", {"tags.csv": 'image,label,note\na.jpg,cat,x\na.jpg,dog,"SECRET-1\n'
                                                   'b.jpg,dog,z\nb.jpg,cat,z\n', "a.jpg": b"x", "b.jpg": b"x"})
     listing = _listing(input=f"{root}/tags.csv", layout="multi_label")
     assert {name: found.texts for name, (_, found) in _by_name(listing).items()} == {
         "a.jpg": ("cat",), "b.jpg": ("dog", "cat")}
     assert [(d.source.rsplit("/", 1)[-1], d.error) for d in listing.skipped] == [("tags.csv:3", "bad_label_line")]
-    assert "quoting is broken" in listing.skipped[0].message and "never" not in listing.skipped[0].message
+    assert "quoting is broken" in listing.skipped[0].message and "SECRET" not in listing.skipped[0].message
     assert detect_annotated_layout(_write(tmp_path / "folders", {"cat/a.jpg": b"x"}), AnnotationArgs()) is None
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,14 +106,16 @@ def test_a_shard_folds_statistics_and_dead_letters_dropped_objects_outside_the_b
     source = ImageRecords(attach=AnnotationAttach(None, LABELS))
     source.setup()
     try:
-        result = write_shard(spec, ShardTarget(str(out), run_id="r1"), source)
+        target = ShardTarget(str(out), run_id="r1")
+        result = write_shard(spec, target, source)
     finally:
         source.teardown()
     assert result.records == 2
     # The budget's counts: the one image that could not be read, not the dropped objects.
     assert dict(result.bad_counts) == {"read_error": 1}
     assert result.objects_dead_lettered == 2
-    with open(out / result.dead_letter_path, encoding="utf-8") as f:
+    # Staged in the run's temporary folder until the commit publishes them.
+    with open(Path(target.temp_dir) / result.dead_letter_path, encoding="utf-8") as f:
         letters = [json.loads(line) for line in f]
     objects = [(d["source"], d["stage"], d["error"]) for d in letters if d["stage"] == "object"]
     assert objects == [("a.json: annotation 9", "object", "box_empty"),

@@ -66,7 +66,13 @@ from beam_tfrecords.transforms.plan.layouts import (
     resolve_input,
 )
 
-__all__ = ["AnnotationArgs", "detect_annotated_layout", "list_annotated"]
+__all__ = ["AmbiguousManifest", "AnnotationArgs", "detect_annotated_layout", "list_annotated"]
+
+
+class AmbiguousManifest(ValueError):
+    """A CSV manifest that gives images several labels on several rows, under ``--layout
+    auto``: one record per row (``csv``) or one per image (``multi_label``) is the
+    user's to say; the message names both."""
 
 
 class AnnotationArgs(NamedTuple):
@@ -101,9 +107,17 @@ def _top_names(root: str) -> list[str]:
 
 
 def detect_annotated_layout(input_path: str, args: AnnotationArgs, image_column: str | None = None,
-                            label_column: str | None = None) -> str | None:
+                            label_column: str | None = None, known: frozenset[str] | None = None
+                            ) -> str | None:
     """The annotated layout of ``input_path`` under ``--layout auto`` (see the module
-    docstring), or ``None`` (not annotated: the other layouts decide)."""
+    docstring), or ``None`` (not annotated: the other layouts decide).
+
+    Raises:
+      AmbiguousManifest: a CSV manifest without box columns that gives an image
+        several labels (two whole rows, different labels of ``known`` when given):
+        not decided from the data, so that a scheduled run does not change its
+        records' schema the day a row repeats an image.
+    """
     if args.annotations:
         return "coco"
     if args.masks:
@@ -115,30 +129,40 @@ def detect_annotated_layout(input_path: str, args: AnnotationArgs, image_column:
             return "box_csv"
         if args.label_separator is not None:
             return "multi_label"
-        return "multi_label" if _labels_repeat(header, rows, image_column, label_column) else None
+        several = _labels_repeat(header, rows, image_column, label_column, known)
+        if several:
+            raise AmbiguousManifest(
+                f"{input_path}: {several[0]} images appear on several rows with different labels "
+                f"(the first: line {several[1]}): say --layout multi_label to make each image one record "
+                "with all its labels, or --layout csv to keep one record per row")
+        return None
     if pattern != root.rstrip("/") + "/**" or (files.is_local(root) and not os.path.isdir(root)):
         return None  # A glob names its files: not a layout's folder.
     return detect_annotation_layout(_top_names(root))
 
 
 def _labels_repeat(header: Sequence[str], rows: Sequence[CsvRow], image_column: str | None,
-                   label_column: str | None) -> bool:
-    """Whether a CSV manifest gives some image several labels: two whole rows (every
-    cell, quoting intact) name it with different labels. A repeated row (the same
-    label) or a broken one does not make a manifest one of several labels."""
+                   label_column: str | None, known: frozenset[str] | None) -> tuple[int, int] | None:
+    """``(images, first line)`` of the images a CSV manifest gives several labels: two
+    whole rows (every cell, quoting intact) name the image with different labels (of
+    ``known``, when given); ``None`` when none. A repeated row (the same label), a
+    broken one, or one whose label is not a class do not count."""
     try:
         image, label = manifest_columns(header, image_column, label_column)
     except ValueError:
-        return False
+        return None
     where, what = header.index(image), header.index(label)
     seen: dict[str, str] = {}
+    several: dict[str, int] = {}
     for row in rows:
         if row.error or len(row.cells) != len(header):
             continue
         path, name = row.cells[where].strip(), row.cells[what].strip()
+        if known is not None and name not in known:
+            continue
         if seen.setdefault(path, name) != name:
-            return True
-    return False
+            several.setdefault(path, row.line)
+    return (len(several), min(several.values())) if several else None
 
 
 def _size(path: str) -> int | None:

@@ -99,6 +99,12 @@ def _letter(problem: AnnotationProblem) -> DeadLetter:
                       f"{kept}{problem.detail}{where}")
 
 
+def _names_no_image(problem: AnnotationProblem) -> bool:
+    """An annotation left out that refuses no image: a COCO annotation whose image id
+    is in no image entry, a CSV row that names no image."""
+    return not problem.image and problem.reason in ("unknown_image_id", "bad_label_line")
+
+
 def _empty(image: ImageAnnotations) -> bool:
     return not image.objects and not image.labels and not image.mask
 
@@ -127,8 +133,8 @@ def annotated_listing(annotated: Annotated, found: Mapping[str, FoundImage], *,
     """
     # An image refused is a bad input; an annotation that names no image is not (the
     # error budget counts images): it is passed over, with the objects left out.
-    dead = [_letter(p) for p in annotated.problems if p.kept == "nothing" and p.image]
-    kept_problems = [p for p in annotated.problems if p.kept != "nothing" or not p.image]
+    dead = [_letter(p) for p in annotated.problems if p.kept == "nothing" and not _names_no_image(p)]
+    kept_problems = [p for p in annotated.problems if p.kept != "nothing" or _names_no_image(p)]
     refs, classes = [], Counter()
     without, dropped, missing = 0, 0, 0
     for image in annotated.images:
