@@ -399,15 +399,16 @@ def _coco(root: str, listed: dict[str, FoundImage], args: AnnotationArgs,
         a category id 0 that annotations use.
     """
     names = set(listed)
+    given = [(_SPLIT_NAMES.get(split, split), split, path) for split, path in annotation_parts(args.annotations or "")]
+    for index, (split, named, _) in enumerate(given):
+        if split and split in {s for s, _, _ in given[:index]}:
+            raise AnnotatedRefused(f"--annotations names the split {split} twice ({named} means {split})")
     parts = []
-    for given, path in annotation_parts(args.annotations or ""):
+    for split, _, path in given:
         read = read_coco(files.read_bytes(path), posixpath.basename(path))
         refused = [p for p in read.problems if p.reason == "bad_annotation_file" and not p.image]
         if refused:
             raise AnnotatedRefused(f"--annotations {_printable(path)}: {refused[0].detail}")
-        split = _SPLIT_NAMES.get(given, given)
-        if split and split in {s for s, _ in parts}:
-            raise AnnotatedRefused(f"--annotations names the split {split} twice ({given} means {split})")
         folder = _coco_folder(root, path, read, names)
         notes.append(f"{_printable(posixpath.basename(path))}" + (f" (split {split})" if split else "")
                      + f": images under {_printable(folder) + '/' if folder else '--input itself'}")
