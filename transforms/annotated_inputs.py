@@ -12,9 +12,21 @@ the annotated layouts (``schemas.annotations.ANNOTATION_LAYOUTS``):
   one whose image column names an image on several rows, or read with
   ``--label_separator``: ``multi_label``.
 
+Under ``--layout auto`` a folder that is none of them but holds VOC folders
+(``VOCdevkit``), or a darknet folder (label files beside the images, ``classes.txt``,
+no ``data.yaml``), is refused (``AnnotatedRefused``, naming what to pass): read as
+class folders it would publish the wrong dataset.
+
 ``list_annotated`` lists the files, runs the layout's reader (``codec.coco``,
 ``codec.box_csv``, ``plan.annotation_folders``, ``plan.annotated_listing``) and makes
-the ``Listing`` (``plan.annotated_listing.annotated_listing``). No Beam transform here.
+the ``Listing`` (``plan.annotated_listing.annotated_listing``); a folder without its
+layout's files, a COCO file or data.yaml that is not read are refused. Each COCO file's
+images folder is the first of the root, ``root/NAME`` for ``instances_NAME.json`` and
+the file's own folder that holds its first images (``image/filename`` is the path
+under the root); ``val`` and ``valid`` splits are ``validation``; a category id 0 no
+annotation uses is left out of the label map, one they use refused.
+``refuse_empty_listing`` refuses a listing with no image to convert. No Beam
+transform here.
 """
 
 from __future__ import annotations
@@ -71,7 +83,7 @@ from beam_tfrecords.transforms.plan.layouts import (
 )
 
 __all__ = ["AmbiguousManifest", "AnnotatedRefused", "AnnotationArgs", "detect_annotated_layout",
-           "list_annotated"]
+           "list_annotated", "refuse_empty_listing"]
 
 # --annotations split names that mean another split (as VOC's and YOLO's val do).
 _SPLIT_NAMES = {"val": "validation", "valid": "validation"}
@@ -197,7 +209,7 @@ def _yolo_line(path: str) -> bool:
     try:
         with open(path, "rb") as handle:
             fields = handle.readline(200).split()
-        return len(fields) == 5 and fields[0].isdigit() and all(float(f) == float(f) for f in fields[1:])
+        return len(fields) == 5 and fields[0].isdigit() and bool([float(f) for f in fields[1:]])
     except (OSError, ValueError):
         return False
 
@@ -440,17 +452,23 @@ def _refuse_yaml(input_path: str, annotated: Annotated) -> None:
                                    f"read: {problem.detail}")
 
 
-def _refuse_empty(input_path: str, listing: Listing, unnamed: int, drop_empty: bool) -> None:
-    """Refuses a listing without an image to convert, naming the commonest reason and
-    its first source (``AnnotatedRefused``): the run would publish nothing."""
-    if listing.refs:
+def refuse_empty_listing(input_path: str, listing: Listing, drop_empty: bool = False) -> None:
+    """Refuses an annotated listing without an image to convert (the run would publish
+    nothing), naming the commonest reason and its first source. Called by the plan
+    (not by ``list_annotated``: a listing step that lists again must not raise).
+
+    Raises:
+      AnnotatedRefused: the listing has no image reference.
+    """
+    if listing.refs or listing.annotated is None:
         return
+    unnamed = listing.annotated.unnamed
     refused = Counter(d.error for d in listing.dead_letters)
     if refused:
         reason, count = refused.most_common(1)[0]
         first = next(d for d in listing.dead_letters if d.error == reason)
         why = f"{count:,} {reason} (the first: {first.source}: {first.message})"
-    elif drop_empty and listing.annotated is not None and listing.annotated.run.dropped_empty:
+    elif drop_empty and listing.annotated.run.dropped_empty:
         why = "every image is without objects, and --drop_empty leaves them out"
     elif unnamed:
         why = f"the annotations name none of the {unnamed:,} images under it"
@@ -466,9 +484,8 @@ def list_annotated(input_path: str, layout: str, labels_path: str | None = None,
     """The listing of an annotated layout (``plan.annotated_listing``).
 
     Raises:
-      AnnotatedRefused: a folder without the layout's files, an annotation file that
-        is not read (a COCO file, a data.yaml), or nothing to convert (every image
-        refused: the commonest reason named).
+      AnnotatedRefused: a folder without the layout's files, or an annotation file
+        that is not read (a COCO file, a data.yaml).
       ValueError: a column, file or flag that cannot be used (the preflight's, exit 2).
       OSError: an annotation file that cannot be read.
     """
@@ -510,7 +527,6 @@ def list_annotated(input_path: str, layout: str, labels_path: str | None = None,
                                 unnamed=unnamed, normalized_boxes=normalized)
     if notes:
         listing.annotated = dataclasses.replace(listing.annotated, notes=tuple(notes))
-    _refuse_empty(input_path, listing, unnamed, args.drop_empty)
     for path, reason, message in skipped:
         (listing.dead_letters if reason == "bad_file_name" else listing.skipped).append(
             DeadLetter(_shown(root, path), "list", reason, message))
