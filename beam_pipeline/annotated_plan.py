@@ -23,6 +23,7 @@ from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.options import ANNOTATION_OPTIONS, CONVERT_OPTIONS
 from beam_tfrecords.transforms.annotated_inputs import (
     AmbiguousManifest,
+    AnnotatedRefused,
     AnnotationArgs,
     detect_annotated_layout,
 )
@@ -155,7 +156,7 @@ def annotated_config(config: ConvertConfig) -> ConvertConfig:
         try:
             layout = detect_annotated_layout(config.input, AnnotationArgs.of(config), config.image_column,
                                              config.label_column, _known_labels(config))
-        except AmbiguousManifest as err:
+        except (AmbiguousManifest, AnnotatedRefused) as err:
             raise ConvertError(str(err)) from None
         except (OSError, ValueError):
             layout = None  # Not readable as one: the image checks say why.

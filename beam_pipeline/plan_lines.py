@@ -143,6 +143,7 @@ def describe_annotated(summary, config: ConvertConfig) -> list[str]:
     if summary.unnamed:
         lines.append(f"  note: {summary.unnamed:,} image file(s) under --input that the annotations do "
                      "not name: not converted")
+    lines += [f"  note: {note}" for note in summary.notes]
     if summary.normalized_boxes:
         lines.append("  note: every box value is <= 1 and pixels were assumed: say --box_units "
                      "normalized if they are normalized")

@@ -32,6 +32,7 @@ from beam_tfrecords.schemas.inputs import InputFile
 from beam_tfrecords.schemas.manifest import DEAD_LETTER_DIR
 from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.transforms import worker_listing
+from beam_tfrecords.transforms.annotated_inputs import AnnotatedRefused, refuse_empty_listing
 from beam_tfrecords.transforms.codec.image_inspection import is_image_filename
 from beam_tfrecords.transforms.image_steps import HeldImages, ListingIdentity, keep_listing, list_images
 from beam_tfrecords.transforms.io import files, gcs
@@ -82,6 +83,9 @@ def plan_images(config: ConvertConfig, target: ShardTarget, dataset, root: str,
     try:
         listing = list_images(*identity, held=_held_images(config, dataset, root),
                               contents_on_workers=on_workers)
+        refuse_empty_listing(config.input, listing, config.drop_empty)
+    except AnnotatedRefused as err:  # The whole line (the flag or path to change).
+        raise ConvertError(str(err)) from None
     except ValueError as err:
         text = str(err)
         raise ConvertError(text if text.startswith(config.input) else

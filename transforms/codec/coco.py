@@ -22,8 +22,10 @@ What is not taken as given becomes an ``AnnotationProblem`` (reasons from
 * the file is not JSON, or lacks ``images``, ``annotations`` or ``categories``:
   ``bad_annotation_file``, one problem, nothing read;
 * an image entry without a usable ``id``, ``file_name`` or size, or repeating an id or
-  a file: ``bad_image_entry``, the image and its objects left out; with ``exists``, an
-  image whose file does not exist: ``image_not_found``, likewise;
+  a file: ``bad_image_entry``, the image and its objects left out (the objects of an
+  entry repeating a file are each a ``bad_image_entry`` too, their image kept: the file
+  is converted with the first entry's objects); with ``exists``, an image whose file
+  does not exist: ``image_not_found``, likewise;
 * an annotation whose ``image_id`` names no image: ``unknown_image_id``, kept nothing;
   one whose ``category_id`` is not a category: ``unknown_category``; a ``bbox`` missing
   or with a value that is not a finite number: ``box_not_finite`` (both: the object is
@@ -274,6 +276,7 @@ class _Reading:
         self.labels: dict[int, str] = {}
         self.by_id: dict[object, _Image] = {}
         self.left_out: set[object] = set()  # ids of images refused: their objects go with them
+        self.repeats: dict[object, str] = {}  # ids of entries repeating a file_name: that file
 
     def problem(self, source: str, reason: str, detail: str, image: str = "", kept: str = "image") -> None:
         self.problems.append(AnnotationProblem(source, reason, detail, image, kept))
@@ -312,6 +315,8 @@ class _Reading:
                 self.problem(source, "bad_image_entry", f"image entry {index} left out: {why}", path or "", "nothing")
                 if valid_id and not repeated:
                     self.left_out.add(image_id)
+                    if path in paths:
+                        self.repeats[image_id] = path
                 continue
             if self.exists is not None and not self.exists(path):
                 self.problem(source, "image_not_found", "no such file in the images folder", path, "nothing")
@@ -342,7 +347,11 @@ class _Reading:
             known = _whole(image_id) or isinstance(image_id, str)
             image = self.by_id.get(image_id) if known else None
             if image is None:
-                if not known or image_id not in self.left_out:
+                if known and image_id in self.repeats:  # Its image is converted, by the first entry.
+                    self.problem(source, "bad_image_entry", f"its image entry (image {image_id}) repeats "
+                                 "an earlier entry's file_name and was left out: object dropped",
+                                 self.repeats[image_id])
+                elif not known or image_id not in self.left_out:
                     shown = f"image_id {image_id}" if _whole(image_id) else "its image_id"
                     self.problem(source, "unknown_image_id", f"{shown} is not in images", kept="nothing")
                 continue

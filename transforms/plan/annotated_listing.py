@@ -83,6 +83,8 @@ class AnnotatedSummary:
       unnamed: image files under the input the annotations do not name (not converted;
         COCO and masks' folders only).
       normalized_boxes: every box value is at most 1 while pixels were assumed.
+      notes: more lines for the plan (``note: ...``): e.g. the folder COCO's images
+        were found in, a category id 0 left out of the label map.
     """
 
     run: AnnotatedRun
@@ -90,6 +92,7 @@ class AnnotatedSummary:
     objects: int = 0
     unnamed: int = 0
     normalized_boxes: bool = False
+    notes: tuple[str, ...] = ()
 
 
 def _letter(problem: AnnotationProblem) -> DeadLetter:
@@ -101,8 +104,9 @@ def _letter(problem: AnnotationProblem) -> DeadLetter:
 
 def _names_no_image(problem: AnnotationProblem) -> bool:
     """An annotation left out that refuses no image: a COCO annotation whose image id
-    is in no image entry, a CSV row that names no image."""
-    return not problem.image and problem.reason in ("unknown_image_id", "bad_label_line")
+    is in no image entry, a CSV row that names no image, a VOC split file's id with
+    neither an XML nor an image."""
+    return not problem.image and problem.reason in ("unknown_image_id", "bad_label_line", "annotation_not_found")
 
 
 def _empty(image: ImageAnnotations) -> bool:

@@ -11,7 +11,9 @@ listing's first path parts; a folder may be given as ``"name/"``, so an empty on
 
 * ``"voc"``: the folder holds ``Annotations/`` and ``JPEGImages/``;
 * ``"yolo"``: it holds ``images/`` and ``labels/`` and, beside them, ``data.yaml`` (or,
-  when ``read`` is given, another ``*.yaml`` with a ``names`` key);
+  when ``read`` is given, another ``*.yaml`` with a ``names`` key); or, when ``read``
+  is given, a ``data.yaml`` with a ``names`` key whatever its folders are called
+  (Roboflow's export: ``train/images``, ``train/labels``, ``valid/...``);
 * ``None`` otherwise, and when both match: it never guesses between two (``--layout``
   decides).
 
@@ -27,9 +29,12 @@ two of ``train``, ``val``, ``test`` is a ``split_conflict`` (the first kept, in 
 order). Images the split files leave out (when there are any) keep the split ``""``: the
 run's ``--splits`` decide. ``source_id`` is the image's relative path. The label map: the
 class names of the objects kept, sorted, ids from 1 (0 is the background; a labels file
-will override the order). Problems: an XML without its image (``image_not_found``), an
-image (or a split file's id) without an XML (``annotation_not_found``), nothing kept;
-and what ``codec.voc`` finds in each file.
+will override the order). An image of ``JPEGImages/`` that no XML describes (VOC's test
+images) is not converted and not a problem: the caller counts it (``voc_images``), like
+COCO's images its file does not name. Problems: an XML without its image
+(``image_not_found``, nothing kept); a split file's id with neither an XML nor an image
+(``annotation_not_found``, once per id; it names no image, so it is passed over); and
+what ``codec.voc`` finds in each file.
 
 YOLO (``read_yolo_folder``): ``data.yaml`` (``codec.yolo``) names the classes and each
 split's image folders; every image found under a split's folders (at any depth) is one
@@ -66,6 +71,7 @@ __all__ = [
     "detect_annotation_layout",
     "read_voc_folder",
     "read_yolo_folder",
+    "voc_images",
     "yolo_label_path",
 ]
 
@@ -108,7 +114,11 @@ def detect_annotation_layout(paths: Iterable[str], read: Read | None = None) -> 
     """
     folders, files = _top_level(paths)
     voc = {"Annotations", "JPEGImages"} <= folders
-    yolo = {"images", "labels"} <= folders and _yolo_yaml(files, read) is not None
+    yaml_name = _yolo_yaml(files, read)
+    # A data.yaml naming classes makes a YOLO folder whatever its folders are called
+    # (Roboflow's export: train/images, train/labels, valid/..., test/...).
+    named = yaml_name is not None and read is not None and yaml_names_classes(read(yaml_name) or b"")
+    yolo = yaml_name is not None and ({"images", "labels"} <= folders or named)
     if voc == yolo:
         return None
     return "voc" if voc else "yolo"
@@ -169,7 +179,7 @@ def _voc_image(parsed: VocFile, image_id: str, images: set[str], by_stem: dict[s
 def _voc_files(paths: set[str], read: Read, problems: list
                ) -> tuple[dict[str, tuple[str, VocFile]], set[str]]:
     """``{image: (xml, parsed)}`` of the XML files whose image exists, and the ids of all XMLs."""
-    images = {p for p in paths if p.startswith("JPEGImages/") and p.count("/") == 1 and is_image_filename(p)}
+    images = set(voc_images(paths))
     by_stem: dict[str, list[str]] = {}
     for path in sorted(images):
         by_stem.setdefault(_stem(path), []).append(path)
@@ -193,11 +203,12 @@ def _voc_files(paths: set[str], read: Read, problems: list
         else:
             problems.extend(dataclasses.replace(p, image=image) for p in parsed.problems)
             found[image] = (xml, parsed)
-    described = {_stem(p) for p in found} | ids
-    for image in sorted(images):
-        if _stem(image) not in described:
-            problems.append(_nothing(image, "annotation_not_found", "no Annotations/ file for this image", image))
     return found, ids
+
+
+def voc_images(paths: Iterable[str]) -> list[str]:
+    """The images of a Pascal VOC folder: the image files directly in ``JPEGImages/``."""
+    return sorted(p for p in paths if p.startswith("JPEGImages/") and p.count("/") == 1 and is_image_filename(p))
 
 
 def read_voc_folder(paths: Iterable[str], read: Read) -> Annotated:
@@ -215,9 +226,13 @@ def read_voc_folder(paths: Iterable[str], read: Read) -> Annotated:
     image_of = {_stem(xml): image for image, (xml, _) in found.items()}
     problems.extend(dataclasses.replace(p, image=image_of.get(p.image, "")) if p.image else p
                     for p in split_problems)
+    stems = {_stem(p) for p in voc_images(paths)}
+    first: dict[str, str] = {}
     for image_id, where in listed:
-        if image_id not in ids:
-            problems.append(_nothing(where, "annotation_not_found", "no Annotations/ file for this id"))
+        first.setdefault(image_id, where)
+    for image_id, where in first.items():  # Each id once; an image without XML is not converted.
+        if image_id not in ids and image_id not in stems:
+            problems.append(_nothing(where, "annotation_not_found", "no Annotations/ file and no image for this id"))
     names = sorted({o.name for _, parsed in found.values() for o in parsed.objects})
     label_map = LabelMap(tuple(enumerate(names, start=1)))
     label_of = {name: label for label, name in label_map.items}
