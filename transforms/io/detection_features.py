@@ -31,7 +31,8 @@ Garden's ``TfExampleDecoder`` and the Object Detection API read
 - ``image/source_id``.
 
 Several labels per image (``image/class/label`` and ``text``) are the builder's
-reserved keys: ``AnnotationAttach`` gives them as ``Attachment.labels``.
+reserved keys: ``AnnotationAttach`` gives them as ``Attachment.labels``; such a
+record holds no per-object key (``objects=False``, or labels and no object).
 
 Pure (numpy and Pillow), no Beam, no I/O.
 """
@@ -349,7 +350,7 @@ def _semantic(annotations: ImageAnnotations, data: bytes, geometry: Geometry, fr
 def detection_features(annotations: ImageAnnotations, geometry: Geometry, label_map: LabelMap, *,
                        orienting: Orienting | None = None, semantic: bytes | None = None,
                        instance_masks: bool = False, render: Render | None = None,
-                       mask_pad: int = 0) -> DetectionFeatures:
+                       mask_pad: int = 0, objects: bool = True) -> DetectionFeatures:
     """One image's annotation features, in the stored image's frame (see the module).
 
     Args:
@@ -365,6 +366,8 @@ def detection_features(annotations: ImageAnnotations, geometry: Geometry, label_
       instance_masks: write ``image/object/mask``, rendered by ``render``.
       render: ``render(segmentation, height, width)`` -> 0/1 ``uint8`` array.
       mask_pad: the semantic mask's value where the pixels were padded.
+      objects: write the per-object keys (``False`` for several labels per image:
+        none, even for an image without labels).
 
     Raises:
       ValueError: ``instance_masks`` without ``render``, or a renderer's bad output.
@@ -383,11 +386,13 @@ def detection_features(annotations: ImageAnnotations, geometry: Geometry, label_
     boxes = _Boxes()
     for obj in annotations.objects:
         _add_object(boxes, annotations, obj, geometry, frame)
-    if annotations.objects or not annotations.labels:  # Several labels alone: no object keys.
+    # Several labels per image: no object keys (an image of such a run without labels too).
+    objects = objects and bool(annotations.objects or not annotations.labels)
+    if objects:
         features += boxes.features()
     counts["box_clipped"] = boxes.clipped
     counts["box_empty"] = sum(p.reason == "box_empty" for p in boxes.problems)
-    if instance_masks and (annotations.objects or not annotations.labels):
+    if instance_masks and objects:
         pngs, counts["mask_from_box"], counts["segmentation_invalid"] = _instance_masks(
             annotations, boxes.kept, geometry, frame, render)
         features += (("image/object/mask", "string", pngs),)

@@ -1,0 +1,130 @@
+"""Issue 21, the tester's findings on annotated images (F6, F7, F8, F13, F15).
+
+- F6: every record's keys and dtypes are exactly the manifest's ``features``
+  (``annotated_output.annotated_feature_spec``), for every annotated layout, images
+  without objects (or labels) included: checked at builder level, each generated set
+  (``tests/harness/annotated_sets.py``) listed as ``convert`` lists it and built with
+  the attachment the job graph makes. A several-labels record never holds
+  ``image/object/*``; one without labels holds ``image/class/*`` as empty lists.
+- F13: a several-labels run counts records per class (``labels.counts``, the
+  ``images.classes`` the drift gate's ``class_share`` compares), so ``--compare_to``
+  fails (exit 3) on another label set.
+- F8: box CSV and several-labels rows are grouped by the normalized image path.
+- F15: readable labels are taken (YOLO's ``0.0`` class, VOC's ``true``/``false``
+  flags); a VOC object that does not parse is dropped as ``bad_object``; a box with
+  swapped coordinates says so.
+- F7: ``--labels`` reads an Object Detection API ``label_map.pbtxt`` with its ids; a
+  label map that matches none of the annotations' classes refuses the run (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from beam_tfrecords.job_graph import annotated_attach
+from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.schemas.proto import example_pb2
+from beam_tfrecords.transforms.image_steps import ListingIdentity, list_images
+from beam_tfrecords.transforms.io.annotated_output import annotated_feature_spec
+from beam_tfrecords.transforms.io.image_records import ImageRecordBuilder
+from tests.harness import annotated_sets as sets
+from tests.harness.attack_table import cli
+
+_KINDS = {"bytes_list": "string", "int64_list": "int64", "float_list": "float32"}
+_FLAGS = {"--input": "input", "--annotations": "annotations", "--masks": "masks", "--labels": "labels",
+          "--label_separator": "label_separator"}
+
+
+def _config(made: sets.AnnotatedSet, **more) -> ConvertConfig:
+    options, flags = {"layout": made.layout, **more}, list(made.flags)
+    while flags:
+        flag = flags.pop(0)
+        if flag == "--instance_masks":
+            options["instance_masks"] = True
+        else:
+            options[_FLAGS[flag]] = flags.pop(0)
+    return ConvertConfig(output="/nowhere", **options)
+
+
+def _multi_label_with_an_image_without_labels(root: Path) -> sets.AnnotatedSet:
+    made = sets.make_multi_label(root)
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(root / "images" / "e.png")
+    with open(root / "tags.csv", "a", encoding="utf-8") as f:
+        f.write("images/e.png,\n")
+    return made
+
+
+_MAKERS = {"box_csv": sets.make_box_csv, "coco_masks": sets.make_coco, "voc": sets.make_voc,
+           "yolo": sets.make_yolo, "masks": sets.make_semantic_masks,
+           "multi_label": _multi_label_with_an_image_without_labels}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kind", [*_MAKERS, "coco"])
+def test_every_record_holds_exactly_the_manifest_features_in_every_layout(kind, tmp_path):
+    made = _MAKERS["coco_masks" if kind == "coco" else kind](tmp_path)
+    if kind == "coco":
+        made.flags.remove("--instance_masks")
+    listing = list_images(*ListingIdentity.of(_config(made)))
+    run = listing.annotated.run
+    attach, _ = annotated_attach(types.SimpleNamespace(annotated=run), None)
+    spec = {name: (dtype, shape) for name, dtype, shape in annotated_feature_spec(run).entries()}
+    builder = ImageRecordBuilder(attach=attach)
+    empty = 0
+    for ref in listing.refs:
+        serialized, outcome = builder.example(ref, Path(ref.path).read_bytes())
+        example = example_pb2.Example.FromString(serialized)
+        held = {}
+        for name, feature in example.features.feature.items():
+            kind_of = feature.WhichOneof("kind")
+            held[name] = (_KINDS[kind_of], len(getattr(feature, kind_of).value))
+        assert set(held) == set(spec), (ref.filename, sorted(set(held) ^ set(spec)))
+        for name, (dtype, count) in held.items():
+            assert dtype == spec[name][0], (ref.filename, name)
+            assert spec[name][1] == [None] or count == 1, (ref.filename, name, count)
+        if kind == "multi_label":
+            assert not any(name.startswith("image/object/") for name in held)
+            assert outcome.report.labels == tuple(example.features.feature["image/class/text"].bytes_list.value[i]
+                                                  .decode() for i in range(held["image/class/text"][1]))
+        empty += held.get("image/object/bbox/xmin", held.get("image/class/label", (0, 1)))[1] == 0
+    # The set's image without objects (or labels) was checked (a semantic mask's records have no boxes).
+    assert empty == (len(listing.refs) if kind == "masks" else 1)
+
+
+@pytest.mark.e2e
+def test_several_labels_are_counted_per_class_and_the_drift_gate_sees_another_label_set(tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    for i, size in enumerate(((16, 12), (20, 10), (12, 12))):
+        Image.fromarray(np.full((size[1], size[0], 3), 40 * i, np.uint8)).save(images / f"{i}.png")
+    (tmp_path / "a.csv").write_text("image,label\nimages/0.png,cat\nimages/0.png,outdoor\nimages/1.png,dog\n"
+                                    "images/2.png,cat\n", encoding="utf-8")
+    (tmp_path / "b.csv").write_text("image,label\nimages/0.png,zebra\nimages/0.png,horse\nimages/1.png,zebra\n",
+                                    encoding="utf-8")
+    first = cli(tmp_path, "convert", "--input", str(tmp_path / "a.csv"), "--layout", "multi_label",
+                "--output", str(tmp_path / "a"), "--progress", "off")
+    assert first.exit == 0, first.stderr[-2000:]
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["labels"]["counts"] == {"train": {"cat": 2, "dog": 1, "outdoor": 1}}
+    assert manifest["splits"]["train"]["statistics"]["images"]["classes"] == {"cat": 2, "dog": 1, "outdoor": 1}
+    second = cli(tmp_path, "convert", "--input", str(tmp_path / "b.csv"), "--layout", "multi_label",
+                 "--output", str(tmp_path / "b"), "--compare_to", str(tmp_path / "a"), "--progress", "off")
+    assert second.exit == 3, second.stderr[-2000:]
+    assert "class 'zebra' share moved 1.00 (0.00 -> 1.00" in second.stdout + second.stderr
+    assert not (tmp_path / "b" / "manifest.json").exists()
+
+
+def _voc(objects: str) -> bytes:
+    return (f"<annotation><filename>a.jpg</filename><size><width>20</width><height>10</height></size>"
+            f"{objects}</annotation>").encode()
+
+
+def _object(name: str, difficult: str = "0", xmin: str = "1") -> str:
+    return (f"<object><name>{name}</name><difficult>{difficult}</difficult><truncated>{difficult}</truncated>"
+            f"<bndbox><xmin>{xmin}</xmin><ymin>1</ymin><xmax>5</xmax><ymax>5</ymax></bndbox></object>")
