@@ -30,6 +30,7 @@ from PIL import Image
 from beam_tfrecords.job_graph import annotated_attach
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.proto import example_pb2
+from beam_tfrecords.transforms.codec.box_csv import csv_rows, image_path, read_box_rows, read_label_rows
 from beam_tfrecords.transforms.image_steps import ListingIdentity, list_images
 from beam_tfrecords.transforms.io.annotated_output import annotated_feature_spec
 from beam_tfrecords.transforms.io.image_records import ImageRecordBuilder
@@ -118,6 +119,20 @@ def test_several_labels_are_counted_per_class_and_the_drift_gate_sees_another_la
     assert second.exit == 3, second.stderr[-2000:]
     assert "class 'zebra' share moved 1.00 (0.00 -> 1.00" in second.stdout + second.stderr
     assert not (tmp_path / "b" / "manifest.json").exists()
+
+
+@pytest.mark.unit
+def test_rows_of_one_image_spelled_several_ways_are_one_image():
+    text = ("filename,class,xmin,ymin,xmax,ymax\nimages/a.jpg,cat,1,1,10,10\n./images/a.jpg,dog,2,2,9,9\n"
+            "images//a.jpg,cat,3,3,8,8\ngs://b/x//y.jpg,cat,1,1,2,2\n")
+    found = read_box_rows(*csv_rows(text), source="b.csv", image_column="filename", class_column="class")
+    assert [(i.path, [o.source for o in i.objects]) for i in found.images] == [
+        ("gs://b/x//y.jpg", ["b.csv:5"]), ("images/a.jpg", ["b.csv:2", "b.csv:3", "b.csv:4"])]
+    labels = read_label_rows(*csv_rows("image,label\nimages/a.jpg,cat\n./images/a.jpg,dog\n"), source="t.csv",
+                             image_column="image", label_column="label")
+    assert [(i.path, i.texts) for i in labels.images] == [("images/a.jpg", ("cat", "dog"))]
+    assert [image_path(p) for p in ("/data//a.jpg", "//data/a.jpg", "a/../b.jpg", "")] == [
+        "/data/a.jpg", "/data/a.jpg", "b.jpg", ""]
 
 
 def _voc(objects: str) -> bytes:
