@@ -28,12 +28,16 @@ import pytest
 from PIL import Image
 
 from beam_tfrecords.job_graph import annotated_attach
+from beam_tfrecords.schemas.annotations import ImageAnnotations, LabelMap, ObjectAnnotation
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.proto import example_pb2
 from beam_tfrecords.transforms.codec.box_csv import csv_rows, image_path, read_box_rows, read_label_rows
+from beam_tfrecords.transforms.codec.voc import parse_voc_xml
+from beam_tfrecords.transforms.codec.yolo import parse_label_file
 from beam_tfrecords.transforms.image_steps import ListingIdentity, list_images
 from beam_tfrecords.transforms.io.annotated_output import annotated_feature_spec
-from beam_tfrecords.transforms.io.image_records import ImageRecordBuilder
+from beam_tfrecords.transforms.io.detection_features import detection_features
+from beam_tfrecords.transforms.io.image_records import Geometry, ImageRecordBuilder
 from tests.harness import annotated_sets as sets
 from tests.harness.attack_table import cli
 
@@ -143,3 +147,21 @@ def _voc(objects: str) -> bytes:
 def _object(name: str, difficult: str = "0", xmin: str = "1") -> str:
     return (f"<object><name>{name}</name><difficult>{difficult}</difficult><truncated>{difficult}</truncated>"
             f"<bndbox><xmin>{xmin}</xmin><ymin>1</ymin><xmax>5</xmax><ymax>5</ymax></bndbox></object>")
+
+
+@pytest.mark.unit
+def test_readable_labels_are_taken_and_what_does_not_parse_drops_one_object():
+    objects, problems = parse_label_file("0.0 0.5 0.5 0.2 0.2\n1.5 0.5 0.5 0.2 0.2\n", "l/a.txt", ((0, "x"),))
+    assert [(o.label, o.text) for o in objects] == [(1, "x")]
+    assert [(p.source, p.reason, p.kept) for p in problems] == [("l/a.txt:2", "bad_label_line", "image")]
+    found = parse_voc_xml(_voc(_object("a", "true") + _object("b", "No") + _object("c", "maybe")
+                               + _object("d", xmin="one") + _object("e", "YES")), "Annotations/a.xml")
+    assert [(o.name, o.difficult, o.truncated) for o in found.objects] == [
+        ("a", True, True), ("b", False, False), ("e", True, True)]
+    assert [(p.source, p.reason, p.kept) for p in found.problems] == [
+        ("Annotations/a.xml: object 3", "bad_object", "image"), ("Annotations/a.xml: object 4", "bad_object", "image")]
+    assert "difficult" in found.problems[0].detail and "maybe" not in found.problems[0].detail
+    swapped = ImageAnnotations("a.png", "a.png", (ObjectAnnotation((10.0, 1.0, 5.0, 8.0), 1, "x", source="b.csv:2"),))
+    found = detection_features(swapped, Geometry((20, 10), (20, 10)), LabelMap(((1, "x"),)))
+    assert [(p.reason, p.detail) for p in found.problems] == [
+        ("box_empty", "the coordinates are swapped (xmin > xmax): the box has no area as given")]

@@ -26,7 +26,10 @@ has none.
 
 Problems, named ``"<csv>:<line>"``: a row with fewer cells than the header, or whose box
 or size cells are not numbers (or a box row without a class), is ``bad_label_line``,
-the object dropped and the image kept; a coordinate that is not finite is
+the object dropped and the image kept; a box whose ``xmin`` passes its ``xmax`` (or
+``ymin`` its ``ymax``) is taken as given, so the record builder drops it as
+``box_empty``, its detail saying the coordinates are swapped (nothing is swapped
+silently); a coordinate that is not finite is
 ``box_not_finite``, likewise; a row without an image is ``bad_label_line`` with nothing
 kept; rows of one image that state different sizes make the image an
 ``annotation_size_mismatch``, nothing kept.

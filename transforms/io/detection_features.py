@@ -227,6 +227,15 @@ def _output_box(box: tuple[float, ...], geometry: Geometry, frame: Geometry) -> 
     return geometry.map_box((x0, y0, x1, y1))
 
 
+def _no_area(box: tuple[float, ...]) -> str:
+    """Why a box as given has no area: swapped coordinates are named (never swapped back)."""
+    swapped = [f"{lo} > {hi}" for lo, hi, low, high in (("xmin", "xmax", box[0], box[2]),
+                                                          ("ymin", "ymax", box[1], box[3])) if low > high]
+    if swapped:
+        return f"the coordinates are swapped ({', '.join(swapped)}): the box has no area as given"
+    return "the box has no area as given"
+
+
 def _add_object(boxes: _Boxes, annotations: ImageAnnotations, obj: ObjectAnnotation,
                 geometry: Geometry, frame: Geometry) -> bool:
     """Maps, clips and adds one object; records why when it is dropped."""
@@ -237,7 +246,7 @@ def _add_object(boxes: _Boxes, annotations: ImageAnnotations, obj: ObjectAnnotat
     box = _frame_box(obj, annotations.units, frame.output)
     width, height = geometry.output
     if box[2] <= box[0] or box[3] <= box[1]:
-        boxes.problems.append(_dropped(annotations, obj, "box_empty", "the box has no area as given"))
+        boxes.problems.append(_dropped(annotations, obj, "box_empty", _no_area(box)))
         return False
     moved = _output_box(box, geometry, frame)
     clipped = (min(max(moved[0], 0.0), width), min(max(moved[1], 0.0), height),
