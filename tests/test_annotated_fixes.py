@@ -38,6 +38,7 @@ from beam_tfrecords.transforms.image_steps import ListingIdentity, list_images
 from beam_tfrecords.transforms.io.annotated_output import annotated_feature_spec
 from beam_tfrecords.transforms.io.detection_features import detection_features
 from beam_tfrecords.transforms.io.image_records import Geometry, ImageRecordBuilder
+from beam_tfrecords.transforms.plan.label_map_file import parse_label_map_pbtxt, read_label_map
 from tests.harness import annotated_sets as sets
 from tests.harness.attack_table import cli
 
@@ -165,3 +166,34 @@ def test_readable_labels_are_taken_and_what_does_not_parse_drops_one_object():
     found = detection_features(swapped, Geometry((20, 10), (20, 10)), LabelMap(((1, "x"),)))
     assert [(p.reason, p.detail) for p in found.problems] == [
         ("box_empty", "the coordinates are swapped (xmin > xmax): the box has no area as given")]
+
+
+@pytest.mark.unit
+def test_a_label_map_pbtxt_gives_its_ids_and_a_labels_file_its_line_order(tmp_path):
+    text = ("# from the Object Detection API\nitem {\n  id: 3\n  name: 'car'  # a comment\n}\n"
+            "item { id: 1 display_name: \"person\" }\nitem {\n  name: \"it's\"\n  id: 7\n  frequency: FREQUENT\n}\n")
+    assert parse_label_map_pbtxt(text) == LabelMap(((1, "person"), (3, "car"), (7, "it's")))
+    assert read_label_map("dog\ncat\n") == LabelMap(((1, "dog"), (2, "cat")))
+    for bad, says in (("item { id: 0 name: 'a' }", "above 0"), ("item { id: 1 }", "no name"),
+                      ("item { id: 1 name: 'a' }\nitem { id: 1 name: 'b' }", "id 1 appears twice"),
+                      ("item { id: 1 name: 'a }", "unclosed quote"), ("item { id: 1 name: 'a' } x", "line 1")):
+        with pytest.raises(ValueError, match=says):
+            parse_label_map_pbtxt(bad)
+    made = sets.make_voc(tmp_path / "voc")
+    (tmp_path / "map.pbtxt").write_text("item {\n  id: 5\n  name: 'person'\n}\nitem {\n  id: 9\n  name: 'car'\n}\n")
+    listing = list_images(*ListingIdentity.of(_config(made, labels=str(tmp_path / "map.pbtxt"))))
+    assert listing.annotated.run.label_map == LabelMap(((5, "person"), (9, "car")))
+    assert listing.annotated.run.problems == ()  # Every class named: nothing left out.
+
+
+@pytest.mark.e2e
+def test_a_label_map_matching_no_class_refuses_the_run_in_one_line(tmp_path):
+    made = sets.make_voc(tmp_path / "voc")
+    (tmp_path / "map.pbtxt").write_text("item {\n  id: 1\n  name: 'dog'\n}\n")
+    run = cli(tmp_path, "convert", *made.flags, "--labels", str(tmp_path / "map.pbtxt"),
+              "--output", str(tmp_path / "out"), "--progress", "off")
+    assert run.exit == 2
+    line = run.stderr.strip().splitlines()[-1]
+    assert "names none of the annotations' classes (the first: \"person\", \"car\")" in line
+    assert "all 5 objects would be left out as unknown_category" in line
+    assert not (tmp_path / "out").exists()
