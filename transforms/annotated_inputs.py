@@ -258,8 +258,9 @@ def _refuse_all_unknown(annotated: Annotated, given: Annotated | None = None, la
         names = dict.fromkeys(n for image in given.images for n in (*(o.text for o in image.objects), *image.texts)
                               if n not in known)
         first = ", ".join(shown_value(n) for n in list(names)[:3])
+        what = "labels" if annotated.layout == "multi_label" else "objects"
         raise ValueError(f"--labels {labels_path} names none of the annotations' classes (the first: {first}): "
-                         f"all {len(unknown)} objects would be left out as unknown_category; give the label map "
+                         f"all {len(unknown)} {what} would be left out as unknown_category; give the label map "
                          "of these annotations, or drop --labels")
     raise ValueError(f"every object of the annotations is of a class the label map lacks ({len(unknown)} "
                      f"unknown_category; the first: {unknown[0].source}: {unknown[0].detail}): check the "
