@@ -29,7 +29,7 @@ from beam_tfrecords.transforms.annotated_inputs import (
 )
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.plan.annotated_listing import annotation_parts
-from beam_tfrecords.transforms.plan.layouts import parse_labels_text
+from beam_tfrecords.transforms.plan.label_map_file import read_label_map
 
 __all__ = ["annotated_config", "refuse_annotation_flags"]
 
@@ -137,7 +137,7 @@ def _known_labels(config: ConvertConfig) -> frozenset[str] | None:
     if not config.labels:
         return None
     try:
-        return frozenset(parse_labels_text(files.read_text(_absolute(config.labels))))
+        return frozenset(name for _, name in read_label_map(files.read_text(_absolute(config.labels))).items)
     except (OSError, ValueError):
         return None
 

@@ -43,6 +43,7 @@ from beam_tfrecords.input_checks import (
 from beam_tfrecords.output_claim import check_output, take_output
 from beam_tfrecords.planners import plan_images, plan_on_workers, plan_table
 from beam_tfrecords.run_plan import ConvertError, OutputBusy, OutputExistsError, OutputNotOursError, RunPlan
+from beam_tfrecords.schemas.annotations import ANNOTATION_LAYOUTS
 from beam_tfrecords.schemas.config import ConvertConfig, CsvDialect, expand_templates
 from beam_tfrecords.schemas.manifest import parse_manifest
 from beam_tfrecords.schemas.options import CSV_MANIFEST, CSV_TABLE, IMAGES, TABLES, flags_only_for
@@ -52,6 +53,7 @@ from beam_tfrecords.transforms.io import files, gcs
 from beam_tfrecords.transforms.io.commit import new_run_id
 from beam_tfrecords.transforms.io.ownership import claim_output
 from beam_tfrecords.transforms.io.table_readers import JSONL_SUFFIXES, PARQUET_SUFFIXES, table_format
+from beam_tfrecords.transforms.plan.label_map_file import is_label_map_pbtxt, parse_label_map_pbtxt
 from beam_tfrecords.transforms.plan.layouts import (
     CIFAR_LABELS_FILE,
     find_image_column,
@@ -247,7 +249,14 @@ def _check_images(config: ConvertConfig) -> None:
         if not files.exists(config.labels):
             raise ConvertError(f"--labels: {config.labels} does not exist")
         try:
-            parse_labels_text(read_labels_text(config.labels))
+            text = read_labels_text(config.labels)
+            if not is_label_map_pbtxt(text):
+                parse_labels_text(text)
+            elif config.layout in ANNOTATION_LAYOUTS:
+                parse_label_map_pbtxt(text)  # An Object Detection API label map: its ids.
+            else:
+                raise ValueError("an Object Detection API label map numbers the classes of annotated "
+                                 "images only; give a labels file with one class name per line")
         except ValueError as err:
             raise ConvertError(f"--labels {config.labels}: {err}") from None
     if layout == "csv":

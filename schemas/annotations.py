@@ -85,6 +85,7 @@ PROBLEM_REASONS = (
     "split_conflict",         # an image the layout puts in two splits: the first one kept
     "bad_image_entry",        # a COCO image entry without a usable id, file_name or size, or repeated
     "segmentation_invalid",   # a polygon ring or RLE that cannot be rendered: left out, object kept
+    "bad_object",             # an object whose field is missing or does not parse (VOC): object dropped
     # The record builder: the annotation against the image.
     "box_empty",              # no area left after clipping (or after a crop): object dropped
     "annotation_size_mismatch",  # the stated size is neither the image's nor its EXIF-rotated size

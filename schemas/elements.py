@@ -213,7 +213,8 @@ class ImageSpool:
       split: the split; ``file_index``: the spool's place in the split's key order.
       path: the spool file ('' when no image of the unit was good).
       sizes: framed size of each record, as little-endian int64 bytes.
-      labels, notes, contents, images: per record, its class text, its note ('' for
+      labels, notes, contents, images: per record, its class text (the tuple of its
+        texts for several labels per image), its note ('' for
         none), ``(sha256, image/filename)`` and ``(format, mode, width, height)``.
       bad_counts, dead_letter_path: the unit's dead letters.
       annotations: per record, its annotation facts (``io.annotated_output.image_facts``,

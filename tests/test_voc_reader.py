@@ -100,7 +100,7 @@ def test_voc_folder_is_detected_and_read(voc):
 def test_voc_problems_name_file_and_reason_never_the_content(voc):
     found = read_voc_folder(*voc)
     assert [(p.source, p.reason, p.image, p.kept) for p in found.problems] == [
-        ("Annotations/000002.xml: object 2", "bad_annotation_file", "JPEGImages/000002.jpg", "image"),
+        ("Annotations/000002.xml: object 2", "bad_object", "JPEGImages/000002.jpg", "image"),
         ("Annotations/000002.xml: object 3", "box_not_finite", "JPEGImages/000002.jpg", "image"),
         ("Annotations/000003.xml", "bad_annotation_file", "JPEGImages/000003.jpg", "nothing"),
         ("Annotations/000004.xml", "bad_annotation_file", "JPEGImages/000004.jpg", "nothing"),

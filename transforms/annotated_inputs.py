@@ -45,6 +45,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_tfrecords.schemas.annotations import ANNOTATION_LAYOUTS, Annotated, AnnotationProblem, LabelMap
 from beam_tfrecords.schemas.elements import DeadLetter
+from beam_tfrecords.schemas.manifest import shown_value
 from beam_tfrecords.transforms.codec.box_csv import (
     BOX_COLUMNS,
     CsvRow,
@@ -74,6 +75,7 @@ from beam_tfrecords.transforms.plan.annotation_folders import (
     read_yolo_folder,
     voc_images,
 )
+from beam_tfrecords.transforms.plan.label_map_file import is_label_map_pbtxt, read_label_map
 from beam_tfrecords.transforms.plan.layouts import (
     Listing,
     manifest_columns,
@@ -477,6 +479,31 @@ def refuse_empty_listing(input_path: str, listing: Listing, drop_empty: bool = F
     raise AnnotatedRefused(_printable(f"--input {input_path}: no image to convert: {why}"))
 
 
+def _refuse_all_unknown(annotated: Annotated, given: Annotated | None = None, labels_path: str = "") -> None:
+    """Refuses a run whose every object (or label) would be left out as
+    ``unknown_category``: the label map matches none of the annotations' classes.
+
+    Raises:
+      ValueError: naming the first classes the label map lacks (``--labels``), or the
+        first object left out.
+    """
+    unknown = [p for p in annotated.problems if p.reason == "unknown_category"]
+    if not unknown or any(image.objects or image.labels for image in annotated.images):
+        return
+    if given is not None:
+        known = {name for _, name in annotated.label_map.items}
+        names = dict.fromkeys(n for image in given.images for n in (*(o.text for o in image.objects), *image.texts)
+                              if n not in known)
+        first = ", ".join(shown_value(n) for n in list(names)[:3])
+        what = "labels" if annotated.layout == "multi_label" else "objects"
+        raise ValueError(f"--labels {labels_path} names none of the annotations' classes (the first: {first}): "
+                         f"all {len(unknown)} {what} would be left out as unknown_category; give the label map "
+                         "of these annotations, or drop --labels")
+    raise ValueError(f"every object of the annotations is of a class the label map lacks ({len(unknown)} "
+                     f"unknown_category; the first: {unknown[0].source}: {unknown[0].detail}): check the "
+                     "annotations' class names or ids")
+
+
 def list_annotated(input_path: str, layout: str, labels_path: str | None = None,
                    image_column: str | None = None, label_column: str | None = None,
                    splits: tuple = (), follow_links_outside: bool = False,
@@ -508,18 +535,25 @@ def list_annotated(input_path: str, layout: str, labels_path: str | None = None,
         elif layout == "coco":
             annotated = _coco(root, listed, args, notes)
         else:
-            labels = parse_labels_text(files.read_text(labels_path)) if labels_path else None
+            text = files.read_text(labels_path) if labels_path else ""
+            # A label map's ids are the mask values; a labels file's line i is value i.
+            labels = (read_label_map(text) if is_label_map_pbtxt(text)
+                      else mask_label_map(parse_labels_text(text) if text else None))
             masks = _listed(files.join(args.masks or "", "**"), args.masks or "", follow_links_outside)
             inside = relative_path(root, args.masks or "").rstrip("/") + "/"  # A mask folder under --input:
             images = [p for p in images if not p.startswith(inside)]  # its PNGs are not images.
-            annotated = read_mask_folder(images, masks, mask_label_map(labels))
+            annotated = read_mask_folder(images, masks, labels)
         found = {entry.path: listed[annotation_key(entry.path)] for entry in annotated.images
                  if annotation_key(entry.path) in listed}
         if layout in ("coco", "masks", "voc"):
             unnamed = len(set(images) - {annotation_key(entry.path) for entry in annotated.images}
                           - {p.image for p in annotated.problems})
     if labels_path and layout in ("voc", "box_csv", "multi_label"):
-        annotated = relabeled(annotated, parse_labels_text(files.read_text(labels_path)))
+        given = annotated
+        annotated = relabeled(annotated, read_label_map(files.read_text(labels_path)))
+        _refuse_all_unknown(annotated, given, labels_path)
+    else:
+        _refuse_all_unknown(annotated)
     normalized = layout == "box_csv" and args.box_units == "pixels" and every_value_normalized(annotated)
     listing = annotated_listing(annotated, found, splits=tuple(splits), drop_empty=args.drop_empty,
                                 instance_masks=args.instance_masks,

@@ -393,7 +393,9 @@ class ImageRecords(RecordSource):
                 if isinstance(outcome, DeadLetter):
                     dead.append(outcome)
                 else:
-                    labels.append(ref.label_text or ("" if ref.label == -1 else str(ref.label)))
+                    several = outcome.report.labels if outcome.report is not None else ()
+                    # Several labels per image: the record counts once under each.
+                    labels.append(several or ref.label_text or ("" if ref.label == -1 else str(ref.label)))
                     contents.append((outcome.sha256, ref.filename,
                                      outcome.source_sha256 if outcome.source_sha256 != outcome.sha256 else ""))
                     notes.append(outcome.note)

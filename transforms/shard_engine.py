@@ -88,7 +88,8 @@ class Chunk(NamedTuple):
       framed: framed records (or, for a spool copy, part of them), in order.
       records: records that end inside this piece.
       dead: inputs refused while making this piece (dead letters).
-      labels: the class text of each record written (for per-class counts).
+      labels: the class text of each record written (for per-class counts); a
+        record with several labels (``multi_label``) has the tuple of their texts.
       inputs: inputs consumed (for progress).
       notes: what the manifest counts about some records (e.g. images converted
         to PNG: ``converted_to_png/tiff``); '' for a record without one.
@@ -240,7 +241,9 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
         writer = TFRecordWriter(sink, compression)
         for number, chunk in enumerate(source.chunks(spec)):
             dead.extend(chunk.dead)
-            labels.update(label for label in chunk.labels if label)  # '': a detection record.
+            # '': a detection record; a tuple: a record's several labels, each counted.
+            labels.update(name for label in chunk.labels
+                          for name in ((label,) if isinstance(label, str) else label) if name)
             notes.update(note for note in chunk.notes if note)
             contents.extend(chunk.contents)
             kinds.update(chunk.images)

@@ -4,8 +4,11 @@ per image.
 Pure: rows already split into cells (``csv_rows`` splits a text with the ``csv`` module
 and keeps each row's first line number), grouped by the image column into ONE
 ``ImageAnnotations`` per image, images sorted by path, each image's objects (or labels)
-in row order. The image cell is kept as written (``path`` and ``source_id``): the caller
-resolves it against the CSV's folder.
+in row order. Rows are grouped by the image cell normalized (``image_path``: ``./``,
+``..`` and doubled slashes resolved, ``scheme://`` paths such as ``gs://`` kept as
+written), so ``images/a.jpg``, ``./images/a.jpg`` and ``images//a.jpg`` are one image;
+the normalized path is ``path`` and ``source_id``: the caller resolves it against the
+CSV's folder.
 
 Boxes (``read_box_rows``): the box columns are ``xmin,ymin,xmax,ymax`` unless named,
 their values in ``units``: ``"pixels"`` (the contract's continuous 0-based edges, as the
@@ -23,7 +26,10 @@ has none.
 
 Problems, named ``"<csv>:<line>"``: a row with fewer cells than the header, or whose box
 or size cells are not numbers (or a box row without a class), is ``bad_label_line``,
-the object dropped and the image kept; a coordinate that is not finite is
+the object dropped and the image kept; a box whose ``xmin`` passes its ``xmax`` (or
+``ymin`` its ``ymax``) is taken as given, so the record builder drops it as
+``box_empty``, its detail saying the coordinates are swapped (nothing is swapped
+silently); a coordinate that is not finite is
 ``box_not_finite``, likewise; a row without an image is ``bad_label_line`` with nothing
 kept; rows of one image that state different sizes make the image an
 ``annotation_size_mismatch``, nothing kept.
@@ -34,6 +40,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import posixpath
 from collections.abc import Iterable, Sequence
 
 from beam_tfrecords.schemas.annotations import (
@@ -51,6 +58,7 @@ __all__ = [
     "CsvRow",
     "csv_rows",
     "every_value_normalized",
+    "image_path",
     "read_box_rows",
     "read_label_rows",
 ]
@@ -103,6 +111,18 @@ def every_value_normalized(annotated: Annotated) -> bool:
     probably normalized while read as pixels."""
     values = [v for image in annotated.images for o in image.objects for v in o.box]
     return bool(values) and all(v <= 1.0 for v in values)
+
+
+def image_path(cell: str) -> str:
+    """An image cell as rows are grouped by: stripped, then ``posixpath.normpath``
+    (``./a.jpg``, ``images//a.jpg``, ``images/x/../a.jpg`` name ``a.jpg``,
+    ``images/a.jpg``); a path with a scheme (``gs://``, ``file://``) is kept as
+    written, and a leading ``//`` is one ``/``. ``''`` stays ``''``."""
+    cell = cell.strip()
+    if not cell or "://" in cell:
+        return cell
+    normal = posixpath.normpath(cell)
+    return "/" + normal.lstrip("/") if normal.startswith("//") else normal
 
 
 class _RowError(ValueError):
@@ -164,14 +184,14 @@ def _rows_by_image(source: str, header: Sequence[str], rows: Iterable[CsvRow], i
             problems.append(_problem(where, "bad_label_line", row.error, kept="nothing"))
             continue
         if len(row.cells) < len(header):
-            image = row.cells[index].strip() if index < len(row.cells) else ""
+            image = image_path(row.cells[index]) if index < len(row.cells) else ""
             problems.append(_problem(where, "bad_label_line",
                                      f"{len(row.cells)} cells, the header has {len(header)}", image,
                                      "image" if image else "nothing"))
             if image:
                 images.setdefault(image, _Image(row.line))
             continue
-        path = row.cells[index].strip()
+        path = image_path(row.cells[index])
         if not path:
             problems.append(_problem(where, "bad_label_line", "no image", kept="nothing"))
             continue

@@ -9,7 +9,8 @@ finds the files and builds the label map). What is read from a file:
   or ``0`` (some VOC tools write 0 when they did not know it), states nothing; one that is
   not a whole number makes the file bad;
 * every ``<object>``, in file order: ``<name>`` (the class), ``<bndbox>``, ``<difficult>``
-  and ``<truncated>`` (``0``/``1``; absent: 0). ``<pose>`` (and any other element) is
+  and ``<truncated>`` (a whole number, 0 is false, or ``true``/``false``/``yes``/``no``
+  in any case; absent or empty: 0). ``<pose>`` (and any other element) is
   read past and ignored: no record key holds it.
 
 Coordinates. VOC's ``<bndbox>`` holds 1-based pixel indices, both ends inclusive: a box
@@ -27,9 +28,9 @@ declaration (so a document in UTF-16 or another declared encoding is caught too)
 
 Problems. A file that does not parse (or is refused, or has no ``<annotation>`` root, or
 a size that is not a number) is one ``bad_annotation_file`` problem, nothing kept. An
-object without a ``<name>`` or a ``<bndbox>``, or whose coordinates or flags are not
-numbers, is a ``bad_annotation_file`` problem naming the object, the object dropped and
-the image kept; one whose coordinates are not finite is ``box_not_finite``, likewise.
+object without a ``<name>`` or a ``<bndbox>``, or whose coordinates or flags do not
+parse, is a ``bad_object`` problem naming the object and the field, the object dropped
+and the image kept (the file's other objects are read); one whose coordinates are not finite is ``box_not_finite``, likewise.
 Messages name the field and a number, never the file's text.
 """
 
@@ -141,12 +142,18 @@ def _size(root: ET.Element) -> tuple[int, int] | None:
     return None if 0 in values else (values[0], values[1])
 
 
+_FLAG_WORDS = {"true": True, "yes": True, "false": False, "no": False}
+
+
 def _flag(element: ET.Element, tag: str) -> bool:
     text = _text(element, tag)
     if text is None or text == "":
         return False
+    word = text.strip().lower()
+    if word in _FLAG_WORDS:
+        return _FLAG_WORDS[word]
     try:
-        return int(text) != 0
+        return int(word) != 0
     except ValueError:
         raise _BadField(tag) from None
 
@@ -210,8 +217,8 @@ def parse_voc_xml(data: bytes, source: str, image: str = "") -> VocFile | Annota
         try:
             found = _object(element, where)
         except _BadField as err:
-            problems.append(_object_problem(where, "bad_annotation_file",
-                                            f"{err.args[0]} is missing or not a number", image))
+            problems.append(_object_problem(where, "bad_object",
+                                            f"the object's {err.args[0]} is missing or does not parse", image))
             continue
         if not all(math.isfinite(v) for v in found.box):
             problems.append(_object_problem(where, "box_not_finite",

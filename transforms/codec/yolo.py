@@ -14,8 +14,9 @@ is the split ``validation``. Other keys (``nc``, ``download``, ...) are ignored.
 list (a ``.txt`` in place of a folder) and absolute or outside paths are refused: the
 reader reads inside the input only.
 
-Label files: one object per line, ``class cx cy w h``, the class a whole number and the
-box normalized to the image (centre and size); blank lines are skipped. A box becomes
+Label files: one object per line, ``class cx cy w h``, the class a whole number (or
+one written as a float with nothing after the point, ``0.0``, which Ultralytics reads as
+``int(float(x))``; ``0.5`` is refused) and the box normalized to the image (centre and size); blank lines are skipped. A box becomes
 the contract's normalized corners ``(cx - w/2, cy - h/2, cx + w/2, cy + h/2)`` (the
 record builder, knowing the size, turns them into pixels and clips them). Its label id
 is the class index + 1 (0 is the background), its text the class name.
@@ -25,7 +26,8 @@ more normalized points) gives the box around its points, as Ultralytics' detecti
 the polygon itself is not kept (the contract's polygons are in pixels).
 
 Problems (the image is always kept; its other objects too): a line with neither five
-fields nor a polygon's, or whose fields are not numbers, is ``bad_label_line``; a class
+fields nor a polygon's, or whose fields are not numbers (or whose class is not a
+whole number), is ``bad_label_line``; a class
 index ``names`` lacks is ``unknown_category``; a coordinate that is not finite is
 ``box_not_finite``.
 A yaml that does not parse or lacks ``names`` is one ``bad_annotation_file``.
@@ -164,6 +166,20 @@ def parse_data_yaml(data: bytes, source: str) -> YoloConfig | AnnotationProblem:
         return bad(str(err))
 
 
+def _class_index(field: str) -> int | None:
+    """A class field as Ultralytics reads it (``int(float(x))``), integral values only:
+    ``3`` and ``3.0`` are 3; ``None`` for ``3.5`` or a value that is not finite.
+
+    Raises:
+      ValueError: not a number.
+    """
+    try:
+        return int(field)
+    except ValueError:
+        value = float(field)
+    return int(value) if math.isfinite(value) and value == int(value) else None
+
+
 def _line(fields: list[str], where: str, names: dict[int, str], image: str
           ) -> ObjectAnnotation | AnnotationProblem:
     def problem(reason: str, detail: str) -> AnnotationProblem:
@@ -173,10 +189,12 @@ def _line(fields: list[str], where: str, names: dict[int, str], image: str
     if len(fields) != 5 and not polygon:
         return problem("bad_label_line", f"{len(fields)} fields, not 5 (class cx cy w h) or a polygon")
     try:
-        index = int(fields[0])
+        index = _class_index(fields[0])
         values = [float(v) for v in fields[1:]]
     except ValueError:
         return problem("bad_label_line", "a field is not a number")
+    if index is None:
+        return problem("bad_label_line", "the class is not a whole number")
     if index not in names:
         return problem("unknown_category", f"class index {index} is not in names")
     if polygon:

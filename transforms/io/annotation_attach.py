@@ -18,7 +18,10 @@ and attaches its detection and segmentation features:
    ``AnnotationProblem``).
 
 Several labels per image go to ``image/class/label`` and ``image/class/text`` as
-lists (``Attachment.labels``). An image the index does not hold gets no attachment
+lists (``Attachment.labels``); with ``AnnotationOptions.several_labels`` (a
+``multi_label`` run) every record holds those two lists, empty for an image without
+labels, and no ``image/object/*`` key, and the report names the labels written (the
+run's per-class counts). An image the index does not hold gets no attachment
 (its record is a plain image record): the listing of an annotated run names only the
 images the annotations name.
 
@@ -81,6 +84,9 @@ class AnnotationOptions:
       mask_root: the folder relative semantic-mask paths are under ('' : as given).
       mask_pad: the semantic mask's value where the pixels were padded.
       max_mask_bytes: a semantic mask file larger than this is refused (``bad_mask``).
+      several_labels: several labels per image (``multi_label``): records hold
+        ``image/class/label`` and ``text`` (empty lists for an image without labels)
+        and no per-object key.
     """
 
     instance_masks: bool = False
@@ -88,6 +94,7 @@ class AnnotationOptions:
     mask_root: str = ""
     mask_pad: int = 0
     max_mask_bytes: int = DEFAULT_MAX_FILE_BYTES
+    several_labels: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +104,7 @@ class _Resolved:
     annotations: ImageAnnotations
     orienting: Orienting
     semantic: bytes | None
+    labels: tuple[str, ...] = ()
 
 
 class AnnotationAttach:
@@ -142,7 +150,8 @@ class AnnotationAttach:
         names = dict(self.label_map.items)
         texts = annotations.texts or tuple(names.get(label, "") for label in annotations.labels)
         labels = tuple(zip(annotations.labels, texts))
-        return Attachment(labels=labels, resolve=functools.partial(self.resolve, annotations, labels))
+        return Attachment(labels=labels, resolve=functools.partial(self.resolve, annotations, labels),
+                          several_labels=self.options.several_labels)
 
     def resolve(self, annotations: ImageAnnotations, labels: tuple[tuple[int, str], ...],
                 source: SourceImage) -> Attachment:
@@ -162,10 +171,11 @@ class AnnotationAttach:
                 f"the image is {stored[0]}x{stored[1]}" + (f" ({shown[0]}x{shown[1]} as displayed)"
                                                            if shown != stored else ""))
         semantic = self._mask(annotations) if annotations.mask else None
-        resolved = _Resolved(annotations, orienting, semantic)
+        resolved = _Resolved(annotations, orienting, semantic, tuple(text for _, text in labels))
         return Attachment(turns=orienting.turns, flip=orienting.flip, labels=labels,
                           follow=functools.partial(self.follow, resolved),
-                          displayed=bool(orienting.turns % 4 or orienting.flip))
+                          displayed=bool(orienting.turns % 4 or orienting.flip),
+                          several_labels=self.options.several_labels)
 
     def follow(self, resolved: _Resolved, geometry: Geometry) -> Followed:
         """The features in the output's frame, and what the run counts.
@@ -177,13 +187,13 @@ class AnnotationAttach:
         found = detection_features(resolved.annotations, geometry, self.label_map,
                                    orienting=resolved.orienting, semantic=resolved.semantic,
                                    instance_masks=options.instance_masks, render=self.render,
-                                   mask_pad=options.mask_pad)
+                                   mask_pad=options.mask_pad, objects=not options.several_labels)
         if found.refused is not None:
             raise AttachmentRefused(found.refused.reason, f"{found.refused.source}: {found.refused.detail}")
         counts = found.counts
         if resolved.orienting.count:
             counts = tuple(sorted(counts + ((resolved.orienting.count, 1),)))
-        return Followed(found.features, AttachReport(counts, found.problems, found.objects))
+        return Followed(found.features, AttachReport(counts, found.problems, found.objects, resolved.labels))
 
     def _mask(self, annotations: ImageAnnotations) -> bytes:
         path = annotations.mask

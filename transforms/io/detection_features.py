@@ -31,7 +31,8 @@ Garden's ``TfExampleDecoder`` and the Object Detection API read
 - ``image/source_id``.
 
 Several labels per image (``image/class/label`` and ``text``) are the builder's
-reserved keys: ``AnnotationAttach`` gives them as ``Attachment.labels``.
+reserved keys: ``AnnotationAttach`` gives them as ``Attachment.labels``; such a
+record holds no per-object key (``objects=False``, or labels and no object).
 
 Pure (numpy and Pillow), no Beam, no I/O.
 """
@@ -226,6 +227,15 @@ def _output_box(box: tuple[float, ...], geometry: Geometry, frame: Geometry) -> 
     return geometry.map_box((x0, y0, x1, y1))
 
 
+def _no_area(box: tuple[float, ...]) -> str:
+    """Why a box as given has no area: swapped coordinates are named (never swapped back)."""
+    swapped = [f"{lo} > {hi}" for lo, hi, low, high in (("xmin", "xmax", box[0], box[2]),
+                                                          ("ymin", "ymax", box[1], box[3])) if low > high]
+    if swapped:
+        return f"the coordinates are swapped ({', '.join(swapped)}): the box has no area as given"
+    return "the box has no area as given"
+
+
 def _add_object(boxes: _Boxes, annotations: ImageAnnotations, obj: ObjectAnnotation,
                 geometry: Geometry, frame: Geometry) -> bool:
     """Maps, clips and adds one object; records why when it is dropped."""
@@ -236,7 +246,7 @@ def _add_object(boxes: _Boxes, annotations: ImageAnnotations, obj: ObjectAnnotat
     box = _frame_box(obj, annotations.units, frame.output)
     width, height = geometry.output
     if box[2] <= box[0] or box[3] <= box[1]:
-        boxes.problems.append(_dropped(annotations, obj, "box_empty", "the box has no area as given"))
+        boxes.problems.append(_dropped(annotations, obj, "box_empty", _no_area(box)))
         return False
     moved = _output_box(box, geometry, frame)
     clipped = (min(max(moved[0], 0.0), width), min(max(moved[1], 0.0), height),
@@ -349,7 +359,7 @@ def _semantic(annotations: ImageAnnotations, data: bytes, geometry: Geometry, fr
 def detection_features(annotations: ImageAnnotations, geometry: Geometry, label_map: LabelMap, *,
                        orienting: Orienting | None = None, semantic: bytes | None = None,
                        instance_masks: bool = False, render: Render | None = None,
-                       mask_pad: int = 0) -> DetectionFeatures:
+                       mask_pad: int = 0, objects: bool = True) -> DetectionFeatures:
     """One image's annotation features, in the stored image's frame (see the module).
 
     Args:
@@ -365,6 +375,8 @@ def detection_features(annotations: ImageAnnotations, geometry: Geometry, label_
       instance_masks: write ``image/object/mask``, rendered by ``render``.
       render: ``render(segmentation, height, width)`` -> 0/1 ``uint8`` array.
       mask_pad: the semantic mask's value where the pixels were padded.
+      objects: write the per-object keys (``False`` for several labels per image:
+        none, even for an image without labels).
 
     Raises:
       ValueError: ``instance_masks`` without ``render``, or a renderer's bad output.
@@ -383,11 +395,13 @@ def detection_features(annotations: ImageAnnotations, geometry: Geometry, label_
     boxes = _Boxes()
     for obj in annotations.objects:
         _add_object(boxes, annotations, obj, geometry, frame)
-    if annotations.objects or not annotations.labels:  # Several labels alone: no object keys.
+    # Several labels per image: no object keys (an image of such a run without labels too).
+    objects = objects and bool(annotations.objects or not annotations.labels)
+    if objects:
         features += boxes.features()
     counts["box_clipped"] = boxes.clipped
     counts["box_empty"] = sum(p.reason == "box_empty" for p in boxes.problems)
-    if instance_masks and (annotations.objects or not annotations.labels):
+    if instance_masks and objects:
         pngs, counts["mask_from_box"], counts["segmentation_invalid"] = _instance_masks(
             annotations, boxes.kept, geometry, frame, render)
         features += (("image/object/mask", "string", pngs),)

@@ -18,7 +18,8 @@ side data is looked up by them). An ``Attachment`` may:
   or a tuple of values: a list feature, possibly empty);
 * give the image several labels: ``labels``, ``((id, name), ...)``, written as
   the lists ``image/class/label`` and ``image/class/text`` in place of the
-  listing's one label. A reference whose ``label`` is -1 (an annotated layout's
+  listing's one label (with ``several_labels``, even when empty: an image of a
+  several-labels run without any holds the two keys as empty lists). A reference whose ``label`` is -1 (an annotated layout's
   detection image) and that gets no ``labels`` has neither key: its classes are
   per object;
 * ask for a geometry change of the pixels, applied after any reshape: ``turns``
@@ -244,11 +245,14 @@ class AttachReport:
         ``schemas.annotations.AnnotationProblem`` for annotations.
       objects: per object written, ``(class id, box area in output pixels)``
         (the run's annotation statistics, ``quality.annotation_stats``).
+      labels: the class names written as several labels (``image/class/text``):
+        the run counts records per class by them (``labels.counts``).
     """
 
     counts: tuple[tuple[str, int], ...] = ()
     problems: tuple = ()
     objects: tuple[tuple[int, float], ...] = ()
+    labels: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,6 +288,8 @@ class Attachment:
       resolve: called with the ``SourceImage``; returns the attachment to apply.
       displayed: ``turns`` and ``flip`` show the picture as displayed (its EXIF
         orientation): a reshape is sized for the turned picture (see the module).
+      several_labels: ``labels`` are the image's labels even when empty (written
+        as empty lists, not the listing's label).
     """
 
     features: tuple[Feature, ...] = ()
@@ -293,6 +299,7 @@ class Attachment:
     labels: tuple[tuple[int, str], ...] = ()
     resolve: Callable[[SourceImage], Attachment] | None = None
     displayed: bool = False
+    several_labels: bool = False
 
 
 class ImageOutcome(NamedTuple):
@@ -481,8 +488,8 @@ class ImageRecordBuilder:
         try:
             if attachment is not None:
                 extra, report = _attached(ref, attachment, geometry)
-                if attachment.labels:
-                    label, text = (tuple(labels) for labels in zip(*attachment.labels))
+                if attachment.labels or attachment.several_labels:
+                    label, text = (tuple(t) for t in zip(*attachment.labels)) if attachment.labels else ((), ())
             if label == -1:  # A detection record: classes per object, no image/class/*.
                 label, text = None, None
             parts, size = image_example_parts(data, info, label, text, ref.filename, extra, digest)

@@ -209,11 +209,12 @@ def read_mask_folder(images: Iterable[str], masks: Iterable[str],
     return Annotated(layout="masks", images=tuple(found), label_map=label_map, problems=tuple(problems))
 
 
-def relabeled(annotated: Annotated, names: Sequence[str]) -> Annotated:
+def relabeled(annotated: Annotated, names: Sequence[str] | LabelMap) -> Annotated:
     """``annotated`` numbered by a labels file (``--labels``: the class on line ``i``,
-    from 0, gets id ``i + 1``; 0 is the background): an object or label of a class the
-    file does not name is left out, its image kept (``unknown_category``)."""
-    label_map = LabelMap(tuple(enumerate(names, start=1)))
+    from 0, gets id ``i + 1``; 0 is the background) or by a ``LabelMap`` (a
+    ``label_map.pbtxt``'s ids): an object or label of a class the file does not name
+    is left out, its image kept (``unknown_category``)."""
+    label_map = names if isinstance(names, LabelMap) else LabelMap(tuple(enumerate(names, start=1)))
     ids = {name: label for label, name in label_map.items}
     images, problems = [], list(annotated.problems)
     for image in annotated.images:
