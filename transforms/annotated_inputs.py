@@ -19,6 +19,7 @@ the ``Listing`` (``plan.annotated_listing.annotated_listing``). No Beam transfor
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
 import stat
@@ -44,13 +45,16 @@ from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.annotation_attach import annotation_key
 from beam_tfrecords.transforms.io.fingerprint import relative_path
 from beam_tfrecords.transforms.io.gcs import is_gcs
+from beam_tfrecords.transforms.io.orientation_scan import orientations
 from beam_tfrecords.transforms.plan.annotated_listing import (
+    ExifNote,
     FoundImage,
     annotated_listing,
     annotation_parts,
     mask_label_map,
     read_mask_folder,
     relabeled,
+    unstated_sizes,
 )
 from beam_tfrecords.transforms.plan.annotation_folders import (
     YOLO_YAML,
@@ -66,7 +70,7 @@ from beam_tfrecords.transforms.plan.layouts import (
     resolve_input,
 )
 
-__all__ = ["AmbiguousManifest", "AnnotationArgs", "detect_annotated_layout", "list_annotated"]
+__all__ = ["AmbiguousManifest", "AnnotationArgs", "detect_annotated_layout", "exif_note", "list_annotated"]
 
 
 class AmbiguousManifest(ValueError):
@@ -286,4 +290,18 @@ def list_annotated(input_path: str, layout: str, labels_path: str | None = None,
     for path, reason, message in skipped:
         (listing.dead_letters if reason == "bad_file_name" else listing.skipped).append(
             DeadLetter(_shown(root, path), "list", reason, message))
+    listing.annotated = dataclasses.replace(listing.annotated, exif=exif_note(annotated, found))
     return listing
+
+
+def exif_note(annotated: Annotated, found: dict[str, FoundImage], shown: int = 8) -> ExifNote | None:
+    """The images whose annotations state no size and whose EXIF orientation is not 1,
+    read from their first bytes here (``io.orientation_scan``) for local files; for
+    ``gs://`` ones, a note that the workers count them. ``None``: no such image."""
+    unstated = unstated_sizes(annotated, found)
+    if not unstated:
+        return None
+    if any(not files.is_local(path) for _, path in unstated):
+        return ExifNote(on_workers=True)
+    turned = [name for (name, _), value in zip(unstated, orientations([p for _, p in unstated])) if value != 1]
+    return ExifNote(len(turned), tuple(turned[:shown]), len(unstated)) if turned else None
