@@ -547,7 +547,9 @@ def _annotations_line(accounting) -> str | None:
     written = accounting.get("images_without_objects", 0)
     parts.append(f"{_plural(listed, 'image')} without objects listed, {dropped:,} left out (--drop_empty)"
                  if dropped else f"{_plural(written, 'image')} without objects written")
-    return f"annotations: {'; '.join(parts)}; see dead_letter/"
+    if not left:
+        parts.insert(0, "no object left out")
+    return f"annotations: {'; '.join(parts)}" + ("; see dead_letter/" if left or passed else "")
 
 
 def _print_annotations(report: RunReport) -> None:

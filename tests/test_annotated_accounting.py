@@ -113,8 +113,8 @@ def test_images_without_a_mask_are_passed_over_not_bad_inputs(tmp_path):
     assert sorted((d["source"], d["error"]) for d in _lines(out / "dead_letter" / "skipped.jsonl")) == [
         ("b.jpg", "mask_not_found"), ("c.jpg", "mask_not_found")]
     assert manifest["annotations"]["problems"] == {"mask_not_found": 2}
-    assert ("annotations: 2 images without a mask, not converted; 0 images without objects written; "
-            "see dead_letter/") in run.stdout
+    assert ("annotations: no object left out; 2 images without a mask, not converted; 0 images without "
+            "objects written; see dead_letter/") in run.stdout
 
 
 @pytest.mark.e2e
@@ -156,3 +156,4 @@ def test_plan_summary_and_manifest_account_for_objects_orientation_and_drop_empt
     assert "paths passed over" not in run.stdout
     report = json.loads((out / "run_report.json").read_text())
     assert report["annotations"]["problems"] == annotations["problems"]
+
