@@ -11,13 +11,21 @@ F11, F16 and the summary).
 - The summary's ``annotations:`` line (objects left out by reason, boxes clipped,
   what the workers counted, images without objects) and ``paths passed over`` only
   for paths; ``--drop_empty``'s figures agree between the plan and the manifest.
+- Do no harm (any run): Ctrl-C during an ``--overwrite`` run keeps the published
+  dataset byte for byte and writes the interrupted run's ``run_report.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import signal
 import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +36,7 @@ from beam_tfrecords.schemas.annotations import Annotated, ImageAnnotations, Labe
 from beam_tfrecords.transforms.annotated_inputs import exif_note
 from beam_tfrecords.transforms.codec.orientation import exif_orientation, header_orientation
 from beam_tfrecords.transforms.plan.annotated_listing import FoundImage
-from tests.harness.attack_table import cli
+from tests.harness.attack_table import cli, cli_env
 
 
 def _jpeg(size=(40, 30), orientation: int | None = None, colour=(90, 30, 200)) -> bytes:
@@ -157,3 +165,60 @@ def test_plan_summary_and_manifest_account_for_objects_orientation_and_drop_empt
     report = json.loads((out / "run_report.json").read_text())
     assert report["annotations"]["problems"] == annotations["problems"]
 
+
+# --- do no harm: an interrupted --overwrite run (not annotated) -------------------------
+
+
+def _dataset_files(out: Path) -> dict[str, bytes]:
+    """Every file of the published dataset but the run report and the work folder."""
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and p.name != "run_report.json" and ".beam-tfrecords" not in p.parts}
+
+
+@pytest.mark.e2e
+def test_ctrl_c_during_an_overwrite_keeps_the_dataset_and_writes_the_run_report(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while the run lists
+    its images: the published manifest, shard, inputs.jsonl and dead letters stay byte
+    for byte, and run_report.json says this run failed, interrupted (the last run's
+    report was removed when the run took the output); verify passes; the next run
+    proves the report its own and replaces it."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    for folder in ("cat", "dog"):
+        (inp / folder).mkdir(parents=True)
+        for i in range(4):
+            (inp / folder / f"{i}.jpg").write_bytes(_jpeg(colour=(i * 40, 60 if folder == "cat" else 160, 90)))
+    (inp / "cat" / "broken.jpg").write_bytes(b"\xff\xd8 not a jpeg" * 8)
+    argv = ["convert", "--input", str(inp), "--output", str(out), "--max_bad_fraction", "0.2"]
+    assert cli(tmp_path, *argv).exit == 0
+    before = _dataset_files(out)
+    assert "dead_letter/train-00000-of-00001.jsonl" in before and "inputs.jsonl" in before
+    old_run = json.loads((out / "run_report.json").read_text())["run_id"]
+
+    flag = tmp_path / "hold" / "listing"
+    flag.parent.mkdir()
+    env = cli_env(BEAM_TFRECORDS_TEST_HOOKS="1", BEAM_TFRECORDS_HOLD_AT="listing",
+                  BEAM_TFRECORDS_HOLD_DIR=str(flag.parent))
+    with open(tmp_path / "held.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "beam_tfrecords", *argv, "--overwrite"], cwd=tmp_path,
+                                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not flag.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "held.log").read_text()
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, (tmp_path / "held.log").read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    assert _dataset_files(out) == before
+    report = json.loads((out / "run_report.json").read_text())
+    assert (report["status"], report["manifest"]) == ("failed", None)
+    assert report["run_id"] != old_run and "interrupted (SIGINT)" in report["error"]
+    assert cli(tmp_path, "verify", str(out)).exit == 0
+    again = cli(tmp_path, *argv, "--overwrite")
+    assert again.exit == 0, again.stdout + again.stderr
+    assert json.loads((out / "run_report.json").read_text())["status"] == "ok"
