@@ -21,6 +21,7 @@ import json
 import logging
 import re
 import signal
+import threading
 from collections.abc import Callable, Sequence
 
 import apache_beam as beam
@@ -205,6 +206,7 @@ class _Taken:
 
 
 _taken: _Taken | None = None
+_INTERRUPT_REPORT_SECONDS = 10.0
 
 
 def _digest(data: bytes | None) -> str:
@@ -217,10 +219,19 @@ def record_interruption(signum: int) -> None:
     ``failed`` with the signal in ``error``, as every run that started does (the
     last run's report was removed when this one took the output). Only when the run
     published nothing (the manifest is the one it found) and wrote no report of its
-    own (an error budget exceeded, say). Best effort: the process is ending."""
+    own (an error budget exceeded, say). Best effort: the process is ending, so it is
+    written from a thread given 10 s (the interrupted main thread may hold what a
+    storage client needs)."""
     taken = _taken
     if taken is None:
         return
+    writer = threading.Thread(target=_write_interrupted, args=(taken, signum), daemon=True,
+                              name="interrupted-report")
+    writer.start()
+    writer.join(_INTERRUPT_REPORT_SECONDS)
+
+
+def _write_interrupted(taken: _Taken, signum: int) -> None:
     try:
         now = _digest(files.read_bytes_if_exists(files.join(taken.output, MANIFEST_NAME)))
         data = files.read_bytes_if_exists(files.join(taken.output, REPORT_NAME))
