@@ -35,7 +35,7 @@ from beam_tfrecords.inspect import (
     read_manifest,
     sample_records,
 )
-from beam_tfrecords.pipeline import ConvertError, JobInterrupted, convert, interrupt_job
+from beam_tfrecords.pipeline import ConvertError, JobInterrupted, convert, interrupt_job, record_interruption
 from beam_tfrecords.preflight import infer_table_schema, resolve_config, table_inputs
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.inputs import SKIPPED_EXIT_STATUS
@@ -222,6 +222,8 @@ def _interrupted(prog: str, keep_job: bool = False):
         print(f"{prog}: {job.line if job else _INTERRUPTED}", file=sys.stderr, flush=True)
         if job is not None and not job.exit_now:
             return  # Still submitting: convert handles the job once it exists.
+        if job is None:
+            record_interruption(signum)  # Its run_report.json: failed, interrupted.
         scratch.cleanup()
         os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
     return handler
@@ -238,6 +240,8 @@ def _terminated_by(prog: str, keep_job: bool = False):
             print(f"{prog}: {job.line}", file=sys.stderr, flush=True)
             if not job.exit_now:
                 return
+        else:
+            record_interruption(signum)  # Its run_report.json: failed, interrupted.
         _die_by_sigterm()
     return handler
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
+from beam_tfrecords.schemas.annotations import PROBLEM_REASONS
 from beam_tfrecords.schemas.manifest import REPORT_NAME
 from beam_tfrecords.schemas.options import PROGRESS_MODES
 from beam_tfrecords.schemas.report import RunReport, Status
@@ -491,10 +492,13 @@ def _print_findings(report: RunReport) -> None:
         print(f"columns dropped (not in the schema): {', '.join(names)} "
               "(--strict_schema refuses them; 'skip: true' in the schema drops one on purpose)")
     skipped = report.skipped
-    if skipped:
-        reasons = ", ".join(f"{reason} {count}" for reason, count in skipped["by_reason"].items())
+    paths = {reason: count for reason, count in (skipped or {}).get("by_reason", {}).items()
+             if report.annotations is None or reason not in PROBLEM_REASONS}  # Not paths: _print_annotations.
+    if paths:
+        reasons = ", ".join(f"{reason} {count}" for reason, count in paths.items())
         print(f"paths passed over while listing (not inputs): {reasons}; see "
               f"{files.join(report.output, skipped['file'])}")
+    _print_annotations(report)
     for path in report.dead_letter_files:
         print(f"dead letter: {files.join(report.output, path)}")
     for failure in report.failures:
@@ -504,6 +508,58 @@ def _print_findings(report: RunReport) -> None:
             print(f"VERIFICATION FAILED: {failure.path}: {failure.error}")
     for path in report.shards_outside_band:
         print(f"warning: shard outside the size band: {path}")
+
+
+# Problems that refuse an image (the bad inputs' lines count them) or pass one over
+# (--masks: an image without a mask); every other reason of PROBLEM_REASONS leaves
+# out an object (or a part of one) and keeps the image. Reasons outside
+# PROBLEM_REASONS are what the workers counted (box_clipped, exif_rotated, ...).
+_IMAGE_REFUSED = ("bad_annotation_file", "image_not_found", "annotation_not_found", "bad_image_entry",
+                  "annotation_size_mismatch", "mask_size_mismatch", "bad_mask")
+_IMAGE_PASSED_OVER = ("mask_not_found",)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 'es' if word.endswith('x') else 's'}"
+
+
+def _annotations_line(accounting) -> str | None:
+    """The summary's line of an annotated run (``RunReport.annotations``): objects left
+    out by reason, what was counted (boxes clipped, EXIF orientations), images passed
+    over and without objects; ``None`` for a plain run."""
+    if not accounting:
+        return None
+    problems = dict(accounting.get("problems") or {})
+    left = {r: n for r, n in problems.items()
+            if r in PROBLEM_REASONS and r not in _IMAGE_REFUSED + _IMAGE_PASSED_OVER}
+    parts = [f"{_plural(sum(left.values()), 'object')} left out ({', '.join(f'{r} {n:,}' for r, n in left.items())})"
+             ] if left else []
+    clipped = problems.get("box_clipped", 0)
+    if clipped:
+        parts.append(f"{_plural(clipped, 'box')} clipped to the image")
+    counted = {r: n for r, n in problems.items() if r not in PROBLEM_REASONS and r != "box_clipped"}
+    if counted:
+        parts.append("counted: " + ", ".join(f"{r} {n:,}" for r, n in counted.items()))
+    passed = sum(problems.get(r, 0) for r in _IMAGE_PASSED_OVER)
+    if passed:
+        parts.append(f"{_plural(passed, 'image')} without a mask, not converted")
+    listed, dropped = accounting.get("listed_without_objects", 0), accounting.get("dropped_empty", 0)
+    written = accounting.get("images_without_objects", 0)
+    parts.append(f"{_plural(listed, 'image')} without objects listed, {dropped:,} left out (--drop_empty)"
+                 if dropped else f"{_plural(written, 'image')} without objects written")
+    if not left:
+        parts.insert(0, "no object left out")
+    return f"annotations: {'; '.join(parts)}" + ("; see dead_letter/" if left or passed else "")
+
+
+def _print_annotations(report: RunReport) -> None:
+    line = _annotations_line(report.annotations)
+    if line:
+        print(line)
+        if (report.annotations.get("problems") or {}).get("exif_orientation_not_applied"):
+            print("  exif_orientation_not_applied: images with an EXIF orientation other than 1 whose "
+                  "annotations state no size (or the stored one): stored as in the file, boxes as given "
+                  "(TensorFlow ignores EXIF orientation)")
 
 
 def _print_verdict(report: RunReport, drift_exit: int) -> None:

@@ -16,10 +16,12 @@ cancels the job it waits for, or leaves it running (``interrupt_job``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import re
 import signal
+import threading
 from collections.abc import Callable, Sequence
 
 import apache_beam as beam
@@ -68,6 +70,7 @@ __all__ = [
     "build_pipeline",
     "convert",
     "interrupt_job",
+    "record_interruption",
     "submit",
 ]
 
@@ -190,6 +193,57 @@ class _Launch:
 
 
 _active: _Launch | None = None  # The job convert() submits or waits for, for interrupt_job.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Taken:
+    """The output a run not on Dataflow took, for ``record_interruption``: its run id
+    and the SHA-256 of the manifest published there when it started ('' : none)."""
+
+    output: str
+    run_id: str
+    manifest: str
+
+
+_taken: _Taken | None = None
+_INTERRUPT_REPORT_SECONDS = 10.0
+
+
+def _digest(data: bytes | None) -> str:
+    return hashlib.sha256(data).hexdigest() if data is not None else ""
+
+
+def record_interruption(signum: int) -> None:
+    """For a signal handler (Ctrl-C, SIGTERM) of a run that took its output (not on
+    Dataflow: see ``interrupt_job``): writes its ``run_report.json``, status
+    ``failed`` with the signal in ``error``, as every run that started does (the
+    last run's report was removed when this one took the output). Only when the run
+    published nothing (the manifest is the one it found) and wrote no report of its
+    own (an error budget exceeded, say). Best effort: the process is ending, so it is
+    written from a thread given 10 s (the interrupted main thread may hold what a
+    storage client needs)."""
+    taken = _taken
+    if taken is None:
+        return
+    writer = threading.Thread(target=_write_interrupted, args=(taken, signum), daemon=True,
+                              name="interrupted-report")
+    writer.start()
+    writer.join(_INTERRUPT_REPORT_SECONDS)
+
+
+def _write_interrupted(taken: _Taken, signum: int) -> None:
+    try:
+        now = _digest(files.read_bytes_if_exists(files.join(taken.output, MANIFEST_NAME)))
+        data = files.read_bytes_if_exists(files.join(taken.output, REPORT_NAME))
+        if now != taken.manifest or (data and RunReport.from_json(data).run_id == taken.run_id):
+            return
+        name = signal.Signals(signum).name if signum in iter(signal.Signals) else str(signum)
+        report = RunReport(Status.FAILED, taken.output, None, run_id=taken.run_id,
+                           error=f"interrupted ({name}) before it published anything; the dataset there, "
+                                 "if any, is the one published before")
+        write_owned(taken.output, REPORT_NAME, report.to_bytes())
+    except Exception as err:  # pylint: disable=broad-except
+        _log.warning("Could not write the report of the interrupted run: %s", err)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -464,11 +518,13 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
     if stopped is not None:
         return stopped
     launch = _launch_of(plan, options)
-    _take(plan, launch)
     output = plan.dataset_output or plan.config.output
+    seen = files.read_bytes_if_exists(files.join(output, MANIFEST_NAME))
+    _take(plan, launch)
     release = True  # Whether this process releases the lock at the end.
-    global _active  # pylint: disable=global-statement
+    global _active, _taken  # pylint: disable=global-statement
     _active = launch
+    _taken = _Taken(output, plan.target.run_id, _digest(seen)) if launch is None else None
     try:
         try:
             result = _submit(plan, options, launch, attach)
@@ -498,7 +554,7 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
                 _log.warning("%s", _stop_job(launch, keep=False))
             raise
     finally:
-        _active = None
+        _active = _taken = None
         drop_listing(plan.listing)
         if release:
             release_lock(output, plan.target.run_id)

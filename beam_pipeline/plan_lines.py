@@ -17,6 +17,7 @@ from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.features import IMAGE_FEATURE_SPEC
 from beam_tfrecords.schemas.table_schema import TableSchema
 from beam_tfrecords.transforms.io.table_readers import table_format
+from beam_tfrecords.transforms.plan.annotated_listing import PASSED_OVER_REASONS
 from beam_tfrecords.transforms.plan.layouts import DEFAULT_SPLIT, SPLIT_NAMES, Listing
 from beam_tfrecords.transforms.plan.ref_table import RefTable
 from beam_tfrecords.updates import Update
@@ -136,10 +137,16 @@ def describe_annotated(summary, config: ConvertConfig) -> list[str]:
              else f"{run.images_without_objects:,} kept as negative examples")
     if run.layout != "masks":
         lines.append(f"  images without {what}: {empty}")
-    if run.problems:
-        lines.append(f"  annotation problems: {sum(n for _, n in run.problems):,} ("
-                     + ", ".join(f"{reason} ({n:,})" for reason, n in run.problems) + "); images "
+    passed = dict(run.problems).get("mask_not_found", 0)
+    if passed:  # Passed over, not refused (plan.annotated_listing.PASSED_OVER_REASONS).
+        lines.append(f"  left out: {passed:,} image{'s' if passed != 1 else ''} without a mask under "
+                     "--masks, not converted (named in dead_letter/skipped.jsonl; not bad inputs)")
+    problems = [(reason, n) for reason, n in run.problems if reason not in PASSED_OVER_REASONS]
+    if problems:
+        lines.append(f"  annotation problems: {sum(n for _, n in problems):,} ("
+                     + ", ".join(f"{reason} ({n:,})" for reason, n in problems) + "); images "
                      "refused are dead-lettered, objects left out are listed in dead_letter/skipped.jsonl")
+    lines.extend(_exif_lines(summary.exif, run.layout))
     if summary.unnamed:
         lines.append(f"  note: {summary.unnamed:,} image file(s) under --input that the annotations do "
                      "not name: not converted")
@@ -148,6 +155,30 @@ def describe_annotated(summary, config: ConvertConfig) -> list[str]:
         lines.append("  note: every box value is <= 1 and pixels were assumed: say --box_units "
                      "normalized if they are normalized")
     return lines
+
+
+_STATE_SIZE = {"box_csv": "state their displayed size in width,height columns (they are then stored turned)",
+               "voc": "state their displayed <size> in the XML (they are then stored turned)",
+               "coco": "state their displayed width and height (they are then stored turned)"}
+
+
+def _exif_lines(note, layout: str) -> list[str]:
+    """The plan's note of images whose annotations state no size and whose EXIF
+    orientation is not 1 (``plan.annotated_listing.ExifNote``; ``None``: no line)."""
+    if note is None:
+        return []
+    if note.on_workers:
+        return ["  note: the EXIF orientation of images whose annotations state no size is not read on "
+                "the launcher for gs:// inputs: the workers count those other than 1, stored as in the file "
+                "with their boxes as given (the manifest's annotations.problems.exif_orientation_not_applied; "
+                "the summary prints it)"]
+    more = note.images - len(note.names)
+    hint = _STATE_SIZE.get(layout, "store the pictures turned as displayed before converting (e.g. "
+                                   "Pillow's ImageOps.exif_transpose)")
+    return [f"  note: {note.images:,} image{'s have' if note.images != 1 else ' has'} an EXIF orientation "
+            f"other than 1 and no stated size: stored as in the file, boxes as given (TensorFlow ignores "
+            f"EXIF orientation); if the boxes were drawn on the displayed pictures, {hint}: "
+            + ", ".join(note.names) + (f" (+{more:,} more)" if more else "")]
 
 
 def describe_table(config: ConvertConfig, found, header: list[str], schema: TableSchema,

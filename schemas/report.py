@@ -77,7 +77,7 @@ _COMMIT_KEYS = (
     "dead_letter_files", "error_budget", "verification_failures", "shards_outside_band",
     "removed_stale_shards", "splits", "dropped_columns", "late_columns", "image_bytes",
     "skipped", "duplicates_dropped", "duplicates", "rows", "update", "part", "drift",
-    "split_name_clash", "leakage", "manifest_sha256", "removed_parts",
+    "split_name_clash", "leakage", "manifest_sha256", "removed_parts", "annotations",
 )
 _LAUNCHER_KEYS = ("status", "output", "manifest", "error", "run_id", "report_not_written",
                   "reason", "update")
@@ -112,6 +112,10 @@ class RunReport:
         their records; ``leakage``: the duplicates across splits
         (``leakage_found``).
       manifest_sha256: of the manifest published (or of the dataset's, for a part).
+      annotations: an annotated run's accounting, the manifest's ``annotations``
+        without its label map and statistics: ``problems`` by reason,
+        ``images_without_objects``, ``listed_without_objects``, ``dropped_empty``,
+        ``objects_dead_lettered``.
       error, report_not_written: why a ``failed`` run failed, and why its report
         could not be written to the output.
       reason: why a scheduled run was ``skipped``.
@@ -148,6 +152,7 @@ class RunReport:
     leakage: Mapping | None = None
     manifest_sha256: str | None = None
     removed_parts: tuple[str, ...] | None = None
+    annotations: Mapping | None = None
     error: str | None = None
     report_not_written: str | None = None
     reason: str | None = None

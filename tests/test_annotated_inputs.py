@@ -254,7 +254,7 @@ def test_semantic_masks_pair_by_path_and_stem(tmp_path):
     assert {name: found.mask for name, (_, found) in refs.items()} == {"a.jpg": "a.png", "sub/b.png": "sub/b.png"}
     assert {r.filename: r.split for r in listing.refs} == {n: split_of(n, (("train", 0.5), ("val", 0.5)))
                                                            for n in refs}
-    assert _letters(listing.dead_letters) == [("c.jpg", "mask_not_found")]
+    assert _letters(listing.skipped) == [("c.jpg", "mask_not_found")] and not listing.dead_letters
     run = listing.annotated.run
     assert (run.mask_root, run.label_map.items) == (masks, ((0, "background"), (1, "road"), (2, "car")))
     assert _listing(input=images, layout="masks", masks=masks).annotated.run.label_map.items == ()

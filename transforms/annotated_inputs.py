@@ -60,13 +60,16 @@ from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.annotation_attach import annotation_key
 from beam_tfrecords.transforms.io.fingerprint import relative_path
 from beam_tfrecords.transforms.io.gcs import is_gcs
+from beam_tfrecords.transforms.io.orientation_scan import orientations
 from beam_tfrecords.transforms.plan.annotated_listing import (
+    ExifNote,
     FoundImage,
     annotated_listing,
     annotation_parts,
     mask_label_map,
     read_mask_folder,
     relabeled,
+    unstated_sizes,
 )
 from beam_tfrecords.transforms.plan.annotation_folders import (
     YOLO_YAML,
@@ -84,7 +87,7 @@ from beam_tfrecords.transforms.plan.layouts import (
     resolve_input,
 )
 
-__all__ = ["AmbiguousManifest", "AnnotatedRefused", "AnnotationArgs", "detect_annotated_layout",
+__all__ = ["AmbiguousManifest", "AnnotatedRefused", "AnnotationArgs", "detect_annotated_layout", "exif_note",
            "list_annotated", "refuse_empty_listing"]
 
 # --annotations split names that mean another split (as VOC's and YOLO's val do).
@@ -564,4 +567,18 @@ def list_annotated(input_path: str, layout: str, labels_path: str | None = None,
     for path, reason, message in skipped:
         (listing.dead_letters if reason == "bad_file_name" else listing.skipped).append(
             DeadLetter(_shown(root, path), "list", reason, message))
+    listing.annotated = dataclasses.replace(listing.annotated, exif=exif_note(annotated, found))
     return listing
+
+
+def exif_note(annotated: Annotated, found: dict[str, FoundImage], shown: int = 8) -> ExifNote | None:
+    """The images whose annotations state no size and whose EXIF orientation is not 1,
+    read from their first bytes here (``io.orientation_scan``) for local files; for
+    ``gs://`` ones, a note that the workers count them. ``None``: no such image."""
+    unstated = unstated_sizes(annotated, found)
+    if not unstated:
+        return None
+    if any(not files.is_local(path) for _, path in unstated):
+        return ExifNote(on_workers=True)
+    turned = [name for (name, _), value in zip(unstated, orientations([p for _, p in unstated])) if value != 1]
+    return ExifNote(len(turned), tuple(turned[:shown]), len(unstated)) if turned else None

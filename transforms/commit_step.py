@@ -377,7 +377,8 @@ def summarize_run(settings: CommitSettings, results: Sequence[ShardResult], summ
                     "across_splits": duplicates["across_splits"]["groups"],
                     "within_split": duplicates["within_split"]["groups"]} if duplicates else None,
         rows=rows, update=json.loads(settings.update) if settings.update else None,
-        part=settings.part or None, drift=drift or None)
+        part=settings.part or None, drift=drift or None,
+        annotations=_annotations_report(settings, results))
     facts = StatusFacts(
         split_name_clash=bool(clashing_split_names(report.splits)),
         rows_accounted=rows is None or rows["accounted"], verification_failed=bool(failures),
@@ -386,6 +387,16 @@ def summarize_run(settings: CommitSettings, results: Sequence[ShardResult], summ
         drift_failed=bool(drift) and drift["status"] == "failed")
     return RunSummary(report, facts, tuple(results), bad, budget, input_json, duplicates,
                       statistics, root, gathered.inputs, summary)
+
+
+def _annotations_report(settings: CommitSettings, results: Sequence[ShardResult]) -> dict | None:
+    """An annotated run's accounting for its report (``RunReport.annotations``): the
+    manifest's ``annotations`` without its label map and statistics."""
+    if settings.annotated is None:
+        return None
+    section = annotated_io.annotations_section(settings.annotated, results)
+    return {key: section[key] for key in ("problems", "images_without_objects", "listed_without_objects",
+                                          "dropped_empty", "objects_dead_lettered")}
 
 
 def _input_json(summary: InputSummary, root: str) -> dict:

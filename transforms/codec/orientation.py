@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import struct
 
 from PIL import Image
 
-__all__ = ["EXIF_TURNS", "ORIENTATION_TAG", "Orienting", "displayed_size", "exif_orientation", "orient"]
+__all__ = ["EXIF_TURNS", "ORIENTATION_TAG", "Orienting", "displayed_size", "exif_orientation",
+           "header_orientation", "orient"]
 
 ORIENTATION_TAG = 0x0112
 # Orientation -> (quarter turns clockwise, then mirrored left to right) that show the
@@ -37,6 +39,51 @@ def exif_orientation(data: bytes) -> int:
     except Exception:  # noqa: BLE001 - any unreadable EXIF block means: no orientation.
         return 1
     return value if isinstance(value, int) and value in EXIF_TURNS else 1
+
+
+def _tiff_orientation(data: bytes, start: int) -> int:
+    """The orientation tag of IFD0 of the TIFF structure at ``data[start:]`` (an EXIF
+    block); 1 when absent, cut off or not one of the eight values."""
+    order = {b"II": "<", b"MM": ">"}.get(data[start:start + 2])
+    if order is None or len(data) < start + 8:
+        return 1
+    magic, ifd = struct.unpack_from(order + "HI", data, start + 2)
+    at = start + ifd
+    if magic != 42 or len(data) < at + 2:
+        return 1
+    (count,) = struct.unpack_from(order + "H", data, at)
+    for entry in range(min(count, (len(data) - at - 2) // 12)):
+        tag, kind, _, value = struct.unpack_from(order + "HHIH", data, at + 2 + 12 * entry)
+        if tag == ORIENTATION_TAG:
+            return value if kind == 3 and value in EXIF_TURNS else 1
+    return 1
+
+
+def header_orientation(head: bytes) -> int:
+    """The EXIF orientation read from the first bytes of an image file only (a launcher
+    reads a bounded prefix: a JPEG's EXIF block sits before its pixels). A JPEG's
+    markers are walked to its first EXIF block (APP1) and its IFD0 read by hand, so a
+    prefix that cuts the block after the tag still answers; other formats go to
+    Pillow (``exif_orientation``). 1 when there is none or it cannot be read: the
+    same values the workers get from the whole file."""
+    if not head.startswith(b"\xff\xd8"):
+        return exif_orientation(head)
+    at = 2
+    while at + 4 <= len(head) and head[at] == 0xFF:
+        marker = head[at + 1]
+        if marker == 0xFF:  # Fill byte.
+            at += 1
+            continue
+        if marker in (0xD9, 0xDA):  # End of image, start of scan: no EXIF before the pixels.
+            return 1
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # Markers without a length.
+            at += 2
+            continue
+        (length,) = struct.unpack_from(">H", head, at + 2)
+        if marker == 0xE1 and head[at + 4:at + 10] == b"Exif\x00\x00":
+            return _tiff_orientation(head[:at + 2 + length], at + 10)
+        at += 2 + length
+    return 1
 
 
 def displayed_size(width: int, height: int, orientation: int) -> tuple[int, int]:

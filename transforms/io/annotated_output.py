@@ -193,8 +193,10 @@ def annotations_json(annotated: AnnotatedRun, per_split: Mapping[str, Annotation
     ``images_without_objects``: written with no object (negative examples; for the
     layouts without boxes, ``masks`` and ``multi_label``, the images without a mask or
     labels, as the launcher counted them);
-    ``listed_without_objects``: the launcher's count of them (before any image was
-    read); ``dropped_empty``: left out by ``--drop_empty``; ``objects_dead_lettered``:
+    ``listed_without_objects``: the images without objects the launcher's listing
+    found (before any image was read), kept or left out by ``--drop_empty``;
+    ``dropped_empty``: those left out (so ``listed_without_objects - dropped_empty``
+    were listed to be written); ``objects_dead_lettered``:
     the ``object`` dead letters written.
     ``statistics``: all splits' merged (``AnnotationStatistics.to_json``; each
     split's are in its ``statistics.annotations``).
@@ -210,7 +212,7 @@ def annotations_json(annotated: AnnotatedRun, per_split: Mapping[str, Annotation
         # labels, which the launcher saw: its count, not the statistics' (no boxes at all).
         "images_without_objects": (annotated.images_without_objects if annotated.layout in _BOXLESS
                                    else total.per_image.get(0, 0)),
-        "listed_without_objects": annotated.images_without_objects,
+        "listed_without_objects": annotated.images_without_objects + annotated.dropped_empty,
         "label_map": {"items": [{"id": label, "name": name} for label, name in annotated.label_map.items],
                       "path": LABEL_MAP_NAME, "sha256": label_map_sha256},
         "layout": annotated.layout,

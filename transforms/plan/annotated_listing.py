@@ -18,7 +18,10 @@ What the annotations did not give as they are:
   reason, source the annotation's file, line or id): when it names an image, the error
   budget counts it as one bad input, like the listing's other dead letters; one that
   names no image (a COCO annotation whose ``image_id`` is unknown, a CSV row without an
-  image) refuses no image: it is passed over like an object left out (below);
+  image) refuses no image: it is passed over like an object left out (below), and so
+  is an image the layout passes over (``PASSED_OVER_REASONS``: an image without a mask
+  under ``--masks``, as COCO's images its file does not name; not converted, named in
+  ``dead_letter/skipped.jsonl``, not counted by the budget);
 * a problem whose image is kept (an object dropped, a split conflict, a segmentation
   left out) is NOT a bad input: it is written to ``dead_letter/skipped.jsonl`` with
   the paths passed over (``Listing.skipped``, which the budget does not count) and
@@ -28,9 +31,9 @@ What the annotations did not give as they are:
   (``dropped_empty``).
 
 Semantic masks (``read_mask_folder``): every image under ``--input`` is paired with the
-PNG of the same relative path and stem under ``--masks``; an image without one is a
-``mask_not_found`` dead letter. Its label map comes from ``--labels``: the class on
-line ``i`` (from 0, as labels files number classes) is mask value ``i``, so line 0 is
+PNG of the same relative path and stem under ``--masks``; an image without one is
+passed over (``mask_not_found``: not converted, not a bad input). Its label map comes
+from ``--labels``: the class on line ``i`` (from 0, as labels files number classes) is mask value ``i``, so line 0 is
 usually the background; without ``--labels`` the map is empty (every mask value but 0
 and 255 is then counted as outside the classes).
 """
@@ -57,8 +60,8 @@ from beam_tfrecords.transforms.plan.layouts import DEFAULT_SPLIT, Listing
 from beam_tfrecords.transforms.plan.shard_cuts import stable_key
 from beam_tfrecords.transforms.quality.splits import split_of
 
-__all__ = ["AnnotatedSummary", "FoundImage", "annotated_listing", "annotation_parts", "mask_label_map",
-           "read_mask_folder", "relabeled"]
+__all__ = ["PASSED_OVER_REASONS", "AnnotatedSummary", "ExifNote", "FoundImage", "annotated_listing", "annotation_parts",
+           "mask_label_map", "passed_over", "read_mask_folder", "relabeled", "unstated_sizes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +88,8 @@ class AnnotatedSummary:
       normalized_boxes: every box value is at most 1 while pixels were assumed.
       notes: more lines for the plan (``note: ...``): e.g. the folder COCO's images
         were found in, a category id 0 left out of the label map.
+      exif: the images whose annotations state no size and whose EXIF orientation
+        is not 1 (``ExifNote``), or ``None`` (none, or not read).
     """
 
     run: AnnotatedRun
@@ -93,20 +98,58 @@ class AnnotatedSummary:
     unnamed: int = 0
     normalized_boxes: bool = False
     notes: tuple[str, ...] = ()
+    exif: ExifNote | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ExifNote:
+    """What the plan says of images with an EXIF orientation other than 1 whose
+    annotations state no size (stored as in the file, boxes as given; TensorFlow's
+    decoders ignore EXIF orientation).
+
+    Attributes:
+      images: how many (read on the launcher), 0 when ``on_workers``.
+      names: their paths as the annotations name them, sorted (the first few).
+      read: how many images without a stated size were read for it.
+      on_workers: not read here (a ``gs://`` input): the workers count them.
+    """
+
+    images: int = 0
+    names: tuple[str, ...] = ()
+    read: int = 0
+    on_workers: bool = False
+
+
+def unstated_sizes(annotated: Annotated, found: Mapping[str, FoundImage]) -> list[tuple[str, str]]:
+    """``(path as the annotations name it, file)`` of the images found whose annotations
+    state no size, by path (several labels per image left out: no geometry)."""
+    if annotated.layout == "multi_label":
+        return []
+    return sorted((image.path, found[image.path].path) for image in annotated.images
+                  if image.stated_size is None and image.path in found)
 
 
 def _letter(problem: AnnotationProblem) -> DeadLetter:
     where = f" (image {problem.image})" if problem.image and problem.image not in problem.source else ""
-    kept = "" if problem.kept == "nothing" else "image kept: "
+    kept = ("not converted: " if problem.reason in PASSED_OVER_REASONS else
+            "" if problem.kept == "nothing" else "image kept: ")
     return DeadLetter(problem.source or problem.image or "annotations", "list", problem.reason,
                       f"{kept}{problem.detail}{where}")
 
 
-def _names_no_image(problem: AnnotationProblem) -> bool:
-    """An annotation left out that refuses no image: a COCO annotation whose image id
-    is in no image entry, a CSV row that names no image, a VOC split file's id with
-    neither an XML nor an image."""
-    return not problem.image and problem.reason in ("unknown_image_id", "bad_label_line", "annotation_not_found")
+# Reasons an image is passed over, not refused: the input holds more images than the
+# layout converts (VOC2012's 17k images, of which ~2.9k have a segmentation mask).
+PASSED_OVER_REASONS = ("mask_not_found",)
+
+
+def passed_over(problem: AnnotationProblem) -> bool:
+    """A problem that is no bad input (the error budget counts bad images): an annotation
+    that names no image (a COCO annotation whose image id is in no image entry, a CSV
+    row that names no image, a VOC split file's id with neither an XML nor an
+    image), or an image the layout passes over (``--masks``: an image
+    without a mask is not converted, as COCO's images its file does not name)."""
+    return (not problem.image and problem.reason in ("unknown_image_id", "bad_label_line", "annotation_not_found")) or (
+        problem.reason in PASSED_OVER_REASONS)
 
 
 def _empty(image: ImageAnnotations) -> bool:
@@ -137,8 +180,8 @@ def annotated_listing(annotated: Annotated, found: Mapping[str, FoundImage], *,
     """
     # An image refused is a bad input; an annotation that names no image is not (the
     # error budget counts images): it is passed over, with the objects left out.
-    dead = [_letter(p) for p in annotated.problems if p.kept == "nothing" and not _names_no_image(p)]
-    kept_problems = [p for p in annotated.problems if p.kept != "nothing" or _names_no_image(p)]
+    dead = [_letter(p) for p in annotated.problems if p.kept == "nothing" and not passed_over(p)]
+    kept_problems = [p for p in annotated.problems if p.kept != "nothing" or passed_over(p)]
     refs, classes = [], Counter()
     without, dropped, missing = 0, 0, 0
     for image in annotated.images:
@@ -193,8 +236,8 @@ def read_mask_folder(images: Iterable[str], masks: Iterable[str],
     """Semantic masks: each image (paths relative to the input root) with the mask of
     the same relative path and stem, ``.png`` (paths relative to the mask root).
 
-    An image without one is ``mask_not_found`` (kept nothing); masks without an image
-    are not read.
+    An image without one is ``mask_not_found`` (kept nothing; the listing passes it
+    over, ``PASSED_OVER_REASONS``); masks without an image are not read.
     """
     masks = set(masks)
     found, problems = [], []
