@@ -156,8 +156,10 @@ def annotated_config(config: ConvertConfig) -> ConvertConfig:
         try:
             layout = detect_annotated_layout(config.input, AnnotationArgs.of(config), config.image_column,
                                              config.label_column, _known_labels(config))
-        except (AmbiguousManifest, AnnotatedRefused) as err:
+        except AmbiguousManifest as err:
             raise ConvertError(str(err)) from None
+        except AnnotatedRefused as err:  # A folder taken for an annotated one: say how to keep it plain.
+            raise ConvertError(f"{err}; or, if its folders are classes, say --layout class_folders") from None
         except (OSError, ValueError):
             layout = None  # Not readable as one: the image checks say why.
         if layout is not None:

@@ -517,6 +517,9 @@ def _print_findings(report: RunReport) -> None:
 _IMAGE_REFUSED = ("bad_annotation_file", "image_not_found", "annotation_not_found", "bad_image_entry",
                   "annotation_size_mismatch", "mask_size_mismatch", "bad_mask")
 _IMAGE_PASSED_OVER = ("mask_not_found",)
+# Problems that leave out no object: a segmentation not rendered (the object kept, its
+# mask empty), an image the layout put in two splits (kept in the first).
+_KEPT_WHOLE = ("segmentation_invalid", "split_conflict")
 
 
 def _plural(n: int, word: str) -> str:
@@ -531,13 +534,14 @@ def _annotations_line(accounting) -> str | None:
         return None
     problems = dict(accounting.get("problems") or {})
     left = {r: n for r, n in problems.items()
-            if r in PROBLEM_REASONS and r not in _IMAGE_REFUSED + _IMAGE_PASSED_OVER}
+            if r in PROBLEM_REASONS and r not in _IMAGE_REFUSED + _IMAGE_PASSED_OVER + _KEPT_WHOLE}
     parts = [f"{_plural(sum(left.values()), 'object')} left out ({', '.join(f'{r} {n:,}' for r, n in left.items())})"
              ] if left else []
     clipped = problems.get("box_clipped", 0)
     if clipped:
         parts.append(f"{_plural(clipped, 'box')} clipped to the image")
-    counted = {r: n for r, n in problems.items() if r not in PROBLEM_REASONS and r != "box_clipped"}
+    counted = {r: n for r, n in problems.items()
+               if (r not in PROBLEM_REASONS or r in _KEPT_WHOLE) and r != "box_clipped"}
     if counted:
         parts.append("counted: " + ", ".join(f"{r} {n:,}" for r, n in counted.items()))
     passed = sum(problems.get(r, 0) for r in _IMAGE_PASSED_OVER)

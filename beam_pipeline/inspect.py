@@ -164,8 +164,8 @@ def contact_sheet(records: list[tuple[str, dict]], out_path: str) -> int:
             draw.text((x + 4, y + 40), "unreadable", fill="red")
             continue
         sheet.paste(thumb, (x + (_THUMB - thumb.width) // 2, y + (_THUMB - thumb.height) // 2))
-        label = features.get("image/class/label", [""])[0]
-        text = features.get("image/class/text", [b""])[0].decode("utf-8", "replace")
+        label = (features.get("image/class/label") or [""])[0]  # Several labels: maybe none.
+        text = (features.get("image/class/text") or [b""])[0].decode("utf-8", "replace")
         name = features.get("image/filename", [b""])[0].decode("utf-8", "replace")
         draw.text((x + 3, y + _THUMB), _fit(f"{label} {text}"), fill="black")
         draw.text((x + 3, y + _THUMB + _LINE), _fit(posixpath.basename(name) or name), fill="dimgray")

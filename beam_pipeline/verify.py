@@ -228,7 +228,23 @@ def _folder_jobs(folder: str, manifest: dict, source: str) -> tuple[list, list]:
         if (parse_shard_name(path.rsplit("/", 1)[-1]) or path.endswith(_TFRECORD_SUFFIXES))
         and path not in listed
     ]
-    return jobs, extra + _dead_letter_problems(folder, manifest, source)
+    return jobs, extra + _dead_letter_problems(folder, manifest, source) + _label_map_problems(folder, manifest, source)
+
+
+def _label_map_problems(folder: str, manifest: dict, source: str) -> list[tuple[str, str]]:
+    """An annotated dataset's ``label_map.pbtxt``: missing, or not the bytes whose
+    SHA-256 ``annotations.label_map.sha256`` records."""
+    annotations = manifest.get("annotations")
+    label_map = annotations.get("label_map") if isinstance(annotations, dict) else None
+    if not isinstance(label_map, dict) or not isinstance(label_map.get("path"), str):
+        return []
+    path = dataset_path(folder, label_map["path"], "annotations.label_map.path", source)
+    data = files.read_bytes_if_exists(path)
+    if data is None:
+        return [(path, f"label map listed in {MANIFEST_NAME} is missing")]
+    if hashlib.sha256(data).hexdigest() != label_map.get("sha256"):
+        return [(path, f"label map differs from the one {MANIFEST_NAME} records (sha256)")]
+    return []
 
 
 def _lines(path: str) -> int | None:
@@ -249,8 +265,14 @@ def _dead_letter_problems(folder: str, manifest: dict, source: str) -> list[tupl
     ``bad_records.total``, and ``input.skipped.file`` against its ``by_reason``."""
     bad = manifest.get("bad_records") or {}
     names = list(bad.get("dead_letter_files") or [])
-    groups = [([(n, f"bad_records.dead_letter_files[{i}]") for i, n in enumerate(names)],
-               bad.get("total"), "bad_records.total")]
+    # An annotated run's objects left out against the pixels (stage ``object``) share the
+    # shards' files without being bad records: the manifest counts them apart.
+    annotations = manifest.get("annotations") if isinstance(manifest.get("annotations"), dict) else {}
+    objects = annotations.get("objects_dead_lettered", 0)
+    total = bad.get("total")
+    expected = total + objects if isinstance(total, int) and isinstance(objects, int) else total
+    groups = [([(n, f"bad_records.dead_letter_files[{i}]") for i, n in enumerate(names)], expected,
+               "bad_records.total" + (" + annotations.objects_dead_lettered" if objects else ""))]
     skipped = (manifest.get("input") or {}).get("skipped") or {}
     if isinstance(skipped.get("file"), str):
         groups.append(([(skipped["file"], "input.skipped.file")],

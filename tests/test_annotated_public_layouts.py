@@ -138,12 +138,14 @@ def test_the_objects_of_a_coco_entry_repeating_a_file_name_are_counted(tmp_path)
     read = read_coco(data, "i.json")
     assert [(i.path, len(i.objects)) for i in read.images] == [("a.jpg", 1)]
     assert [(p.source, p.reason, p.image, p.kept) for p in read.problems] == [
-        ("i.json: image 2", "bad_image_entry", "a.jpg", "nothing"),
+        ("i.json: image 2", "bad_image_entry", "a.jpg", "image"),  # a.jpg is converted: no bad input
         ("i.json: annotation 11", "bad_image_entry", "a.jpg", "image"),
         ("i.json: annotation 12", "bad_image_entry", "a.jpg", "image")]
     root = _write(tmp_path / "c", {"a.jpg": _jpeg(), "i.json": data})
     listing = list_annotated(root, "coco", args=AnnotationArgs(annotations=f"{root}/i.json"))
-    assert [d.source for d in listing.skipped] == ["i.json: annotation 11", "i.json: annotation 12"]
+    assert [d.source for d in listing.skipped] == ["i.json: image 2", "i.json: annotation 11",
+                                                   "i.json: annotation 12"]
+    assert not listing.dead_letters  # The file the repeated entry names is converted (first entry).
     assert dict(listing.annotated.run.problems)["bad_image_entry"] == 3
 
 
@@ -162,6 +164,7 @@ def _refusals(tmp_path: Path) -> dict:
     ultra = _write(tmp_path / "ultra", {"images/train/a.jpg": _jpeg(), "labels/train/a.txt": "0 .5 .5 .2 .2\n",
                                         "data.yaml": "train: images/train\nnames: [a]\n"})
     listed = _write(tmp_path / "listed", {"images/train/a.jpg": _jpeg(), "train.txt": "./images/train/a.jpg\n",
+                                          "labels/train/a.txt": "0 0.5 0.5 0.2 0.2\n",
                                           "data.yaml": "train: train.txt\nnames: [a]\n"})
     darknet = _write(tmp_path / "darknet", {"obj/a.jpg": _jpeg(), "obj/a.txt": "0 0.5 0.5 0.2 0.2\n",
                                             "classes.txt": "person\n"})
@@ -203,5 +206,6 @@ def test_public_layouts_that_cannot_be_read_are_refused_in_one_line(tmp_path, ca
         assert not os.path.exists(out)
     # Through the real CLI, once: the exit code and the one line a user sees.
     run = cli(tmp_path, "convert", "--input", inputs["devkit"], "--output", str(tmp_path / "out"))
-    assert run.exit == 2 and run.stderr.strip().endswith(f"pass --input {inputs['voc']} (the folder holding "
-                                                          "Annotations/ and JPEGImages/)"), run.stderr
+    assert run.exit == 2 and run.stderr.strip().endswith(
+        f"pass --input {inputs['voc']} (the folder holding Annotations/ and JPEGImages/); or, if its folders "
+        "are classes, say --layout class_folders"), run.stderr

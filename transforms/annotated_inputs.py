@@ -32,6 +32,7 @@ transform here.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
 import posixpath
 import re
@@ -173,9 +174,23 @@ def detect_annotated_layout(input_path: str, args: AnnotationArgs, image_column:
     if pattern != root.rstrip("/") + "/**" or (files.is_local(root) and not os.path.isdir(root)):
         return None  # A glob names its files: not a layout's folder.
     found = detect_annotation_layout(_top_names(root), lambda p: files.read_bytes_if_exists(files.join(root, p)))
+    if found == "yolo" and not _has_label_files(root):
+        found = None  # A data.yaml beside class folders (a classification export): not YOLO.
     if found is None:
         _refuse_unread_folder(input_path, root)
     return found
+
+
+def _has_label_files(root: str) -> bool:
+    """Whether a folder holds YOLO label files: a ``.txt`` under ``labels/`` at its top
+    (Ultralytics) or under a top folder's ``labels/`` (Roboflow's ``train/labels``)."""
+    if files.is_local(root):
+        patterns = (os.path.join(glob.escape(root), "labels", "**", "*.txt"),
+                    os.path.join(glob.escape(root), "*", "labels", "**", "*.txt"))
+        return any(next(glob.iglob(pattern, recursive=True), None) is not None for pattern in patterns)
+    return any(path.endswith(".txt") for pattern in (files.join(root, "labels", "**"),
+                                                     files.join(root, "*", "labels", "**"))
+               for path, _ in files.list_files(pattern, limit=100))
 
 
 def _printable(text: str) -> str:
@@ -479,7 +494,9 @@ def refuse_empty_listing(input_path: str, listing: Listing, drop_empty: bool = F
         why = f"the annotations name none of the {unnamed:,} images under it"
     else:
         why = "the annotations name no image"
-    raise AnnotatedRefused(_printable(f"--input {input_path}: no image to convert: {why}"))
+    hint = (" (or, if its folders are classes, say --layout class_folders)"
+            if listing.layout in ("voc", "yolo") else "")
+    raise AnnotatedRefused(_printable(f"--input {input_path}: no image to convert: {why}{hint}"))
 
 
 def _refuse_all_unknown(annotated: Annotated, given: Annotated | None = None, labels_path: str = "") -> None:

@@ -312,7 +312,9 @@ class _Reading:
                    else "its file_name repeats an earlier image's" if path in paths
                    else f"its width and height are not whole numbers from 1 to {_MAX_SIDE}" if size is False else "")
             if why:
-                self.problem(source, "bad_image_entry", f"image entry {index} left out: {why}", path or "", "nothing")
+                # A second entry for a file the first one converts refuses no image.
+                kept = "image" if valid_id and not repeated and path is not None and path in paths else "nothing"
+                self.problem(source, "bad_image_entry", f"image entry {index} left out: {why}", path or "", kept)
                 if valid_id and not repeated:
                     self.left_out.add(image_id)
                     if path in paths:
