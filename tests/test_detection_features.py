@@ -203,6 +203,11 @@ def test_a_semantic_mask_is_pixel_exact_after_a_pad_and_its_stray_values_counted
     expected[10:30] = np.kron(mask, np.ones((2, 2), dtype=np.uint8))
     assert det.segmentation.dtype == np.uint8 and np.array_equal(det.segmentation, expected)
     assert dict(built[1].report.counts) == {"mask_pixels_ignore": 2, "mask_pixels_outside_classes": 1}
+    # Without a label map (--masks without --labels) no value is outside the classes named.
+    unnamed = ImageRecordBuilder(attach=AnnotationAttach({annotations.path: annotations}, LabelMap(()), options))
+    ref = ImageRef("train", "k", annotations.path, "/in/" + annotations.path, 1, 0, "")
+    counts = dict(unnamed.example(ref, _encoded(_drawn((20, 10), (2, 2, 8, 8))))[1].report.counts)
+    assert "mask_pixels_outside_classes" not in counts and counts["mask_pixels_ignore"] == 2
     # A mask of another size refuses the image.
     (tmp_path / "a.png").write_bytes(_encoded(mask[:, :19]))
     letter = _build(_encoded(_drawn((20, 10), (2, 2, 8, 8))), annotations, options=options)

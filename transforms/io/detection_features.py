@@ -26,8 +26,8 @@ Garden's ``TfExampleDecoder`` and the Object Detection API read
 - a semantic mask (PNG bytes): its size must be the frame's (else
   ``mask_size_mismatch``: the image is refused), moved with nearest neighbour,
   padding ``mask_pad`` (0, the background, by default); pixel values that are not
-  a class of the label map nor 0 are counted (``mask_pixels_outside_classes``),
-  and 255 (the usual "ignore") apart (``mask_pixels_ignore``), in the source mask;
+  a class of the label map nor 0 are counted (``mask_pixels_outside_classes``; not
+  without a label map: no class is named), and 255 (the usual "ignore") apart (``mask_pixels_ignore``), in the source mask;
 - ``image/source_id``.
 
 Several labels per image (``image/class/label`` and ``text``) are the builder's
@@ -348,8 +348,10 @@ def _semantic(annotations: ImageAnnotations, data: bytes, geometry: Geometry, fr
     classes = np.array(sorted({0, *(label for label, _ in label_map.items)}), dtype=np.int64)
     known = np.isin(mask, classes)
     ignore = int(np.count_nonzero(mask == _IGNORE)) if _IGNORE not in classes else 0
-    counts = {"mask_pixels_outside_classes": int(mask.size - np.count_nonzero(known)) - ignore,
-              "mask_pixels_ignore": ignore}
+    # Without a label map (``--masks`` without ``--labels``) no value is a named class:
+    # nothing to count as outside them.
+    outside = int(mask.size - np.count_nonzero(known)) - ignore if label_map.items else 0
+    counts = {"mask_pixels_outside_classes": outside, "mask_pixels_ignore": ignore}
     moved = moved_mask(mask, geometry, frame, fill=pad)
     features = (("image/segmentation/class/encoded", "string", (png_bytes(moved),)),
                 ("image/segmentation/class/format", "string", ("png",)))
