@@ -59,6 +59,15 @@ EXTRAS = {
         # pycocotools, the reference implementation (never a run-time dependency; the
         # comparisons skip, saying so, without it). Pinned: 2.0.11 has a wheel here.
         "pycocotools==2.0.11",
+        # The interop tier (pytest -m interop) reads our output with the real readers: never a
+        # run-time dependency, and the product imports none of them (tf_dataset() imports
+        # TensorFlow only when called). Pinned exactly: the TFDS metadata is checked against
+        # what this TFDS version loads; tensorflow-cpu 2.21 is the CPU build for Python 3.10-3.13
+        # and accepts Beam's protobuf < 7; tfrecord 1.14.6 is the PyTorch-side reader of the
+        # index files (and the bench extra's baseline, same pin).
+        "tensorflow-cpu==2.21.0",
+        "tensorflow-datasets==4.9.10",
+        "tfrecord==1.14.6",
     ],
     # make bench only (never needed at run time or by make test): the single-process
     # baseline benchmarks/baseline_tfrecord_loop.py writes through this TFRecord

@@ -19,7 +19,7 @@ from beam_tfrecords.transforms.codec.tfrecord import iter_records
 CHANNELS_BY_MODE = {"L": 1, "LA": 2, "RGB": 3, "YCbCr": 3, "RGBA": 4, "CMYK": 4}
 
 
-TIERS = ("unit", "beam", "e2e", "emulator")  # Registered, with slow, in pytest.ini.
+TIERS = ("unit", "beam", "e2e", "emulator", "interop")  # Registered, with slow, in pytest.ini.
 
 
 def pytest_collection_modifyitems(config, items):
