@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-__all__ = ["DTYPES", "IMAGE_FEATURE_SPEC", "FeatureSpec", "image_feature_spec"]
+__all__ = ["DTYPES", "FEATURE_NAME_PRESETS", "IMAGE_FEATURE_SPEC", "FeatureSpec", "image_feature_spec",
+           "output_feature_name"]
 
 # Feature dtypes, named as TensorFlow names them (tf.string, tf.int64, tf.float32).
 DTYPES = ("string", "int64", "float32")
@@ -62,3 +63,28 @@ def image_feature_spec(extra_features: dict[str, str] | None = None) -> FeatureS
     for name, dtype in (extra_features or {}).items():
         entries[name] = (dtype, [])
     return FeatureSpec(entries)
+
+
+# ``--feature_names`` presets: the keys the tutorials this product grew from read
+# (TensorFlow's TFRecord tutorial; a CIFAR-10 notebook). Canonical name -> output name;
+# features a preset does not name keep their canonical names.
+FEATURE_NAME_PRESETS: dict[str, dict[str, str]] = {
+    "tutorial": {
+        "image/encoded": "image_raw",
+        "image/height": "height",
+        "image/width": "width",
+        "image/channels": "depth",
+        "image/class/label": "label",
+    },
+    "cifar_notebook": {
+        "image/encoded": "img",
+        "image/class/label": "label",
+    },
+}
+
+
+def output_feature_name(renames: Mapping[str, str] | None, name: str) -> str:
+    """The key a feature carries in the records: its canonical ``name`` (``image/encoded``)
+    as renamed by ``--feature_names`` (the manifest's ``feature_names``, canonical ->
+    output, renamed features only), else ``name`` itself."""
+    return (renames or {}).get(name, name)
