@@ -6,6 +6,7 @@ feature description from it without knowing how the data was converted.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -100,6 +101,7 @@ _OUTPUT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)*")
 _FLAG = "--feature_names"
 
 
+@dataclasses.dataclass(frozen=True)
 class FeatureNames:
     """A parsed ``--feature_names``: at most one preset (``FEATURE_NAME_PRESETS``),
     and ``CANONICAL=OUTPUT`` pairs, combined.
@@ -115,9 +117,8 @@ class FeatureNames:
       renames: canonical name -> output name, the preset's and the pairs', sorted.
     """
 
-    def __init__(self, preset: str, renames: Mapping[str, str]):
-        self.preset = preset
-        self.renames = dict(sorted(renames.items()))
+    preset: str
+    renames: dict[str, str]
 
     def check_keys(self, keys: Iterable[str], what: str = "the records") -> None:
         """Refuses renames the records' features ``keys`` (canonical names) do not
@@ -192,7 +193,7 @@ def parse_feature_names(text: str | None) -> FeatureNames:
         names = [c for c, o in sorted(renames.items()) if o == twice[0]]
         raise ValueError(f"{_FLAG} gives {' and '.join(names)} one name, {twice[0]!r}; give each "
                          "feature its own")
-    return FeatureNames(preset, renames)
+    return FeatureNames(preset, dict(sorted(renames.items())))
 
 
 def renamed_spec(spec: FeatureSpec, renames: Mapping[str, str] | None) -> FeatureSpec:
