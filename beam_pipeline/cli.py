@@ -38,6 +38,7 @@ from beam_tfrecords.inspect import (
 from beam_tfrecords.pipeline import ConvertError, JobInterrupted, convert, interrupt_job, record_interruption
 from beam_tfrecords.preflight import infer_table_schema, resolve_config, table_inputs
 from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.schemas.features import canonical_features
 from beam_tfrecords.schemas.inputs import SKIPPED_EXIT_STATUS
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, shown_value
 from beam_tfrecords.schemas.options import (
@@ -384,6 +385,9 @@ def _run_inspect(argv: Sequence[str], prog: str) -> int:
             for split, info in whole.get("splits", {}).items()) + " in all")
     print(f"  classes: {len(manifest['labels']['vocabulary'])}; "
           f"bad inputs: {manifest['bad_records']['total']}")
+    if manifest.get("feature_names"):
+        print("  feature names (--feature_names): " + ", ".join(
+            f"{shown_value(c)[1:-1]} -> {shown_value(o)[1:-1]}" for c, o in manifest["feature_names"].items()))
     try:
         samples = sample_records(args.location, max(args.records, args.per_split),
                                  args.max_record_mb << 20)
@@ -404,7 +408,8 @@ def _run_inspect(argv: Sequence[str], prog: str) -> int:
         chosen = []
         for split, features in samples:
             if counts.get(split, 0) < args.per_split:
-                chosen.append((split, features))
+                # Renamed features (--feature_names) drawn by their roles.
+                chosen.append((split, canonical_features(manifest.get("feature_names"), features)))
                 counts[split] = counts.get(split, 0) + 1
         try:
             made = contact_sheets(chosen, args.contact_sheet)

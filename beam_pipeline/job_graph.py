@@ -21,6 +21,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from beam_tfrecords.preflight import RunPlan, drift_gate
 from beam_tfrecords.schemas.annotations import AnnotatedRun, LabelMap
 from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.schemas.features import parse_feature_names
 from beam_tfrecords.transforms.codec.masks import render_mask
 from beam_tfrecords.transforms.commit_step import Commit, CommitSettings
 from beam_tfrecords.transforms.image_contents import HashImages, add_contents_outcome
@@ -164,7 +165,8 @@ class _Steps:
 def _image_records(config: ConvertConfig, attach: Callable | None) -> ImageRecords:
     return ImageRecords(config.validate, config.read_threads, config.encode_processes,
                         max_pixels=config.max_pixels, image_bytes=config.image_bytes,
-                        reshape=config.reshape, max_file_bytes=config.max_file_bytes, attach=attach)
+                        reshape=config.reshape, max_file_bytes=config.max_file_bytes, attach=attach,
+                        names=tuple(parse_feature_names(config.feature_names).renames.items()))
 
 
 def _table_steps(pipeline: beam.Pipeline, plan: RunPlan, verify: VerifyShards) -> _Steps:

@@ -27,15 +27,24 @@ from beam_tfrecords.input_checks import check_table_headers, refuse_image_paths,
 from beam_tfrecords.plan_lines import describe_images, describe_table, update_lines
 from beam_tfrecords.run_plan import ConvertError, RunPlan
 from beam_tfrecords.schemas.config import ConvertConfig
-from beam_tfrecords.schemas.features import image_feature_spec
+from beam_tfrecords.schemas.features import (
+    FEATURE_NAME_PRESETS,
+    IMAGE_FEATURE_SPEC,
+    FeatureSpec,
+    image_feature_spec,
+    parse_feature_names,
+    renamed_spec,
+)
 from beam_tfrecords.schemas.inputs import InputFile
 from beam_tfrecords.schemas.manifest import DEAD_LETTER_DIR
 from beam_tfrecords.schemas.shards import ShardTarget
+from beam_tfrecords.schemas.table_schema import TableSchema
 from beam_tfrecords.transforms import worker_listing
 from beam_tfrecords.transforms.annotated_inputs import AnnotatedRefused, refuse_empty_listing
 from beam_tfrecords.transforms.codec.image_inspection import is_image_filename
 from beam_tfrecords.transforms.image_steps import HeldImages, ListingIdentity, keep_listing, list_images
 from beam_tfrecords.transforms.io import files, gcs
+from beam_tfrecords.transforms.io.annotated_output import annotated_feature_spec
 from beam_tfrecords.transforms.io.fingerprint import (
     file_entries,
     hash_entries,
@@ -97,13 +106,14 @@ def plan_images(config: ConvertConfig, target: ShardTarget, dataset, root: str,
                            f"({', '.join(unknown[:5])}); the dataset's labels are numbered "
                            "by its classes, so a full run is needed (without --incremental, "
                            "with --overwrite)")
+    names = _feature_names(config, _listed_features(listing), "these images' records")
     roles = _role_files(config, root, listing.layout)
     columns, rows = _fingerprint_columns(listing)
     if columns is not None and not scheduled and config.fingerprint == "stat":
         # A plain run writes its inputs.jsonl from the listing's columns (take_output):
         # no entry object per file.
         config, target = _as_part(config, target, None)
-        inputs = tuple(describe_images(config, listing, on_workers))
+        inputs = tuple(describe_images(config, listing, on_workers)) + names
         token = keep_listing(listing, identity)
         return RunPlan(config, target, inputs=inputs, listing=token, role_files=roles,
                        dataset_output=dataset_output, vocabulary=vocabulary,
@@ -112,7 +122,7 @@ def plan_images(config: ConvertConfig, target: ShardTarget, dataset, root: str,
     compared = _compare_images(config, dataset, listing, (columns, rows), roles, root)
     update, only, entries = compared.update, compared.only, compared.entries
     config, target = _as_part(config, target, update)
-    inputs = tuple(update_lines(update) + describe_images(config, listing, on_workers))
+    inputs = tuple(update_lines(update) + describe_images(config, listing, on_workers)) + names
     token = None if update is not None and update.action == "skip" else keep_listing(
         listing, identity._replace(only=only))
     return RunPlan(config, target, inputs=inputs, listing=token, input_files=tuple(entries),
@@ -163,7 +173,8 @@ def _compare_images(config: ConvertConfig, dataset, listing: Listing, listed, ro
                      root, listing.vocabulary)
     del paths, names
     if update is not None and update.action == "part":
-        features = image_feature_spec(dict(listing.extra_features)).to_json()
+        features = renamed_spec(image_feature_spec(dict(listing.extra_features)),
+                                parse_feature_names(config.feature_names).renames).to_json()
         if features != dataset.manifest.get("features"):
             raise ConvertError("--incremental: the features the images would have differ from "
                                "the dataset's (a CSV manifest column added, removed or of "
@@ -211,6 +222,7 @@ def plan_table(config: ConvertConfig, target: ShardTarget, found: tuple[tuple[st
     notes: list[str] = []
     schema = table_schema(config, found[0][0], header, notes)
     dropped = check_table_headers(config, schema, found, header)
+    schema, names = _renamed_schema(config, schema)
     # Tables are few, large files that the run reads whole: their content hash is
     # always recorded (about 1 GB/s here), so a touched file is not a changed one.
     entries = hash_entries(file_entries(root, found), [path for path, _ in found])
@@ -221,7 +233,7 @@ def plan_table(config: ConvertConfig, target: ShardTarget, found: tuple[tuple[st
         found = tuple((path, size) for path, size in found if relative_path(root, path) in wanted)
         entries = [e for e in entries if e.path in wanted]
     config, target = _as_part(config, target, update)
-    inputs = tuple(update_lines(update) + describe_table(config, found, header, schema, dropped, notes))
+    inputs = tuple(update_lines(update) + describe_table(config, found, header, schema, dropped, notes)) + names
     return RunPlan(config, target, found, tuple(header), schema, dropped, inputs,
                    input_files=tuple(entries), role_files=roles, update=update,
                    dataset_output=dataset_output)
@@ -301,8 +313,58 @@ def plan_on_workers(config: ConvertConfig, target: ShardTarget, dataset_output: 
         + "; shards are cut on the workers",
         f"  labels: {'--labels ' + config.labels if config.labels else 'labels.txt' if layout == 'cifar' else 'the class folders found, sorted'}",
     )
+    inputs += _feature_names(config, IMAGE_FEATURE_SPEC, "these images' records")
     return RunPlan(config, target, inputs=inputs, role_files=_role_files(config, root, layout),
                    dataset_output=dataset_output, units=settings)
+
+
+def _listed_features(listing: Listing) -> FeatureSpec:
+    """The features (canonical names) the records of a listing's images hold."""
+    if listing.annotated is not None:
+        return annotated_feature_spec(listing.annotated.run, dict(listing.extra_features))
+    return image_feature_spec(dict(listing.extra_features))
+
+
+def _feature_names(config: ConvertConfig, spec: FeatureSpec, what: str) -> tuple[str, ...]:
+    """``--feature_names`` checked against the records' features ``spec``: the plan's
+    line saying the renames (none without the flag).
+
+    Raises:
+      ConvertError: naming the rename to change (a feature the records do not hold,
+        one a preset needs, an output name a feature has already).
+    """
+    names = parse_feature_names(config.feature_names)
+    if not names.renames:
+        return ()
+    try:
+        names.check_keys((name for name, _, _ in spec.entries()), what)
+    except ValueError as err:
+        raise ConvertError(str(err)) from None
+    preset = f"preset {names.preset}" + (", and pairs" if len(names.renames) > len(
+        FEATURE_NAME_PRESETS[names.preset]) else "") if names.preset else "pairs"
+    renames = ", ".join(f"{canonical} -> {output}" for canonical, output in names.renames.items())
+    return (f"  feature names (--feature_names, {preset}): {renames}; the manifest's features and "
+            "statistics use the new names",)
+
+
+def _renamed_schema(config: ConvertConfig, schema: TableSchema) -> tuple[TableSchema, tuple[str, ...]]:
+    """A table's schema with ``--feature_names`` applied (each renamed column's
+    ``feature``), and the plan's line saying so.
+
+    Raises:
+      ConvertError: naming the rename to change.
+    """
+    kept = FeatureSpec({c.feature_name: ("string", []) for c in schema.kept})
+    lines = _feature_names(config, kept, "the table's records")
+    if not lines:
+        return schema, ()
+    renames = parse_feature_names(config.feature_names).renames
+    columns = tuple(dataclasses.replace(c, feature=renames[c.feature_name])
+                    if not c.skip and c.feature_name in renames else c for c in schema.columns)
+    try:
+        return TableSchema(columns), lines
+    except ValueError as err:
+        raise ConvertError(f"--feature_names: {err}") from None
 
 
 def _gcs_path(pattern: str, name: str) -> str:

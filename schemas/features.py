@@ -6,10 +6,13 @@ feature description from it without knowing how the data was converted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping, Sequence
 
-__all__ = ["DTYPES", "FEATURE_NAME_PRESETS", "IMAGE_FEATURE_SPEC", "FeatureSpec", "image_feature_spec",
-           "output_feature_name"]
+__all__ = ["DTYPES", "FEATURE_NAME_PRESETS", "IMAGE_FEATURE_SPEC", "FeatureNames", "FeatureSpec",
+           "canonical_features", "image_feature_spec", "output_feature_name", "parse_feature_names",
+           "renamed_spec"]
 
 # Feature dtypes, named as TensorFlow names them (tf.string, tf.int64, tf.float32).
 DTYPES = ("string", "int64", "float32")
@@ -88,3 +91,123 @@ def output_feature_name(renames: Mapping[str, str] | None, name: str) -> str:
     as renamed by ``--feature_names`` (the manifest's ``feature_names``, canonical ->
     output, renamed features only), else ``name`` itself."""
     return (renames or {}).get(name, name)
+
+
+# An output name: a letter, digit or '_' first, then letters, digits, '_', '.', '-' and '/'
+# (no empty '/'-part, no trailing '/'). TensorFlow takes any string as a key; this
+# keeps names that a flag, a file name (TFDS's <feature>.labels.txt) and a shell
+# pass through unchanged, and that cannot hold ',' or '=' (the flag's separators).
+_OUTPUT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)*")
+_FLAG = "--feature_names"
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureNames:
+    """A parsed ``--feature_names``: at most one preset (``FEATURE_NAME_PRESETS``),
+    and ``CANONICAL=OUTPUT`` pairs, combined.
+
+    A preset may be combined with pairs (``tutorial,image/filename=name``): a pair
+    may rename a feature the preset does not, never one the preset renames, nor
+    to an output name the preset uses. Parsing checks what can be checked without
+    the records (syntax, names, two features to one name); ``check_keys`` checks
+    the rest against the features a run's records hold.
+
+    Attributes:
+      preset: the preset named, or ``""``.
+      renames: canonical name -> output name, the preset's and the pairs', sorted.
+    """
+
+    preset: str
+    renames: dict[str, str]
+
+    def check_keys(self, keys: Iterable[str], what: str = "the records") -> None:
+        """Refuses renames the records' features ``keys`` (canonical names) do not
+        allow: a feature they do not hold (one a preset needs, or a pair's), or an
+        output name one of them already has.
+
+        Raises:
+          ValueError: one line naming what to change.
+        """
+        keys = set(keys)
+        needed = FEATURE_NAME_PRESETS.get(self.preset, {})
+        for canonical, output in self.renames.items():
+            if canonical not in keys:
+                if canonical in needed:
+                    raise ValueError(f"{_FLAG} {self.preset}: the preset needs {canonical!r}, which "
+                                     f"{what} do not hold; convert without the preset, or rename "
+                                     "the features they hold with CANONICAL=OUTPUT pairs")
+                raise ValueError(f"{_FLAG}: {canonical!r} is not a feature of {what}; rename one of: "
+                                 f"{', '.join(sorted(keys))}")
+            if output in keys:
+                raise ValueError(f"{_FLAG}: {canonical}={output} collides with the feature "
+                                 f"{output!r} {what} already hold; choose another output name")
+
+
+def parse_feature_names(text: str | None) -> FeatureNames:
+    """``--feature_names``: a preset (``tutorial``, ``cifar_notebook``), pairs
+    ``image/encoded=img,image/class/label=label``, or a preset and pairs.
+
+    Raises:
+      ValueError: one line naming the entry to change (an unknown preset, a
+        malformed pair, an empty or invalid name, two presets, a feature renamed
+        twice or two features to one name).
+    """
+    if text is None:
+        return FeatureNames("", {})
+    presets = ", ".join(FEATURE_NAME_PRESETS)
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or not all(items):
+        raise ValueError(f"{_FLAG} {text!r} has an empty entry; give a preset ({presets}) and/or "
+                         "CANONICAL=OUTPUT pairs separated by commas")
+    preset, pairs = "", {}
+    for item in items:
+        if "=" not in item:
+            if item not in FEATURE_NAME_PRESETS:
+                raise ValueError(f"{_FLAG}: {item!r} is neither a preset ({presets}) nor a "
+                                 "CANONICAL=OUTPUT pair (e.g. image/encoded=img)")
+            if preset:
+                raise ValueError(f"{_FLAG}: give one preset, not {preset} and {item}")
+            preset = item
+            continue
+        canonical, _, output = (part.strip() for part in item.partition("="))
+        if not canonical or not output or "=" in output:
+            raise ValueError(f"{_FLAG}: {item!r} is not CANONICAL=OUTPUT (two non-empty names, "
+                             "e.g. image/encoded=img)")
+        if not _OUTPUT_NAME.fullmatch(output):
+            raise ValueError(f"{_FLAG}: {output!r} cannot name a feature; use letters, digits, "
+                             "'_', '.', '-' and '/' between parts (not first or last)")
+        if canonical in pairs:
+            raise ValueError(f"{_FLAG} renames {canonical!r} twice")
+        if canonical == output:
+            raise ValueError(f"{_FLAG}: {item!r} renames a feature to its own name; leave it out")
+        pairs[canonical] = output
+    renames = dict(FEATURE_NAME_PRESETS.get(preset, {}))
+    for canonical, output in pairs.items():
+        if canonical in renames:
+            raise ValueError(f"{_FLAG}: the preset {preset} renames {canonical!r} to "
+                             f"{renames[canonical]!r}; drop {canonical}={output} or the preset")
+        renames[canonical] = output
+    outputs = sorted(renames.values())
+    twice = sorted({o for o in outputs if outputs.count(o) > 1})
+    if twice:
+        names = [c for c, o in sorted(renames.items()) if o == twice[0]]
+        raise ValueError(f"{_FLAG} gives {' and '.join(names)} one name, {twice[0]!r}; give each "
+                         "feature its own")
+    return FeatureNames(preset, dict(sorted(renames.items())))
+
+
+def renamed_spec(spec: FeatureSpec, renames: Mapping[str, str] | None) -> FeatureSpec:
+    """``spec`` with its features under their output names (``output_feature_name``)."""
+    if not renames:
+        return spec
+    return FeatureSpec({output_feature_name(renames, name): (dtype, shape)
+                        for name, dtype, shape in spec.entries()})
+
+
+def canonical_features(renames: Mapping[str, str] | None, features: Mapping[str, object]) -> dict:
+    """A record's features (``{output name: values}``) under their canonical names,
+    for a reader that looks features up by role (``inspect``'s contact sheet)."""
+    if not renames:
+        return dict(features)
+    back = {output: canonical for canonical, output in renames.items()}
+    return {back.get(name, name): values for name, values in features.items()}

@@ -50,6 +50,10 @@ of the format::
       }
     }
 
+Features renamed by ``--feature_names`` are listed as ``"feature_names": {"image/encoded":
+"img", ...}`` (canonical -> output, renamed ones only; absent when none is); ``features``
+and the statistics use the output names (``features.output_feature_name`` resolves one).
+
 Feature keys are feature names; a ``<feature>/shape`` feature has none. Tables
 grouped into sequences, and ``WriteVerifiedShards`` datasets, get ``records`` only.
 
@@ -432,6 +436,7 @@ def _check_manifest(manifest: Mapping) -> None:
         _value(manifest, name, "", "object", required=False)
     for key, _, spec in _items(manifest, "features", "", "object", False, "object"):
         _value(spec, "dtype", key, "text", required=False)
+    _items(manifest, "feature_names", "", "text", False, "object")  # --feature_names (issue 22).
     for key, _, info in _items(manifest.get("dataset") or {}, "splits", "dataset", "object",
                                False, "object"):
         for name in ("records", "num_shards"):

@@ -25,6 +25,7 @@ import datetime
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from beam_tfrecords.schemas.annotations import ANNOTATION_LAYOUTS
+from beam_tfrecords.schemas.features import FEATURE_NAME_PRESETS, parse_feature_names
 from beam_tfrecords.schemas.inputs import SKIPPED_EXIT_STATUS
 from beam_tfrecords.schemas.shards import COMPRESSIONS, clashing_split_names, is_valid_split_name
 
@@ -503,10 +504,23 @@ _ANNOTATIONS = tuple(_annotated(o) for o in (
     _switch("drop_empty", "annotations", "leave out images without objects (default: kept as negative "
             "examples, counted)", kinds=IMAGES),
 ))
+
+
+def _check_feature_names(flag: str, value) -> None:  # pylint: disable=unused-argument
+    parse_feature_names(value)  # Raises ValueError naming the entry to change.
+
+
+# Issue 22: the keys a reader already expects (README "Feature names").
+_NAMES = (
+    _text("feature_names", "main", "rename output features: a preset ("
+          f"{', '.join(FEATURE_NAME_PRESETS)}), CANONICAL=OUTPUT pairs "
+          "(image/encoded=img,image/class/label=label), or a preset and pairs "
+          "(tutorial,image/filename=name)", check=_check_feature_names, recorded_when_given=True),
+)
 # The flags of annotated images (their ConvertConfig fields).
 ANNOTATION_OPTIONS: tuple[str, ...] = tuple(o.name for o in _ANNOTATIONS)
 CONVERT_OPTIONS: tuple[Option, ...] = (*_MAIN, *_RESIZE, *_RUN, *_SCHEDULE, *_MANIFEST, *_DIALECT, *_TABLES,
-                                       *_DRIFT, *_ANNOTATIONS)
+                                       *_DRIFT, *_ANNOTATIONS, *_NAMES)
 
 
 def flags_only_for(kinds: Collection[str], options=CONVERT_OPTIONS) -> tuple[tuple[str, str], ...]:

@@ -137,7 +137,7 @@ FLAGS = {
     "date": DAY, "image_column": "image", "label_column": "label",
     "allowed_roots": f"{BUCKET}/shared", "splits": "train=0.5,test=0.5", "split_by": "content",
     "compare_to": "previous", "drift_max_mean_shift": "3", "drift_max_missing_change": "0.2",
-    "drift_max_class_share_change": "0.3",
+    "drift_max_class_share_change": "0.3", "feature_names": "tutorial",
     # Booleans that cannot be true here:
     "list_on_workers": "false",  # Lists folders, not a CSV manifest.
     "incremental": "false",  # Not with --fail_on_leakage (and --skip_unchanged is true).

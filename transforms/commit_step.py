@@ -37,7 +37,7 @@ import apache_beam as beam
 
 from beam_tfrecords.schemas.annotations import LABEL_MAP_NAME, AnnotatedRun
 from beam_tfrecords.schemas.elements import CompletedInputs, InputSummary, ShardResult
-from beam_tfrecords.schemas.features import FeatureSpec, image_feature_spec
+from beam_tfrecords.schemas.features import FeatureSpec, image_feature_spec, parse_feature_names, renamed_spec
 from beam_tfrecords.schemas.inputs import INPUTS_NAME
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME, ErrorBudget, build_manifest
 from beam_tfrecords.schemas.report import Failure, RunReport, Status
@@ -156,12 +156,22 @@ def _published_options(options: dict, root: str) -> dict:
     return options
 
 
-def _feature_spec(summary: InputSummary, annotated: AnnotatedRun | None = None) -> FeatureSpec:
+def _feature_names(settings: CommitSettings) -> dict[str, str]:
+    """``--feature_names`` resolved: canonical -> output, renamed features only."""
+    return parse_feature_names(dict(settings.options).get("feature_names")).renames
+
+
+def _feature_spec(summary: InputSummary, annotated: AnnotatedRun | None = None,
+                  renames: dict[str, str] | None = None) -> FeatureSpec:
+    """The records' features under their output names (a table's schema is renamed
+    already, ``renamed_spec`` leaves its names as they are)."""
     if summary.layout in ("table", "records"):
-        return FeatureSpec({name: (dtype, list(shape)) for name, dtype, shape in summary.features})
-    if annotated is not None:
-        return annotated_io.annotated_feature_spec(annotated, dict(summary.extra_features))
-    return image_feature_spec(dict(summary.extra_features))
+        spec = FeatureSpec({name: (dtype, list(shape)) for name, dtype, shape in summary.features})
+    elif annotated is not None:
+        spec = annotated_io.annotated_feature_spec(annotated, dict(summary.extra_features))
+    else:
+        spec = image_feature_spec(dict(summary.extra_features))
+    return renamed_spec(spec, renames)
 
 
 def _rows(summary: InputSummary, written: int, dead: int) -> dict:
@@ -359,7 +369,8 @@ def summarize_run(settings: CommitSettings, results: Sequence[ShardResult], summ
     if rows is not None:
         input_json["rows"] = rows
     statistics, drift = statistics_and_drift(settings.drift, results, summary,
-                                             _feature_spec(summary, settings.annotated).to_json(),
+                                             _feature_spec(summary, settings.annotated,
+                                                           _feature_names(settings)).to_json(),
                                              annotated_io.split_statistics_json(settings.annotated, results))
     late = [name for name, _ in summary.late_columns if name not in settings.dropped_columns]
     report = RunReport(
@@ -445,13 +456,15 @@ def _run_manifest(settings: CommitSettings, run: RunSummary) -> dict:
         results=[dataclasses.replace(r, path=r.path.rsplit("/", 1)[-1]) for r in run.results],
         vocabulary=annotated_io.vocabulary_of(settings.annotated.label_map) if settings.annotated
         else summary.vocabulary,
-        feature_spec=_feature_spec(summary, settings.annotated),
+        feature_spec=_feature_spec(summary, settings.annotated, _feature_names(settings)),
         bad_counts=run.bad,
         dead_letter_files=list(run.report.dead_letter_files),
         budget=run.budget,
         band=settings.band,
         statistics=run.statistics,
     )
+    if _feature_names(settings):  # --feature_names: canonical -> output, renamed ones only.
+        manifest["feature_names"] = _feature_names(settings)
     if run.report.image_bytes:
         manifest["image_bytes"] = run.report.image_bytes
     if run.duplicates:

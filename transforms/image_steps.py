@@ -350,14 +350,16 @@ class ImageRecords(RecordSource):
         regular file only, at most its listed size plus one byte).
       attach: per image, what side data adds to its record (``Attachment``; see
         ``io.image_records``, which builds every image record); picklable.
+      names: ``--feature_names``, ``((canonical, output), ...)`` (``()``: none).
     """
 
     def __init__(self, validate: str = "structure", read_threads: int = 4, helper_processes: int = 0,
                  max_pixels: int = DEFAULT_MAX_PIXELS, image_bytes: str = "readable",
                  reshape: ImageReshape | None = None, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-                 attach: Callable[[ImageRef], Attachment | None] | None = None):
+                 attach: Callable[[ImageRef], Attachment | None] | None = None,
+                 names: tuple[tuple[str, str], ...] = ()):
         self._builder = ImageRecordBuilder(validate, max_pixels, image_bytes, reshape, max_file_bytes,
-                                           attach)
+                                           attach, tuple(names))
         self._read_threads = read_threads
         self._processes = helper_processes
         self._threads = None

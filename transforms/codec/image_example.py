@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Mapping
 
 from beam_tfrecords.transforms.codec.example import (
     bytes_entry_parts,
@@ -64,12 +65,15 @@ def image_example_parts(
     filename: str,
     extra: tuple[tuple[str, str, object], ...] = (),
     digest: str | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> tuple[list[bytes], int]:
     """``encode_image_example`` as pieces whose concatenation is the Example, and
     their total size: ``encoded`` is one of the pieces, not copied (see
-    ``codec.tfrecord.frame_parts``). Arguments as for ``encode_image_example``."""
+    ``codec.tfrecord.frame_parts``). Arguments as for ``encode_image_example``;
+    ``names`` (``--feature_names``, canonical -> output) renames the features,
+    ``extra`` ones included, the Example's entries then sorted by output name."""
     digest = digest or hashlib.sha256(encoded).hexdigest()
-    if not extra and not isinstance(label, tuple) and label is not None:
+    if not extra and not isinstance(label, tuple) and label is not None and not names:
         # The usual record: nine features whose name order is fixed (see _ORDER).
         image_parts, image_size = bytes_entry_parts("image/encoded", encoded)
         name_parts, name_size = bytes_entry_parts("image/filename", filename)
@@ -100,6 +104,8 @@ def image_example_parts(
     if label is None:  # A detection record: classes per object only.
         features = [feature for feature in features if not feature[0].startswith("image/class/")]
     features.extend((name, dtype, _values(value)) for name, dtype, value in extra)
+    if names:
+        features = [(names.get(name, name), dtype, values) for name, dtype, values in features]
     example = encode_example(features)
     return [example], len(example)
 

@@ -396,6 +396,8 @@ class ImageRecordBuilder:
         inactive one is held as ``None``).
       max_file_bytes: a file larger than this is dead-lettered unread.
       attach: per image, its ``Attachment`` or ``None`` (see the module's docstring).
+      names: ``--feature_names``, ``((canonical, output), ...)``: the keys the
+        record's features carry (an attachment's included); ``()``: canonical.
     """
 
     validate: str = "structure"
@@ -404,6 +406,7 @@ class ImageRecordBuilder:
     reshape: ImageReshape | None = None
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     attach: Callable[[ImageRef], Attachment | None] | None = None
+    names: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         if self.reshape is not None and not self.reshape.active:  # Held as None: checked per image.
@@ -492,7 +495,8 @@ class ImageRecordBuilder:
                     label, text = (tuple(t) for t in zip(*attachment.labels)) if attachment.labels else ((), ())
             if label == -1:  # A detection record: classes per object, no image/class/*.
                 label, text = None, None
-            parts, size = image_example_parts(data, info, label, text, ref.filename, extra, digest)
+            parts, size = image_example_parts(data, info, label, text, ref.filename, extra, digest,
+                                              dict(self.names))
         except AttachmentRefused as refused:
             return _refused(ref, refused)
         except (ValueError, TypeError, OverflowError) as err:
