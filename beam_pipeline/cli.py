@@ -52,6 +52,7 @@ from beam_tfrecords.schemas.report import Status
 from beam_tfrecords.schemas.table_schema import dump_schema
 from beam_tfrecords.schemas.version import __version__
 from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.quality.drift import drift_manifest_path
 from beam_tfrecords.transforms.tables import table_header
 from beam_tfrecords.verify import verify_dataset
 
@@ -364,8 +365,8 @@ def _run_inspect(argv: Sequence[str], prog: str) -> int:
     p.add_argument("--compare_to", default=None, help="with --html: show drift against this "
                    "dataset (a folder or its manifest.json)")
     args = p.parse_args(argv)
-    if args.compare_to and not args.html:
-        p.error("--compare_to needs --html (the card shows the drift)")
+    if _card_refused(p, args, prog):
+        return EXIT_USAGE
     manifest_path = files.join(args.location, MANIFEST_NAME)
     if not files.exists(manifest_path):
         what = (f"{args.location} does not exist" if not files.exists(args.location) and not
@@ -423,13 +424,23 @@ def _run_inspect(argv: Sequence[str], prog: str) -> int:
     return _write_card(args, prog) if args.html else EXIT_OK
 
 
-def _write_card(args: argparse.Namespace, prog: str) -> int:
-    """``inspect --html``: the dataset card (exit 2 when refused, 1 when a shard
-    cannot be read)."""
-    why = card_refusal(args.html, args.location)
+def _card_refused(p: argparse.ArgumentParser, args: argparse.Namespace, prog: str) -> bool:
+    """Whether ``--html`` names a file the card may not go to, or ``--compare_to``
+    no dataset (one line said), before anything is read."""
+    if args.compare_to and not args.html:
+        p.error("--compare_to needs --html (the card shows the drift)")
+    why = card_refusal(args.html, args.location) if args.html else ""
+    compared = drift_manifest_path(args.compare_to, args.location) if args.compare_to else ""
+    if not why and compared and not files.exists(compared):
+        why = f"--compare_to: {compared} does not exist"
     if why:
         print(f"{prog}: error: {why}", file=sys.stderr)
-        return EXIT_USAGE
+    return bool(why)
+
+
+def _write_card(args: argparse.Namespace, prog: str) -> int:
+    """``inspect --html``: the dataset card (exit 2 when ``--compare_to`` cannot be
+    read, 1 when a shard cannot be read)."""
     try:
         facts = gather_facts(args.location, compare_to=args.compare_to,
                              per_split=args.per_split, max_record=args.max_record_mb << 20)

@@ -199,14 +199,17 @@ def gather_facts(location: str, *, compare_to: str | None = None, per_split: int
     """
     source, manifest = read_manifest(location)
     sha = hashlib.sha256(files.read_bytes(source)).hexdigest()
-    parts = []
+    parts, letters = [], _letters(location, source, manifest)
     for index, part in enumerate(manifest.get("parts", [])):
-        _, path, part_text = part_manifest(location, source, index, part)
-        parts.append((part["path"], parse_manifest(part_text, path) if part_text else None))
+        folder, path, part_text = part_manifest(location, source, index, part)
+        part_json = parse_manifest(part_text, path) if part_text else None
+        parts.append((part["path"], part_json))
+        for reason, found in (_letters(folder, path, part_json) if part_json else {}).items():
+            letters[reason] = (letters.get(reason, []) + found)[:_LETTERS_PER_REASON]
     return CardFacts(
         location=location, manifest=manifest, manifest_sha256=sha,
         report=_json_file(files.join(location, REPORT_NAME)),
-        letters=_letters(location, source, manifest),
+        letters=letters,
         samples=sample_records(location, per_split, max_record),
         drift=_drift(manifest, location, compare_to) if compare_to else None,
         parts=parts)
@@ -254,7 +257,7 @@ def _bytes(n) -> str:
 def _classes(facts: CardFacts) -> str:
     m = facts.manifest
     vocabulary = m["labels"]["vocabulary"]
-    counts = m["labels"].get("counts") or {}
+    counts = _whole_counts(facts)
     out = f"<p>{figure(len(vocabulary))} classes"
     out += (": " + text(", ".join(vocabulary), 600) + "</p>") if vocabulary else ".</p>"
     for split, by_label in counts.items() if vocabulary or any(counts.values()) else ():
@@ -269,6 +272,17 @@ def _classes(facts: CardFacts) -> str:
     if not counts and "annotations" not in out:
         out += '<p class="none">No class counts (not a class dataset).</p>'
     return _section("classes", "Classes", out)
+
+
+def _whole_counts(facts: CardFacts) -> dict:
+    """Class counts per split of the first run's shards and every part's, added."""
+    counts: dict[str, dict] = {}
+    for manifest in [facts.manifest] + [part for _, part in facts.parts if part]:
+        for split, by_label in ((manifest.get("labels") or {}).get("counts") or {}).items():
+            into = counts.setdefault(split, {})
+            for label, n in by_label.items():
+                into[label] = into.get(label, 0) + (n if isinstance(n, int) else 0)
+    return counts
 
 
 def _class_name(vocabulary: list, label) -> str:
@@ -303,6 +317,9 @@ def _features(facts: CardFacts) -> str:
     out = table(["feature", "dtype", "shape"], [
         [text(name), text(s.get("dtype", "")), text(s.get("shape", ""))]
         for name, s in spec.items() if isinstance(s, dict)]) if spec else ""
+    if facts.parts:
+        out += ('<p class="sub">The statistics below are of the first run\'s shards; each part\'s '
+                "are in its own manifest.json.</p>")
     for split, info in m["splits"].items():
         stats = info.get("statistics")
         if not stats:
@@ -386,8 +403,15 @@ def _duplicates(facts: CardFacts) -> str:
 
 
 def _dead_letters(facts: CardFacts) -> str:
-    bad = facts.manifest["bad_records"]
+    bad = dict(facts.manifest["bad_records"])
     budget = facts.manifest.get("error_budget") or {}
+    if facts.parts:  # Every run's bad inputs, the parts' with them.
+        by_reason = dict(bad.get("by_reason") or {})
+        for _, part in facts.parts:
+            for reason, n in ((part or {}).get("bad_records") or {}).get("by_reason", {}).items():
+                by_reason[reason] = by_reason.get(reason, 0) + n
+        bad.update(by_reason=by_reason, total=sum(by_reason.values()))
+        budget = {}
     out = (f"<p>{figure(bad['total'])} bad inputs"
            + (f" of {figure(budget['inputs'])} (budget {figure(budget.get('max_bad_fraction'))})"
               if isinstance(budget.get("inputs"), int) else "") + ".</p>")
