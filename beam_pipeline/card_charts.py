@@ -32,9 +32,9 @@ __all__ = [
 
 _BAR = "#4c72b0"
 _ACCENT = "#dd8452"
-_WIDTH = 560
+_WIDTH = 360
 _ROW = 18
-_LABEL = 170  # Room for a bar's label, px.
+_LABEL = 150  # Room for a bar's label, px.
 
 
 def text(value: object, limit: int = 200) -> str:

@@ -151,7 +151,10 @@ def _letters(location: str, source: str, manifest: dict) -> dict:
     """Up to ``_LETTERS_PER_REASON`` dead letters per reason, from the files the
     manifest lists (each read up to ``_LETTER_BYTES`` and ``_LETTER_LINES``)."""
     found: dict[str, list[dict]] = {}
+    reasons = set((manifest["bad_records"].get("by_reason") or {}))
     for i, rel in enumerate(manifest["bad_records"].get("dead_letter_files", [])):
+        if reasons and all(len(found.get(r, [])) >= _LETTERS_PER_REASON for r in reasons):
+            break  # Enough of every reason: the other files are not read.
         path = dataset_path(location, rel, f"bad_records.dead_letter_files[{i}]", source)
         try:
             with files.open_read(path) as f:
@@ -260,11 +263,13 @@ def _classes(facts: CardFacts) -> str:
     counts = _whole_counts(facts)
     out = f"<p>{figure(len(vocabulary))} classes"
     out += (": " + text(", ".join(vocabulary), 600) + "</p>") if vocabulary else ".</p>"
+    charts = ""
     for split, by_label in counts.items() if vocabulary or any(counts.values()) else ():
         if not by_label:
             continue
         items = [(_class_name(vocabulary, label), n) for label, n in by_label.items()]
-        out += f"<h3>{text(split)}</h3>" + bar_chart(items, f"classes of {split}")
+        charts += f"<div><h3>{text(split)}</h3>{bar_chart(items, f'classes of {split}')}</div>"
+    out += f'<div class="feat">{charts}</div>' if charts else ""
     for split, info in m["splits"].items():
         annotations = (info.get("statistics") or {}).get("annotations")
         if annotations:
@@ -591,7 +596,7 @@ def card_html(facts: CardFacts) -> str:
     summary = (f"{figure(whole if isinstance(whole, int) else total)} records in "
                f"{figure(len(m['splits']))} splits, {figure(len(m['labels']['vocabulary']))} classes, "
                f"{figure(len(m.get('features') or {}))} features; created {text(m.get('created', ''))}")
-    sections = (_splits, _classes, _features, _duplicates, _dead_letters, _drift_section, _samples,
+    sections = (_splits, _classes, _samples, _features, _duplicates, _dead_letters, _drift_section,
                 _made, _loading)
     body = "".join(section(facts) for section in sections)
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

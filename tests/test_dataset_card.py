@@ -147,7 +147,7 @@ def test_card_renders_in_headless_chromium(image_card):
                     "--no-first-run", "--disable-background-networking", "--disable-component-update",
                     "--disable-sync", f"--user-data-dir={work / 'chromium'}", f"--screenshot={shot}",
                     "--window-size=1280,2400", (work / "card.html").as_uri()],
-                   check=True, capture_output=True, timeout=120)
+                   check=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
     with Image.open(shot) as image:
         pixels = np.asarray(image.convert("RGB"))
     assert pixels.shape == (2400, 1280, 3)
@@ -257,3 +257,19 @@ def test_incremental_card_counts_every_part(tmp_path, run_convert):
     assert "In all: train 6 records in 2 shards" in splits
     classes = _section(html, "classes")
     assert classes.count(">3</text>") == 2  # 2 of each class, then 1 more of each.
+
+
+@pytest.mark.unit
+def test_card_follows_renamed_features(image_card):
+    """With ``feature_names`` (``--feature_names``), thumbnails and snippets use the
+    output keys the manifest names."""
+    facts = gather_facts(str(image_card["out"]), per_split=2)
+    renames = {"image/encoded": "img", "image/class/label": "label"}
+    manifest = copy.deepcopy(facts.manifest)
+    manifest["feature_names"] = renames
+    manifest["features"] = {renames.get(k, k): v for k, v in manifest["features"].items()}
+    samples = [(split, {renames.get(k, k): v for k, v in features.items()})
+               for split, features in facts.samples]
+    html = card_html(type(facts)(location=facts.location, manifest=manifest, samples=samples))
+    assert _section(html, "samples").count('src="data:image/jpeg;base64,') == 4
+    assert "r[&#x27;img&#x27;]), np.asarray(r[&#x27;label&#x27;])" in _section(html, "loading")
