@@ -56,6 +56,7 @@ _LETTERS_PER_REASON = 3
 _LETTER_LINES = 10_000  # Dead-letter lines read per file at most (each file is bounded too).
 _LETTER_BYTES = 4 << 20
 _TOP = 10
+_TABLE_ROWS = 5  # Records of a table dataset shown per split.
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;max-width:1180px;color:#222;padding:0 16px}
 h1{font-size:24px;margin-bottom:4px}h2{border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:32px}
@@ -261,8 +262,8 @@ def _classes(facts: CardFacts) -> str:
     m = facts.manifest
     vocabulary = m["labels"]["vocabulary"]
     counts = _whole_counts(facts)
-    out = f"<p>{figure(len(vocabulary))} classes"
-    out += (": " + text(", ".join(vocabulary), 600) + "</p>") if vocabulary else ".</p>"
+    out = (f"<p>{figure(len(vocabulary))} classes: " + text(", ".join(vocabulary), 600) + "</p>"
+           if vocabulary else "")
     charts = ""
     for split, by_label in counts.items() if vocabulary or any(counts.values()) else ():
         if not by_label:
@@ -274,8 +275,8 @@ def _classes(facts: CardFacts) -> str:
         annotations = (info.get("statistics") or {}).get("annotations")
         if annotations:
             out += _annotations(split, annotations)
-    if not counts and "annotations" not in out:
-        out += '<p class="none">No class counts (not a class dataset).</p>'
+    if not out:
+        out = '<p class="none">No classes (the records carry no class label).</p>'
     return _section("classes", "Classes", out)
 
 
@@ -519,7 +520,7 @@ def _samples(facts: CardFacts) -> str:
                     + "</div>")
         else:
             names = sorted({k for r in records for k in r})[:12]
-            out += table(names, [_record_row(r, names) for r in records])
+            out += table(names, [_record_row(r, names) for r in records[:_TABLE_ROWS]])
     return _section("samples", "Sample records", out or '<p class="none">No records.</p>')
 
 
