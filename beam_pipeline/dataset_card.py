@@ -112,14 +112,16 @@ def _folder(path: str) -> str:
 def card_refusal(out_path: str, location: str) -> str:
     """Why the card may not be written at ``out_path``; ``''`` when it may.
 
-    Refused: a path inside the dataset folder ``location``, a folder, and an
-    existing file that is not a card (``CARD_MARKER`` in its first 4 KB): this
+    Refused: a path inside the dataset folder ``location``, a folder, a symbolic
+    link, a file whose folder does not exist, and an existing file that is not a card (``CARD_MARKER`` in its first 4 KB): this
     command replaces only what it can prove it wrote.
     """
     if _folder(out_path).startswith(_folder(location)):
         return (f"{out_path} is inside the dataset folder {location}: write the card outside it "
                 "(a reader would take it for part of the dataset)")
     if files.is_local(out_path):
+        if os.path.islink(out_path):  # It would write where the link points, unseen.
+            return f"{out_path} is a symbolic link: name the card's file itself"
         if os.path.isdir(out_path):
             return f"{out_path} is a folder: name the card's file (card.html)"
         parent = os.path.dirname(os.path.abspath(out_path))

@@ -187,6 +187,8 @@ def test_card_refusal(tmp_path):
     assert card_refusal(str(tmp_path / "data2.html"), str(data)) == ""
     (tmp_path / "old.html").write_text(f"<!DOCTYPE html><html><head>{CARD_MARKER}")
     assert card_refusal(str(tmp_path / "old.html"), str(data)) == ""
+    (tmp_path / "link.html").symlink_to(tmp_path / "nowhere.html")
+    assert "is a symbolic link" in card_refusal(str(tmp_path / "link.html"), str(data))
 
 
 @pytest.mark.unit
