@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
 from beam_tfrecords import console, scratch
+from beam_tfrecords.dataset_card import card_refusal, gather_facts, write_card
 from beam_tfrecords.inspect import (
     MAX_RECORD_BYTES,
     UnreadableShard,
@@ -52,6 +53,7 @@ from beam_tfrecords.schemas.report import Status
 from beam_tfrecords.schemas.table_schema import dump_schema
 from beam_tfrecords.schemas.version import __version__
 from beam_tfrecords.transforms.io import files
+from beam_tfrecords.transforms.quality.drift import drift_manifest_path
 from beam_tfrecords.transforms.tables import table_header
 from beam_tfrecords.verify import verify_dataset
 
@@ -359,7 +361,13 @@ def _run_inspect(argv: Sequence[str], prog: str) -> int:
     p.add_argument("--max_record_mb", type=_flag_value(_positive), default=MAX_RECORD_BYTES >> 20,
                    help="the largest record to read, MiB (default "
                    f"{MAX_RECORD_BYTES >> 20}); a record claiming more fails before it is read")
+    p.add_argument("--html", default=None, help="write the dataset card, one self-contained HTML "
+                   "page, to this file (outside the dataset folder; replaces only a card)")
+    p.add_argument("--compare_to", default=None, help="with --html: show drift against this "
+                   "dataset (a folder or its manifest.json)")
     args = p.parse_args(argv)
+    if _card_refused(p, args, prog):
+        return EXIT_USAGE
     manifest_path = files.join(args.location, MANIFEST_NAME)
     if not files.exists(manifest_path):
         what = (f"{args.location} does not exist" if not files.exists(args.location) and not
@@ -418,6 +426,38 @@ def _run_inspect(argv: Sequence[str], prog: str) -> int:
             return EXIT_USAGE
         for split, path, drawn in made:
             print(f"contact sheet of {split}: {path} ({drawn} images)")
+    return _write_card(args, prog) if args.html else EXIT_OK
+
+
+def _card_refused(p: argparse.ArgumentParser, args: argparse.Namespace, prog: str) -> bool:
+    """Whether ``--html`` names a file the card may not go to, or ``--compare_to``
+    no dataset (one line said), before anything is read."""
+    if args.compare_to and not args.html:
+        p.error("--compare_to needs --html (the card shows the drift)")
+    why = card_refusal(args.html, args.location) if args.html else ""
+    compared = drift_manifest_path(args.compare_to, args.location) if args.compare_to else ""
+    if not why and compared and not files.exists(compared):
+        why = f"--compare_to: {compared} does not exist"
+    if why:
+        print(f"{prog}: error: {why}", file=sys.stderr)
+    return bool(why)
+
+
+def _write_card(args: argparse.Namespace, prog: str) -> int:
+    """``inspect --html``: the dataset card (exit 2 when ``--compare_to`` cannot be
+    read, 1 when a shard cannot be read)."""
+    try:
+        facts = gather_facts(args.location, compare_to=args.compare_to,
+                             per_split=args.per_split, max_record=args.max_record_mb << 20)
+    except UnreadableShard as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    except ValueError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    size = write_card(facts, args.html)
+    drift = f"; drift {facts.drift['status']}" if facts.drift else ""
+    print(f"dataset card: {args.html} ({size / 1e3:.0f} KB{drift})")
     return EXIT_OK
 
 

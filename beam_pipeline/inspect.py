@@ -42,6 +42,7 @@ __all__ = [
     "describe_record",
     "read_manifest",
     "sample_records",
+    "thumbnail",
 ]
 
 # The largest record inspect reads (a length field claiming more fails before any
@@ -133,7 +134,8 @@ def describe_record(features: dict) -> str:
     return "\n".join(lines)
 
 
-def _thumbnail(data: bytes) -> Image.Image:
+def thumbnail(data: bytes) -> Image.Image:
+    """An encoded image as an RGB thumbnail of at most 128x128 (16-bit: its top 8 bits)."""
     with Image.open(io.BytesIO(data)) as image:
         if image.mode.startswith("I;16") or image.mode == "I":  # 16-bit: show the top 8 bits.
             image = image.convert("I").point(lambda v: v / 256).convert("L")
@@ -159,7 +161,7 @@ def contact_sheet(records: list[tuple[str, dict]], out_path: str) -> int:
     for i, (_, features) in enumerate(records):
         x, y = (i % columns) * _THUMB, (i // columns) * (_THUMB + _CAPTION)
         try:
-            thumb = annotate_thumbnail(_thumbnail(features["image/encoded"][0]), features)
+            thumb = annotate_thumbnail(thumbnail(features["image/encoded"][0]), features)
         except (UnidentifiedImageError, OSError, KeyError, IndexError, ValueError):
             draw.text((x + 4, y + 40), "unreadable", fill="red")
             continue
