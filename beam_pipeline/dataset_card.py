@@ -494,7 +494,8 @@ def _sample_figure(features: dict, inverse: dict, image_key: str) -> str:
     except (UnidentifiedImageError, OSError, KeyError, IndexError, ValueError,
             Image.DecompressionBombError):
         img = '<p class="warn">unreadable</p>'
-    return (f"<figure>{img}<figcaption>{text(f'{label} {cls}'.strip(), 40)}<br>"
+    caption = f"{cls} (label {label})" if cls and label != "" else f"{cls or label}"
+    return (f"<figure>{img}<figcaption>{text(caption.strip(), 40)}<br>"
             f"<span class=\"sub\">{text(posixpath.basename(name) or name, 60)}</span>"
             "</figcaption></figure>")
 
