@@ -40,6 +40,7 @@ dataset without shards. ``tfds_notes`` says in lines what the files leave out.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -52,6 +53,7 @@ __all__ = [
     "FILEPATH_TEMPLATE",
     "LABELS_SUFFIX",
     "is_tfds_file",
+    "tfds_digests",
     "tfds_metadata",
     "tfds_notes",
 ]
@@ -275,3 +277,15 @@ def tfds_notes(manifest: Mapping) -> list[str]:
     if manifest.get("sequence_features"):
         notes.append("sequence records: features.json declares the context features only")
     return notes
+
+
+def tfds_digests(manifest) -> dict[str, str]:
+    """``{file name: SHA-256}`` of the TFDS metadata a manifest implies (``{}``: none, or
+    not a manifest): what proves such a file beside it this product's."""
+    if not isinstance(manifest, Mapping):
+        return {}
+    try:
+        made = tfds_metadata(manifest)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return {}
+    return {name: hashlib.sha256(data).hexdigest() for name, data in made.items()}
