@@ -10,15 +10,19 @@ and 18, instance masks), each converted once for the module:
   channel, the others three); every instance mask its image's size;
 - the class names equal the vocabulary (COCO: the name at each category id, and each
   object's decoded class name its ``image/object/class/text``);
-- the table's values equal the records parsed by protobuf, feature by feature.
+- the table's values equal the records parsed by protobuf, feature by feature;
+- the README's "Loading with TFDS" snippet runs as written on the image dataset.
 
 ``pytest -s`` prints the figures.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -146,3 +150,19 @@ def test_detection_dataset(datasets):
 def test_the_metadata_files_are_beside_the_manifest(datasets):
     for out, _ in datasets.values():
         assert {"dataset_info.json", "features.json"} <= set(os.listdir(out))
+
+
+def test_the_readme_snippet_runs(datasets, monkeypatch):
+    out, manifest = datasets["image"]
+    text = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    snippet = re.search(r"```python\n(.*?)```", text[text.index("## Loading with TFDS"):], re.S).group(1)
+    monkeypatch.chdir(out.parent)
+    os.rename(out, out.parent / "OUT")
+    try:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(snippet, "README.md", "exec"), {})
+    finally:
+        os.rename(out.parent / "OUT", out)
+    assert printed.getvalue().split(" ", 1) == [str(manifest["splits"]["train"]["records"]),
+                                                f"{manifest['labels']['vocabulary']}\n"]

@@ -3,13 +3,15 @@ known manifest (TFDS 4.9's JSON: 64-bit integers as strings, keys sorted), the r
 it reads through ``--feature_names`` renames, what it declares when TFDS cannot
 represent a dataset (gzip, GIF, several channel counts, class names a labels file
 cannot hold), and ``verify`` failing, with one line naming the file, a dataset whose
-``dataset_info.json`` was edited.
+``dataset_info.json`` was edited; the files are the run's own (removed by a gzip run
+over them, a user's file of such a name refused).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 
 import pytest
 
@@ -168,3 +170,24 @@ def test_verify_fails_an_edited_dataset_info(tmp_path, capsys):
     (out / "features.json").unlink()
     assert main(["verify", str(out)]) == 1
     assert "features.json  TFDS metadata file missing" in capsys.readouterr().out
+
+
+@pytest.mark.beam
+def test_the_files_are_the_runs_own_and_nothing_else(tmp_path, capsys):
+    """A gzip run over a plain dataset (--overwrite) removes its TFDS files; a user's file
+    of such a name is refused (exit 2, one line naming it) and left as it was."""
+    make_cifar_sample(str(tmp_path / "in"), counts={"train": 2}, seed=3)
+    out = tmp_path / "out"
+    flags = ["convert", "--input", str(tmp_path / "in"), "--output", str(out), "--encode_processes", "0"]
+    assert main(flags) == 0
+    assert {"dataset_info.json", "features.json", "image.class.label.labels.txt"} <= set(os.listdir(out))
+    assert main([*flags, "--overwrite", "--compression", "gzip"]) == 0
+    assert not [name for name in os.listdir(out) if is_tfds_file(name)]
+    assert main(["verify", str(out)]) == 0
+    (out / "features.json").write_bytes(b"{}")  # A user's.
+    capsys.readouterr()
+    assert main([*flags, "--overwrite"]) == 2
+    refusal = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "cannot prove it wrote" in refusal and refusal.endswith(
+        "features.json; with or without --overwrite, move it out of the folder, or choose another --output")
+    assert (out / "features.json").read_bytes() == b"{}"

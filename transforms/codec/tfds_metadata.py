@@ -19,8 +19,8 @@ output names, ``--feature_names`` renames included; roles are resolved with
   count of every image's mode in the statistics (``None`` when they differ: each
   image then decodes to its own), ``uint16`` when every image is 16-bit, and the
   encoding when every image is JPEG or PNG. A dataset holding a format TFDS's
-  decoder cannot give as one image (GIF, animated or not: ``tf.image.decode_image``
-  gives frames; TIFF and others: not decoded) declares the bytes as a
+  decoder cannot give as one image (GIF, animated or not, and WebP:
+  ``tf.image.decode_image`` gives frames; TIFF and others: not decoded) declares the bytes as a
   ``Tensor`` of ``string`` instead, and its description says why;
 - one class per image: ``ClassLabel`` with the vocabulary as its labels file;
   the annotated layouts' ids (1-based, COCO's as given, 0 the background) are
@@ -68,8 +68,8 @@ _IMAGE, _CLASS_LABEL = _CLASSES + "image_feature.Image", _CLASSES + "class_label
 _SCALAR, _TENSOR = _CLASSES + "scalar.Scalar", _CLASSES + "tensor_feature.Tensor"
 _TEXT, _SEQUENCE = _CLASSES + "text_feature.Text", _CLASSES + "sequence_feature.Sequence"
 _DICT = _CLASSES + "features_dict.FeaturesDict"
-# What tf.image.decode_image decodes to one image (GIF gives frames; others it cannot read).
-_DECODED_FORMATS = {"jpeg", "png", "bmp", "webp"}
+# What tf.image.decode_image decodes to one image (GIF and WebP give frames; TIFF it cannot read).
+_DECODED_FORMATS = {"jpeg", "png", "bmp"}
 _MODE_CHANNELS = {"1": 1, "L": 1, "I;16": 1, "I;16B": 1, "I;16L": 1, "I": 1, "LA": 2, "RGB": 3,
                   "RGBA": 4}
 _SIXTEEN_BIT = {"I;16", "I;16B", "I;16L", "I"}
@@ -132,8 +132,8 @@ def _image_feature(manifest: Mapping) -> tuple[dict, str]:
     formats = _image_counts(manifest, "formats")
     undecoded = sorted(formats - _DECODED_FORMATS)
     if undecoded:
-        return _tensor("string"), (f"images of format {', '.join(undecoded)} (TFDS's Image decodes one "
-                                   f"frame of JPEG, PNG, BMP or WebP): the image feature is their bytes")
+        return _tensor("string"), (f"images of format {', '.join(undecoded)} (TFDS's Image decodes "
+                                   f"JPEG, PNG and BMP): the image feature is their bytes")
     modes = _image_counts(manifest, "modes")
     counts = {_MODE_CHANNELS.get(m) for m in modes}
     channels = counts.pop() if len(counts) == 1 else None
