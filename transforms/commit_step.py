@@ -500,9 +500,9 @@ def publish_run(settings: CommitSettings, run: RunSummary) -> RunReport:
         if earlier is not None:  # A retry publishes what its first attempt staged.
             manifest_bytes, manifest = earlier, json.loads(earlier)
         # The TFDS metadata, from the manifest as published, moved after the shards.
-        for *move, digests[move[1]] in stage_tfds_files(target.output, target.temp_dir,
-                                                        json.loads(manifest_bytes)):
-            renames.append(tuple(move))
+        for staged, final, claim in stage_tfds_files(target.output, target.temp_dir, json.loads(manifest_bytes)):
+            renames.append((staged, final))
+            digests[final] = claim
         verified = {r.temp_path or r.path: r.verified_as for r in results}
         # What of the output this product can prove it wrote: only that is replaced
         # or removed (the commit refuses, publishing nothing, when a file it cannot

@@ -523,7 +523,7 @@ def _work_folder(output: str, listing: _Listing, work: _Entry | None
         if f"{WORK_DIR}/{JOURNAL_DIR}" not in links:
             for _, claims, replaces in _read_journal(output):
                 journal += claims
-                replaced |= listed_paths(replaces)
+                replaced |= listed_paths(replaces) | set(tfds_digests(replaces))  # (Its TFDS files too.)
     return links, temporaries, journal, replaced
 
 
