@@ -410,8 +410,9 @@ def test_kill_tree_at_hold_point_then_next_run_recovers(kinds, hold, tmp_path, k
     expected = AT_FINAL_NAMES[point]
     if expected == "none":
         assert final == {}, f"shards at final names after a kill at {point}: {sorted(final)}"
-    elif expected == "some":
-        assert 0 < len(final) < len(kind.reference), sorted(final)
+    elif expected == "some":  # Half way through the commit's moves (the TFDS metadata's last, issue 22).
+        pending = [n for n in _journal_claims(out) if not os.path.exists(os.path.join(out, n))]
+        assert final and pending, (sorted(final), pending)
     else:
         assert set(final) == set(kind.reference)
     for name, digest in final.items():
