@@ -43,6 +43,7 @@ from beam_tfrecords.schemas.shards import WORK_DIR, parse_shard_name
 from beam_tfrecords.transforms.codec.tfrecord import FileDigest
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.gcs import is_gcs
+from beam_tfrecords.transforms.io.tfds_output import tfds_problems
 from beam_tfrecords.transforms.shard_engine import storage_crc32c_check, verify_shard
 
 __all__ = [
@@ -228,7 +229,9 @@ def _folder_jobs(folder: str, manifest: dict, source: str) -> tuple[list, list]:
         if (parse_shard_name(path.rsplit("/", 1)[-1]) or path.endswith(_TFRECORD_SUFFIXES))
         and path not in listed
     ]
-    return jobs, extra + _dead_letter_problems(folder, manifest, source) + _label_map_problems(folder, manifest, source)
+    extra += _dead_letter_problems(folder, manifest, source) + _label_map_problems(folder, manifest, source)
+    # The TFDS metadata: recomputed from the manifest, compared byte for byte.
+    return jobs, extra + tfds_problems(folder, manifest)
 
 
 def _label_map_problems(folder: str, manifest: dict, source: str) -> list[tuple[str, str]]:

@@ -31,6 +31,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from beam_tfrecords.cli import main as cli_main
 from beam_tfrecords.schemas.elements import InputSummary, ShardSpec
 from beam_tfrecords.schemas.shards import WORK_DIR, ShardBand, ShardTarget, shard_name
+from beam_tfrecords.transforms.codec.tfds_metadata import tfds_metadata
 from beam_tfrecords.transforms.commit_step import CommitSettings, commit_run
 from beam_tfrecords.transforms.io import gcs as gcs_io
 from beam_tfrecords.transforms.io.commit import KEPT_ASIDE, acquire_lock, stored_object
@@ -115,7 +116,8 @@ def test_a_gcs_commit_crashed_anywhere_then_run_again_keeps_one_whole_dataset(gc
         left = gcs.list(f"{out}/")
         assert not [p for p in left if f"/{WORK_DIR}/" in p], (point, left)
         assert sorted(p.rsplit("/", 1)[1] for p in left) == sorted(
-            ["manifest.json", "run_report.json", *(r.path.rsplit("/", 1)[1] for r in results)]), point
+            ["manifest.json", "run_report.json", *(r.path.rsplit("/", 1)[1] for r in results),
+             *tfds_metadata(json.loads(final))]), point  # dataset_info.json, ... (issue 22)
         assert _verifies(out), point
 
 
@@ -134,7 +136,8 @@ def test_a_gcs_commit_lists_once_and_moves_side_by_side(gcs, proxy):
     shard_requests = Counter(request_kind(e.method, e.target) for e in proxy.log
                              if e.object_name and ".tfrecord." in e.object_name)  # <shard>.<attempt>
     assert shard_requests == {"rewrite": shards, "delete": shards}, shard_requests
-    assert kinds["rewrite"] == shards
+    tfds_files = len(tfds_metadata(json.loads(gcs.download(f"{out}/manifest.json"))))  # (issue 22)
+    assert kinds["rewrite"] == shards + tfds_files
     assert kinds["batch"] == 0
     assert kinds["list"] <= 8
     assert kinds["delete"] >= shards
@@ -196,7 +199,11 @@ def test_a_gcs_commit_over_shards_of_the_same_names_keeps_the_old_ones_aside_unt
             kinds = Counter(request_kind(e.method, e.target) for e in proxy.log)
             print(f"\n[commit of 3 shards over 3 of the same names on gs://] requests: "
                   f"{dict(sorted(kinds.items()))}")
-            assert kinds["rewrite"] == 2 * 3 + 1, kinds  # Each shard in, each old one and the manifest aside.
+            # Each shard in, each old one and the manifest aside; the TFDS metadata in, and the
+            # old one aside where it changes (issue 22).
+            new_tfds, old_tfds = (tfds_metadata(json.loads(m)) for m in (gcs.download(f"{out}/manifest.json"), old))
+            changed = sum(old_tfds.get(n) not in (None, d) for n, d in new_tfds.items())
+            assert kinds["rewrite"] == 2 * 3 + 1 + len(new_tfds) + changed, kinds
         else:
             with crash_at(point, nth) as seen, pytest.raises(Crash):
                 commit_run(settings, results, summary)

@@ -71,6 +71,7 @@ from beam_tfrecords.transforms.io.ownership import (
 )
 from beam_tfrecords.transforms.io.progress import split_totals
 from beam_tfrecords.transforms.io.storage_errors import STORAGE_ERRORS
+from beam_tfrecords.transforms.io.tfds_output import stage_tfds_files
 from beam_tfrecords.transforms.plan.annotated_listing import annotation_parts
 from beam_tfrecords.transforms.quality.drift import DriftGate, statistics_and_drift
 from beam_tfrecords.transforms.result_totals import FoldedResults
@@ -511,6 +512,10 @@ def publish_run(settings: CommitSettings, run: RunSummary) -> RunReport:
         earlier = _staged_manifest(target, manifest)
         if earlier is not None:  # A retry publishes what its first attempt staged.
             manifest_bytes, manifest = earlier, json.loads(earlier)
+        # The TFDS metadata, from the manifest as published, moved after the shards.
+        for staged, final, claim in stage_tfds_files(target.output, target.temp_dir, json.loads(manifest_bytes)):
+            renames.append((staged, final))
+            digests[final] = claim
         verified = {r.temp_path or r.path: r.verified_as for r in results}
         # What of the output this product can prove it wrote: only that is replaced
         # or removed (the commit refuses, publishing nothing, when a file it cannot

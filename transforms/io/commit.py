@@ -68,6 +68,7 @@ from beam_tfrecords.schemas.elements import StoredObject
 from beam_tfrecords.schemas.inputs import INPUTS_NAME, PART_PREFIX
 from beam_tfrecords.schemas.manifest import DEAD_LETTER_DIR, MANIFEST_NAME
 from beam_tfrecords.schemas.shards import WORK_DIR
+from beam_tfrecords.transforms.codec.tfds_metadata import is_tfds_file
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.commit_moves import (
     KEPT_ASIDE,
@@ -222,7 +223,9 @@ def _stage(output: str, temp_dir: str, manifest: bytes, renames: Sequence[tuple[
          else ()) + letters
         # An annotated dataset's label map, replaced by a dataset without one.
         + ((LABEL_MAP_NAME,) if remove_parts and claims.owns(LABEL_MAP_NAME) and LABEL_MAP_NAME not in keep
-           else ()))
+           else ())
+        # TFDS metadata the new dataset does not have (a gzip run, a class feature renamed).
+        + tuple(sorted(n for n in claims.owned if is_tfds_file(n) and n not in keep)))
     files.write_bytes(staged, manifest)
     write_atomic(state_path, state.to_bytes())  # Written after the manifest it names.
     return state

@@ -25,6 +25,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_tfrecords.schemas.elements import StoredObject
 from beam_tfrecords.schemas.manifest import DEAD_LETTER_DIR, MANIFEST_NAME
+from beam_tfrecords.transforms.codec.tfds_metadata import tfds_digests
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.gcs import (
@@ -417,6 +418,9 @@ def move_to_final_names(output: str, temp_dir: str, renames: Sequence[tuple[str,
     moves = _pending_moves(output, temp_dir, renames, verified, digests, sources)
     listed = _listed_content(old)
     replaces = [_replaces_listed(output, m, listed) for m in moves]
+    if any(replaces):  # The old dataset goes aside: its TFDS metadata too, to restore it whole.
+        implied = {name: (None, "", sha) for name, sha in tfds_digests(old).items()}
+        replaces = [r or _replaces_listed(output, m, implied) for m, r in zip(moves, replaces)]
     first = [m for m, replacing in zip(moves, replaces) if not replacing]
     replacing, manifest_generation = _asides(output, temp_dir,
                                              [m for m, r in zip(moves, replaces) if r], sources)

@@ -4,7 +4,8 @@ A run removes or replaces only what it can prove it wrote:
 
 - what the output's ``manifest.json`` lists: its shards, its parts, its dead-letter
   files (``skipped.jsonl`` too), its ``inputs.jsonl`` and an annotated dataset's
-  ``label_map.pbtxt`` (``annotations.label_map.path``);
+  ``label_map.pbtxt`` (``annotations.label_map.path``), and TFDS metadata holding the
+  bytes it implies (``dataset_info.json``, ...: ``codec.tfds_metadata``);
 - a ``run_report.json`` that records the SHA-256 of that manifest
   (``manifest_sha256``; a report without the field, beside a manifest, is one
   written before the field existed, and is taken as ours);
@@ -50,6 +51,7 @@ from beam_tfrecords.schemas.annotations import LABEL_MAP_NAME
 from beam_tfrecords.schemas.inputs import INPUTS_NAME, PART_PREFIX
 from beam_tfrecords.schemas.manifest import DEAD_LETTER_DIR, MANIFEST_NAME, REPORT_NAME, parse_manifest
 from beam_tfrecords.schemas.shards import WORK_DIR, parse_shard_name
+from beam_tfrecords.transforms.codec.tfds_metadata import is_tfds_file, tfds_digests
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.gcs import is_gcs, object_crc32c
 
@@ -521,7 +523,7 @@ def _work_folder(output: str, listing: _Listing, work: _Entry | None
         if f"{WORK_DIR}/{JOURNAL_DIR}" not in links:
             for _, claims, replaces in _read_journal(output):
                 journal += claims
-                replaced |= listed_paths(replaces)
+                replaced |= listed_paths(replaces) | set(tfds_digests(replaces))  # (Its TFDS files too.)
     return links, temporaries, journal, replaced
 
 
@@ -536,7 +538,7 @@ def claim_output(output: str) -> OutputClaims:
     manifest, manifest_sha256, manifest_error = _read_manifest(listing, entry)
     foreign = [MANIFEST_NAME] if entry is not None and manifest_sha256 is None else []
     links, temporaries, journal, replaced = _work_folder(output, listing, top.get(WORK_DIR))
-    listed = listed_paths(manifest)
+    listed, derived = listed_paths(manifest), tfds_digests(manifest)
     earlier = _earlier_failed_report(listing, top.get(REPORT_NAME)) if entry is None else None
     by_path: dict[str, list[Claim]] = {}
     for claim in journal:
@@ -574,10 +576,12 @@ def claim_output(output: str) -> OutputClaims:
                     leftovers.append(folder)
             else:
                 foreign.append(folder)
-        elif name in (REPORT_NAME, INPUTS_NAME, LABEL_MAP_NAME):
+        elif name in (REPORT_NAME, INPUTS_NAME, LABEL_MAP_NAME) or is_tfds_file(name):
             if item.folder or item.link:
                 foreign.append(name)
             elif name == REPORT_NAME and _report_is_ours(listing, item, manifest_sha256):
+                owned.append(name)
+            elif name in derived and _digest(listing.path(name), item, "sha256") == derived[name]:
                 owned.append(name)
             elif name == REPORT_NAME and earlier is not None:
                 owned.append(name)
@@ -669,11 +673,13 @@ def prune_journal(output: str) -> None:
     present |= {e.path for e in listing.entries(DEAD_LETTER_DIR)}
     text = files.read_text_if_exists(files.join(output, MANIFEST_NAME))
     try:
-        listed = listed_paths(parse_manifest(text, MANIFEST_NAME)) if text is not None else set()
+        current = parse_manifest(text, MANIFEST_NAME) if text is not None else None
     except ValueError:
-        listed = set()
-    for path, claims, replaces in journal:
-        kept = [c for c in claims if c.path in present and c.path not in listed]
+        current = None
+    listed, derived = listed_paths(current), tfds_digests(current)
+    for path, claims, replaces in journal:  # (A TFDS file holding what the manifest implies is its.)
+        kept = [c for c in claims if c.path in present and c.path not in listed
+                and not (c.sha256 and derived.get(c.path) == c.sha256)]
         outside = (listed_paths(replaces) & present) - listed if replaces else set()
         name = path.rsplit("/", 1)[-1][:-len(".json")]
         if not kept and not outside:
