@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import io
 import json
+import multiprocessing
 import os
 import pickle
 import random
@@ -136,6 +137,30 @@ def test_a_pickled_source_reads_every_record_in_random_order_as_protobuf_does(im
     assert isinstance(row["score"], np.float32) and isinstance(row["comment"], list)
     assert rows.feature_spec["ids"] == {"dtype": "int64", "shape": [None]}
     assert "40 records in 1 shards" in repr(rows) and "pixels" in repr(rows)
+
+
+_INHERITED: list = []  # A source a forked worker inherits (not pickled), as DataLoader's do.
+
+
+def _read_in_worker(job):
+    source, indexes = job
+    source = source or _INHERITED[0]
+    return os.getpid(), [as_lists(source[i]) for i in indexes]
+
+
+@pytest.mark.e2e
+def test_worker_processes_open_their_own_files(images):
+    """As a DataLoader's workers do: the source goes to each (inherited by fork, or pickled)."""
+    source = DataSource(images, "train")
+    source[0]  # Opened in this process first: a forked worker must not reuse its state.
+    _INHERITED[:] = [source]
+    expected = protobuf_records(images)
+    for passed in (None, source):
+        jobs = [(passed, range(k, len(source), 2)) for k in range(2)]
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            done = pool.map(_read_in_worker, jobs, chunksize=1)
+        assert os.getpid() not in {pid for pid, _ in done}
+        assert [r for _, records in done for r in records] == expected[0::2] + expected[1::2]
 
 
 @pytest.mark.e2e
