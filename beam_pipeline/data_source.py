@@ -185,27 +185,37 @@ class DataSource:
                 f"{len(self)} records in {len(self._shards)} shards; features: {features}")
 
     def __getitem__(self, i) -> dict:
+        shard_no, within = self._locate(i)
+        return self._decode(self._read(shard_no, within), shard_no, within)
+
+    def record_bytes(self, i) -> bytes:
+        """Record ``i``'s serialized Example (both its CRCs checked), undecoded.
+
+        Raises:
+          IndexError: when ``i`` is out of range.
+          RecordUnreadable: naming the shard and the record, when a CRC does not hold.
+        """
+        return self._read(*self._locate(i))
+
+    def close(self) -> None:
+        """Closes the shards this process opened (a later read opens them again)."""
+        for key, found in list(self._local.items()):
+            if key != "pid":
+                found[0].close()
+        self._local.clear()
+
+    def _locate(self, i) -> tuple[int, int]:
+        """``(shard number, record number in the shard)`` of record ``i`` of the split."""
         i = operator.index(i)
         n = len(self)
         if i < 0:
             i += n
         if not 0 <= i < n:
-            raise IndexError(f"record index out of range: {len(self)} records")
+            raise IndexError(f"record index out of range: {n} records")
         shard_no = bisect.bisect_right(self._ends, i)
-        within = i - (self._ends[shard_no - 1] if shard_no else 0)
-        data = self.record_bytes(i, shard_no, within)
-        return self._decode(data, shard_no, within)
+        return shard_no, i - (self._ends[shard_no - 1] if shard_no else 0)
 
-    def record_bytes(self, i: int, shard_no: int | None = None, within: int | None = None) -> bytes:
-        """Record ``i``'s serialized Example, both its CRCs checked.
-
-        Raises:
-          RecordUnreadable: naming the shard and the record, when a CRC does not hold.
-        """
-        if shard_no is None or within is None:
-            i = operator.index(i) % max(len(self), 1)
-            shard_no = bisect.bisect_right(self._ends, i)
-            within = i - (self._ends[shard_no - 1] if shard_no else 0)
+    def _read(self, shard_no: int, within: int) -> bytes:
         handle, offsets = self._opened(shard_no)
         start, length = int(offsets.starts[within]), int(offsets.lengths[within])
         try:

@@ -127,6 +127,7 @@ def test_a_pickled_source_reads_every_record_in_random_order_as_protobuf_does(im
     record = source[-1]
     assert isinstance(record["image/encoded"], bytes) and isinstance(record["image/height"], np.int64)
     assert source[-1] == source[len(source) - 1]
+    assert example_to_dict(source.record_bytes(-1)) == protobuf_records(images)[-1]
     with pytest.raises(IndexError):
         source[len(source)]
     with pytest.raises(IndexError):
