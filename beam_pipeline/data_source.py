@@ -59,7 +59,6 @@ from beam_tfrecords.transforms.io.shard_reads import ShardChanged, ShardFile, re
 
 __all__ = ["DataSource", "RecordUnreadable", "tf_dataset"]
 
-_NUMPY = {"int64": np.int64, "float32": np.float32}
 _LISTS = {"string": "bytes_list", "int64": "int64_list", "float32": "float_list"}
 
 
@@ -158,6 +157,10 @@ class DataSource:
         self.decode_images = decode_images
         self._spec = {name: (s.get("dtype", "string"), list(s.get("shape") or []))
                       for name, s in sorted((root.get("features") or {}).items())}
+        # (name, list kind, shape, numpy shape, fixed value count or None) per feature.
+        self._fields = [(name, _LISTS[dtype], shape, tuple(-1 if d is None else d for d in shape),
+                         None if None in shape else int(np.prod(shape, dtype=np.int64)))
+                        for name, (dtype, shape) in self._spec.items()]
         self._image_key = output_feature_name(root.get("feature_names"), "image/encoded")
         if decode_images and self._image_key not in self._spec:
             raise ValueError(f"DataSource cannot decode images of {path}: its records have no "
@@ -271,13 +274,16 @@ class DataSource:
         try:
             features = example_pb2.Example.FromString(data).features.feature
             if not self._spec:
-                return {name: _values(feature, feature.WhichOneof("kind"), [None])
+                return {name: _values(feature, feature.WhichOneof("kind"), [None], (-1,), None)
                         for name, feature in sorted(features.items())}
             out = {}
-            for name, (dtype, shape) in self._spec.items():
-                if name not in features and None not in shape:
+            for name, kind, shape, dims, size in self._fields:
+                if name in features:  # (Indexing a protobuf map would add the key.)
+                    out[name] = _values(features[name], kind, shape, dims, size)
+                elif None in shape:
+                    out[name] = _values(None, kind, shape, dims, size)
+                else:
                     raise ValueError(f"feature {name!r} is missing (its shape {shape} is fixed)")
-                out[name] = _values(features[name] if name in features else None, _LISTS[dtype], shape)
             if self.decode_images:
                 out[self._image_key] = decode_image(out[self._image_key])
             return out
@@ -285,23 +291,22 @@ class DataSource:
             raise self._unreadable(shard_no, within, f"{type(err).__name__}: {err}") from None
 
 
-def _values(feature, kind: str | None, shape: list):
+def _values(feature, kind: str | None, shape: list, dims: tuple, size: int | None):
     """One feature's values as the spec's shape says (see the module docstring)."""
     if kind is None:  # A feature without a list (no spec to say which).
         return []
     values = getattr(feature, kind).value if feature is not None else ()
+    count = len(values)
+    if shape == [] and count != 1:
+        raise ValueError(f"{count} values for a scalar")
     if kind == "bytes_list":
-        if shape == [] and len(values) != 1:
-            raise ValueError(f"{len(values)} values for a scalar")
         return values[0] if shape == [] else list(values)
-    array = np.array(values, dtype=np.int64 if kind == "int64_list" else np.float32)
+    numpy_type = np.int64 if kind == "int64_list" else np.float32
     if shape == []:
-        if len(array) != 1:
-            raise ValueError(f"{len(array)} values for a scalar")
-        return array[0]
-    dims = [-1 if d is None else d for d in shape]
-    if None not in shape and array.size != int(np.prod(dims)):
-        raise ValueError(f"{array.size} values for shape {shape}")
+        return numpy_type(values[0])
+    if size is not None and count != size:
+        raise ValueError(f"{count} values for shape {shape}")
+    array = np.fromiter(values, numpy_type, count)
     return array.reshape(dims) if len(dims) > 1 else array
 
 

@@ -377,3 +377,15 @@ def test_reads_are_pinned_to_the_generation_opened(fake_gcs, images):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("ShardChanged gs://pin/ds/train-00000-of-00002.tfrecord: generation ")
     assert "is gone (the object was replaced or deleted since it was opened)" in done.stdout
+
+
+@pytest.mark.e2e
+def test_a_dataset_without_a_spec_gives_each_records_own_features(table, tmp_path):
+    out = _copy(table, tmp_path / "copy")
+    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    del manifest["features"]
+    json.dump(manifest, open(os.path.join(out, "manifest.json"), "w"))
+    source = DataSource(out, "train")
+    assert source.feature_spec == {} and "as each record holds them" in repr(source)
+    assert [as_lists(source[i]) for i in range(len(source))] == protobuf_records(table)
+    assert source[1]["id"].shape == (1,) and isinstance(source[1]["comment"], list)
