@@ -1,6 +1,7 @@
 """Reader benchmark (issue 22): ``DataSource`` against ``tf.data`` on our own output.
 
     .venv/bin/python benchmarks/bench_readers.py [--workdir DIR] [--quick] [--repeat 1]
+                                                 [--sets photo,table]
 
 Two data sets of the image and table benchmarks, built once and reused: the photo set
 (``datasets.make_photo_like``: JPEGs 320-1024 px wide, ~600 MB, ``WORKDIR/data/photo``;
@@ -165,6 +166,7 @@ def main(argv=None):
     parser.add_argument("--workdir", default="/tmp/beam-tfrecords-bench")
     parser.add_argument("--quick", action="store_true", help="6 MB of photos, 10,000 rows")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--sets", default="photo,table", help="which sets, comma-separated")
     args = parser.parse_args(argv)
     data = os.path.join(args.workdir, "data")
     root = os.path.join(data, "quick") if args.quick else data
@@ -179,7 +181,8 @@ def main(argv=None):
 
     convert("photo", photo, os.path.join(outs, "photo"))
     convert("table", csv_path, os.path.join(outs, "table"), schema)
-    results = {name: measure(name, os.path.join(outs, name), args.repeat) for name in ("photo", "table")}
+    results = {name: measure(name, os.path.join(outs, name), args.repeat)
+               for name in ("photo", "table") if name in args.sets.split(",")}
     print_table(results)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS of this process (TensorFlow included): {peak_mb:,.0f} MB")
