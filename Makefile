@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.bench-stamp
 # The demo works in a fresh temporary folder (it prints where); DEMO_DIR=... chooses one.
 DEMO_DIR ?=
 
-.PHONY: setup demo test test-fast lint bench bench-quick bench-csv bench-annotations proto metadata clean
+.PHONY: setup demo test test-fast lint bench bench-quick bench-csv bench-annotations bench-readers proto metadata clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,12 @@ bench-csv: $(STAMP)
 # boxes per image (target: at most 1.2x), and with masks (measured apart), in one run.
 bench-annotations: $(STAMP)
 	$(PY) benchmarks/bench_annotations.py
+
+# Readers (issue 22): DataSource sequential and random-order reads of the photo set and
+# the 1M-row table beside tf.data's sequential read of the same shards, in one run
+# (TensorFlow from the test extra). BENCH_ARGS=--quick for small sets.
+bench-readers: $(STAMP)
+	$(PY) benchmarks/bench_readers.py $(BENCH_ARGS)
 
 # Regenerate the checked-in protobuf code (needs Debian's protobuf-compiler, protoc 3.21).
 proto:

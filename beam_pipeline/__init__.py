@@ -5,6 +5,7 @@ Installed, this folder is the package ``beam_tfrecords``; ``transforms`` and
 
     from beam_tfrecords import ConvertConfig, convert, build_pipeline
     from beam_tfrecords import ImagesToExamples, RowsToExamples, WriteVerifiedShards
+    from beam_tfrecords import DataSource, tf_dataset  # reading a dataset back
 
 Names load on first use, so a helper process that imports only a codec does not
 pay for Beam.
@@ -20,6 +21,7 @@ __all__ = [
     "ConvertConfig",
     "ConvertError",
     "ConvertResult",
+    "DataSource",
     "ImagesToExamples",
     "RowsToExamples",
     "WriteVerifiedShards",
@@ -28,12 +30,14 @@ __all__ = [
     "convert",
     "dataset_shards",
     "submit",
+    "tf_dataset",
 ]
 
 _EXPORTS = {
     "ConvertConfig": "beam_tfrecords.schemas.config",
     "ConvertError": "beam_tfrecords.pipeline",
     "ConvertResult": "beam_tfrecords.pipeline",
+    "DataSource": "beam_tfrecords.data_source",
     "ImagesToExamples": "beam_tfrecords.transforms.image_steps",
     "RowsToExamples": "beam_tfrecords.transforms.tables",
     "WriteVerifiedShards": "beam_tfrecords.transforms.shard_engine",
@@ -41,6 +45,7 @@ _EXPORTS = {
     "convert": "beam_tfrecords.pipeline",
     "dataset_shards": "beam_tfrecords.verify",
     "submit": "beam_tfrecords.pipeline",
+    "tf_dataset": "beam_tfrecords.data_source",
 }
 
 
