@@ -248,8 +248,8 @@ def _assert_next_run_recovers(kind: Kind, out: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert _final_shards(out) == kind.reference
     assert not os.path.exists(os.path.join(out, WORK_DIR)), os.listdir(os.path.join(out, WORK_DIR))
-    assert sorted(os.listdir(out)) == sorted([*kind.reference, "inputs.jsonl", "manifest.json",
-                                              "run_report.json"])
+    assert sorted(os.listdir(out)) == sorted([*kind.reference, *(n + ".idx" for n in kind.reference),
+                                              "inputs.jsonl", "manifest.json", "run_report.json"])
     status, printed = _verify(out)
     assert status == 0, printed
 

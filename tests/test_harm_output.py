@@ -71,7 +71,7 @@ def shard_records(out: str) -> int:
     """Records in the TFRecord files at the output's top, counted from their framing."""
     count = 0
     for name in sorted(os.listdir(out)):
-        if ".tfrecord" in name and os.path.isfile(os.path.join(out, name)):
+        if ".tfrecord" in name and not name.endswith(".idx") and os.path.isfile(os.path.join(out, name)):
             with open(os.path.join(out, name), "rb") as f:
                 data = f.read()
             count += sum(1 for _ in iter_records(io.BytesIO(gzip.decompress(data) if name.endswith(".gz") else data)))
