@@ -11,7 +11,9 @@ proved the run's own by the journal, the next run recovering it.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -29,7 +31,8 @@ from beam_tfrecords.cli import main as cli_main
 from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.schemas.shards import WORK_DIR
 from beam_tfrecords.transforms.codec.record_index import RecordIndex
-from beam_tfrecords.transforms.codec.tfrecord import TFRecordWriter, frame_record
+from beam_tfrecords.transforms.codec.tfrecord import TFRecordWriter, checkpoints, frame_record
+from beam_tfrecords.transforms.shard_verification import verify_shard
 
 FLAGS = ("--shard_min_mb", "0.006", "--shard_max_mb", "0.012")
 HOLD_TIMEOUT = 60.0
@@ -56,6 +59,24 @@ def test_the_index_of_known_records_is_the_bytes_the_format_gives():
     for i in range(len(shard.getvalue())):
         again.feed(shard.getvalue()[i:i + 1])
     assert again.finish() == digest
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("in_pieces", [False, True], ids=["one-pass", "in-pieces"])
+def test_the_re_read_recomputes_the_index_and_refuses_another(tmp_path, in_pieces):
+    path, built = str(tmp_path / "s.tfrecord"), RecordIndex()
+    with open(path, "wb") as f:
+        writer = TFRecordWriter(f, observe=built.feed)
+        sizes = [writer.write(b"r" * (i % 97)) for i in range(2000)]
+        digest = writer.close()
+    index = built.finish()
+    boundaries = checkpoints(sizes, every=10_000) if in_pieces else ()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        assert verify_shard(path, "none", digest, boundaries, pool, index) == (digest, "")
+        other = dataclasses.replace(index, sha256="0" * 64)  # An index of other lines, same size.
+        _, error = verify_shard(path, "none", digest, boundaries, pool, other)
+    assert error.startswith(f"the index of the records read back (2000 lines, {index.bytes} bytes, "
+                            f"sha256 {index.sha256}) is not the index written"), error
 
 
 # --- a dataset, and verify --------------------------------------------------------------

@@ -86,7 +86,7 @@ def _stored(path: str) -> tuple[StoredObject, str | None]:
 
 def _scan_in_pieces(
     path: str, expected: FileDigest, boundaries: Sequence[tuple[int, int]],
-    pool: concurrent.futures.Executor, index: RecordIndex | None = None,
+    pool: concurrent.futures.Executor, reread: RecordIndex | None = None,
 ) -> FileDigest:
     """Checks the records between known boundaries in parallel, while this thread
     reads the whole file once for its size and checksums.
@@ -99,7 +99,8 @@ def _scan_in_pieces(
     pieces = [pool.submit(verify_range, path, start, end, index)
               for (start, index), (end, _) in zip(edges, edges[1:])]
     with files.open_read(path) as stream:
-        size, crc, sha = digest_stream(stream if index is None else ObservingReader(stream, index.feed))
+        # The index of the bytes read back, from the same pass (``reread``, when given).
+        size, crc, sha = digest_stream(stream if reread is None else ObservingReader(stream, reread.feed))
     records = 0
     for (start, index), (_, next_index), piece in zip(edges, edges[1:], pieces):
         count = piece.result()
