@@ -309,8 +309,8 @@ def test_a_commit_killed_half_way_is_ours_and_a_foreign_file_beside_it_is_not(tm
     # Without it, the next run replaces and removes ours.
     done = convert(tmp_path, images, out, "--overwrite")
     assert done.exit == 0 and done.message == "status: ok", done.stdout + done.stderr
-    manifest_shards = {s["path"] for s in json.loads(Path(out, "manifest.json").read_text())
-                       ["splits"]["train"]["shards"]}
+    listed = json.loads(Path(out, "manifest.json").read_text())["splits"]["train"]["shards"]
+    manifest_shards = {s["path"] for s in listed} | {s["index"]["path"] for s in listed}  # Index files too.
     assert {k for k in tree(out) if ".tfrecord" in k} == manifest_shards
     assert example_records(out) == IMAGES and not os.path.exists(os.path.join(out, WORK_DIR))
 
