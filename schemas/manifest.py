@@ -18,6 +18,12 @@ A dataset grown by incremental runs lists its parts in the root manifest::
 Each part folder is a dataset of its own (shards, ``manifest.json``,
 ``inputs.jsonl``); the root's ``splits`` describe the first run's shards only.
 
+Each uncompressed shard has an index file beside it (issue 22; see
+``transforms.codec.record_index``), listed with the shard as
+``"index": {"path": "<shard path>.idx", "bytes": N, "sha256": ...}``; the top
+level says ``"index_files": {"format": "offset length", "written": true}``, or
+``"written": false`` with ``"why"`` for gzip shards, which have none.
+
 Each split carries ``statistics`` of the records written (dead letters left
 out), computed while writing (``transforms.quality.statistics``); ``--compare_to``
 compares them between datasets (``transforms.quality.drift``). Their shape is part

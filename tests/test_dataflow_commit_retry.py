@@ -148,7 +148,9 @@ def _restore(cap: Captured, state: str) -> list:
     verified as its file there now."""
     shutil.rmtree(cap.out, ignore_errors=True)
     shutil.copytree(cap.variants[state], cap.out, symlinks=True)
-    return [dataclasses.replace(r, verified_as=stored_object(r.temp_path)) for r in cap.results]
+    return [dataclasses.replace(r, verified_as=stored_object(r.temp_path),
+                                index_verified_as=stored_object(r.index_path) if r.index_path else None)
+            for r in cap.results]
 
 
 @contextlib.contextmanager
@@ -422,7 +424,8 @@ def test_each_attempt_writes_its_own_temporary_file_and_the_commit_moves_the_ver
         folder, name = os.path.split(result.temp_path)
         assert folder == target.temp_dir and name.startswith(spec.name + ".")
     assert verify_shard(kept.temp_path, "none")[1] == ""
-    kept = dataclasses.replace(kept, verified=True, verified_as=stored_object(kept.temp_path))
+    kept = dataclasses.replace(kept, verified=True, verified_as=stored_object(kept.temp_path),
+                               index_verified_as=stored_object(kept.index_path))
     with open(kept.temp_path, "rb") as f:
         verified_bytes = f.read()
     late = ShardSpec(spec.split, 0, 1, spec.name, 64, (b"late bytes",))
