@@ -289,11 +289,16 @@ def test_a_commit_crashed_anywhere_then_run_again_publishes_the_undisturbed_data
     with crash_at("kept_aside", nth=-1) as kept:  # Never crashes: counts the files kept aside.
         undisturbed = commit_run(cap.settings, _restore(cap, state), cap.summary, cap.gathered)
     assert undisturbed.status == "ok"
-    # Where new shards take the old ones' names, each of those and inputs.jsonl is kept.
-    assert len(kept) == (len(cap.results) + 1 if state == "same-names" else 0), kept
+    # Where new shards take the old ones' names, each of those and inputs.jsonl is kept,
+    # and each index file (issue 22) of other bytes than the old one of its name.
+    old_indexes = {s["path"]: s["index"]["sha256"] for info in json.loads(cap.old.get(state) or b"{}").get(
+        "splits", {}).values() for s in info["shards"]}
+    other_indexes = sum(old_indexes.get(r.path.rsplit("/", 1)[1], r.index_sha256) != r.index_sha256
+                        for r in cap.results)
+    assert len(kept) == (len(cap.results) + 1 + other_indexes if state == "same-names" else 0), kept
     reference = _published(cap.out)
     new = reference["manifest"]
-    moves = len(cap.results) + 1  # The shards and inputs.jsonl.
+    moves = 2 * len(cap.results) + 1  # The shards, their index files and inputs.jsonl.
     temp_dir = cap.settings.target.temp_dir
     staged_path = os.path.join(temp_dir, "manifest.json")
     for point, nth in _points(moves, len(kept)):
