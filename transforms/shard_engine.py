@@ -4,7 +4,9 @@ Every input kind ends here. A plan (``ShardSpec`` per shard, cut by
 ``plan.shard_cuts.cut_shards``) says which records each shard holds; a
 ``RecordSource`` turns a spec into framed records (images read and encoded,
 byte ranges copied out of spools, or records that came through a shuffle);
-``WriteShards`` streams them into the shard's temporary file while digesting it;
+``WriteShards`` streams them into the shard's temporary file while digesting it
+(and, for an uncompressed shard, writes its index file beside it from the same
+bytes: ``codec.record_index``);
 ``VerifyShards`` (``transforms.shard_verification``, imported here as before)
 re-reads each file from storage and proves it; the commit step
 (``transforms.commit_step``) publishes the shards and the manifest.

@@ -8,6 +8,12 @@ helper processes, for shards of many small records), and records which stored
 object it read (``schemas.elements.StoredObject``), so that the commit
 (``transforms.commit_step``) moves only that object. ``verify_shard`` and
 ``storage_crc32c_check`` are the same checks for one path, as ``verify`` uses them.
+
+An uncompressed shard's index file (``<shard>.idx``, written beside it) is proved
+with it: the re-read computes the index of the bytes it reads
+(``codec.record_index.RecordIndex``), which must be the index written, and the stored
+index file must hold those bytes; the object read is recorded too
+(``ShardResult.index_verified_as``), and the commit moves only that.
 """
 
 from __future__ import annotations
