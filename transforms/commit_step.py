@@ -478,12 +478,13 @@ def publish_run(settings: CommitSettings, run: RunSummary) -> RunReport:
       step finishes the commit, or the next run replaces or removes them).
     """
     target, results, completed = settings.target, run.results, run.completed
-    renames = [(r.temp_path or r.path, r.path) for r in results]
+    # Each uncompressed shard's index file goes beside it, moved right after it and
+    # journalled as it is.
+    indexed = [r for r in results if r.index_path]
+    renames = [move for r in results for move in ((r.temp_path or r.path, r.path),
+                                                  *([(r.index_path, r.path + INDEX_SUFFIX)] if r.index_path else []))]
     # What the commit's journal records of each file it puts at a final name.
     digests = {r.path: Claim(r.path, r.bytes, r.sha256, r.crc32c) for r in results}
-    # Each uncompressed shard's index file goes beside it, moved and journalled as it is.
-    indexed = [r for r in results if r.index_path]
-    renames += [(r.index_path, r.path + INDEX_SUFFIX) for r in indexed]
     digests.update({r.path + INDEX_SUFFIX: Claim(r.path + INDEX_SUFFIX, r.index_bytes, r.index_sha256,
                                                  r.index_crc32c) for r in indexed})
     if completed is not None:
