@@ -120,4 +120,7 @@ class RunPlan:
         """What the run will do, decided before it runs: input kind and layout,
         splits, classes or columns, features, and what is left out and why."""
         claims = self.output_claims.plan_lines() if self.output_claims is not None else []
-        return [f"plan: {self.config.input} -> {self.config.output}", *self.inputs, *claims]
+        # Issue 22: an uncompressed shard gets an index file beside it; say when none will.
+        index = (["  index files: none (gzip shards cannot be read at an offset; --compression none "
+                  "writes <shard>.idx beside each shard)"] if self.config.compression == "gzip" else [])
+        return [f"plan: {self.config.input} -> {self.config.output}", *self.inputs, *index, *claims]

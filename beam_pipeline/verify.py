@@ -40,7 +40,8 @@ from beam_tfrecords.schemas.manifest import (
     shown_value,
 )
 from beam_tfrecords.schemas.shards import WORK_DIR, parse_shard_name
-from beam_tfrecords.transforms.codec.tfrecord import FileDigest
+from beam_tfrecords.transforms.codec.record_index import first_index_fault
+from beam_tfrecords.transforms.codec.tfrecord import FileDigest, digest_stream
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.gcs import is_gcs
 from beam_tfrecords.transforms.io.tfds_output import tfds_problems
@@ -139,7 +140,47 @@ def _compression(path: str) -> str:
     return "gzip" if path.endswith(".gz") else "none"
 
 
-def _check(path: str, expected: FileDigest | None, sizes: dict[str, int], full: bool) -> ShardCheck:
+@dataclasses.dataclass(frozen=True)
+class _IndexFile:
+    """A shard's index file as its manifest lists it (``splits.*.shards[].index``)."""
+
+    path: str
+    bytes: int
+    sha256: str
+
+
+def _check(path: str, expected: FileDigest | None, sizes: dict[str, int], full: bool,
+           index: _IndexFile | None = None) -> ShardCheck:
+    check = _check_shard(path, expected, sizes, full, index)
+    if not check.ok or index is None:
+        return check
+    error = _index_problem(path, index)
+    return dataclasses.replace(check, ok=False, error=error) if error else check
+
+
+def _index_problem(path: str, index: _IndexFile) -> str:
+    """'' when a shard's index file holds the bytes its manifest records; else one
+    line saying what is wrong with it (the first line that does not match the
+    shard's framing, when that is what differs)."""
+    name = index.path.rsplit("/", 1)[-1]
+    try:
+        with files.open_read(index.path) as stream:
+            size, _, sha = digest_stream(stream)
+    except FileNotFoundError:
+        return f"its index file {name} (listed in {MANIFEST_NAME}) is missing"
+    if (size, sha) == (index.bytes, index.sha256):
+        return ""
+    try:
+        with files.open_read(path) as shard, files.open_read(index.path) as lines:
+            fault = first_index_fault(shard, lines)
+    except OSError as err:
+        fault = f"cannot read it: {err}"
+    return (f"its index file {name} is not the one {MANIFEST_NAME} records (sha256): "
+            + (fault or "its lines match the shard, its bytes do not"))
+
+
+def _check_shard(path: str, expected: FileDigest | None, sizes: dict[str, int], full: bool,
+                 index: _IndexFile | None) -> ShardCheck:
     if expected is not None and is_gcs(path):
         # GCS keeps a CRC-32C of every object: compare it without downloading.
         _, error = storage_crc32c_check(path, expected.crc32c)
@@ -148,7 +189,9 @@ def _check(path: str, expected: FileDigest | None, sizes: dict[str, int], full: 
         if error or not full:
             return ShardCheck(path, not error, expected.records, expected.bytes, error,
                               how="" if error else "GCS crc32c and size match (not downloaded)")
-    digest, error = verify_shard(path, _compression(path), expected)
+    written = None if index is None or expected is None else FileDigest(
+        expected.records, index.bytes, "", index.sha256)
+    digest, error = verify_shard(path, _compression(path), expected, index=written)
     if digest is None or error:
         return ShardCheck(path, False, error=error)
     return ShardCheck(path, True, digest.records, digest.bytes, how="re-read")
@@ -220,9 +263,11 @@ def part_manifest(location: str, source: str, index: int, part: dict) -> tuple[s
 def _folder_jobs(folder: str, manifest: dict, source: str) -> tuple[list, list]:
     """The shards one manifest lists, and TFRecord files beside them it does not."""
     jobs = [(dataset_path(folder, e.path, e.key, source),
-             FileDigest(e.records, e.bytes, e.crc32c, e.sha256))
+             FileDigest(e.records, e.bytes, e.crc32c, e.sha256),
+             _IndexFile(dataset_path(folder, e.index_path, e.key.removesuffix(".path") + ".index.path", source),
+                        e.index_bytes, e.index_sha256) if e.index_path else None)
             for e in manifest_shards(manifest)]
-    listed = {path for path, _ in jobs}
+    listed = {job[0] for job in jobs}
     extra = [
         (path, f"TFRecord file not listed in {MANIFEST_NAME}")
         for path, _ in files.list_files(files.join(folder, "*"))
@@ -405,10 +450,10 @@ def verify_dataset(location: str, threads: int = 2, full: bool = False,
                              for path, size in found if size == 0})
             extra = sorted(problems.items())
             found = [(path, size) for path, size in found if path not in problems]
-        jobs = [(path, None) for path, _ in found]
+        jobs = [(path, None, None) for path, _ in found]
     sizes = dict(files.list_files(files.join(location, "**"))) if is_gcs(location) else {}
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        checks = list(pool.map(lambda job: _check(*job, sizes, full), jobs))
+        checks = list(pool.map(lambda job: _check(job[0], job[1], sizes, full, job[2]), jobs))
     checks += [ShardCheck(path, False, error=why) for path, why in extra]
     checks.sort(key=lambda c: c.path)
     return VerifyReport(location, with_manifest, tuple(checks))

@@ -330,6 +330,15 @@ class ShardResult:
     # ``object`` (objects dropped, images kept; not in ``bad_counts``).
     annotations: object = None
     objects_dead_lettered: int = 0
+    # Issue 22: an uncompressed shard's index file (``<shard>.idx``), written beside it
+    # at ``index_path`` (its temporary name; '' for gzip), with its size and checksums;
+    # ``index_verified_as``: the stored index file the verification read and proved
+    # equal to the index of the shard it re-read (the commit moves that object only).
+    index_path: str = ""
+    index_bytes: int = 0
+    index_crc32c: str = ""
+    index_sha256: str = ""
+    index_verified_as: StoredObject | None = None
 
 
 @dataclasses.dataclass(frozen=True)

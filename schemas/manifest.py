@@ -18,6 +18,12 @@ A dataset grown by incremental runs lists its parts in the root manifest::
 Each part folder is a dataset of its own (shards, ``manifest.json``,
 ``inputs.jsonl``); the root's ``splits`` describe the first run's shards only.
 
+Each uncompressed shard has an index file beside it (issue 22; see
+``transforms.codec.record_index``), listed with the shard as
+``"index": {"path": "<shard path>.idx", "bytes": N, "sha256": ...}``; the top
+level says ``"index_files": {"format": "offset length", "written": true}``, or
+``"written": false`` with ``"why"`` for gzip shards, which have none.
+
 Each split carries ``statistics`` of the records written (dead letters left
 out), computed while writing (``transforms.quality.statistics``); ``--compare_to``
 compares them between datasets (``transforms.quality.drift``). Their shape is part
@@ -78,16 +84,18 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from beam_tfrecords.schemas.elements import ShardResult
 from beam_tfrecords.schemas.features import FeatureSpec
-from beam_tfrecords.schemas.shards import ShardBand, is_valid_split_name
+from beam_tfrecords.schemas.shards import INDEX_SUFFIX, ShardBand, is_valid_split_name
 
 __all__ = [
     "FORMAT_VERSION",
+    "INDEX_FORMAT",
     "MANIFEST_NAME",
     "DEAD_LETTER_DIR",
     "REPORT_NAME",
     "ErrorBudget",
     "ShardEntry",
     "build_manifest",
+    "index_files_json",
     "manifest_shards",
     "outside_folder",
     "parse_manifest",
@@ -99,6 +107,8 @@ MANIFEST_NAME = "manifest.json"
 # The rest of an output folder: one JSON line per bad input, and the last run's report.
 DEAD_LETTER_DIR = "dead_letter"
 REPORT_NAME = "run_report.json"
+# Each uncompressed shard's ``<shard>.idx``: DALI's tfrecord2idx / the tfrecord package's format.
+INDEX_FORMAT = "offset length"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +152,10 @@ class ShardEntry:
     crc32c: str
     sha256: str
     key: str = ""  # Where the manifest names the path: ``splits.train.shards[0].path``.
+    # Its index file (``index``), as the manifest records it: '' and 0 without one.
+    index_path: str = ""
+    index_bytes: int = 0
+    index_sha256: str = ""
 
 
 def _split_json(results: Sequence[ShardResult], band: ShardBand) -> dict:
@@ -163,6 +177,8 @@ def _split_json(results: Sequence[ShardResult], band: ShardBand) -> dict:
                 "crc32c": r.crc32c,
                 "sha256": r.sha256,
                 **({"storage_crc32c": r.storage_crc32c} if r.storage_crc32c else {}),
+                **({"index": {"path": r.path + INDEX_SUFFIX, "bytes": r.index_bytes,
+                              "sha256": r.index_sha256}} if r.index_sha256 else {}),
             }
             for r in sorted(results, key=lambda r: r.index)
         ],
@@ -233,7 +249,16 @@ def build_manifest(
             "dead_letter_files": list(dead_letter_files),
         },
         "error_budget": budget.to_json(),
+        "index_files": index_files_json(options.get("compression", "none")),
     }
+
+
+def index_files_json(compression: object) -> dict:
+    """The manifest's ``index_files``: whether each shard has an index file beside it
+    (``<shard>.idx``, one ``"{offset} {length}\\n"`` line per record), and why not."""
+    if compression == "gzip":
+        return {"format": INDEX_FORMAT, "written": False, "why": "gzip shards cannot be read at an offset"}
+    return {"format": INDEX_FORMAT, "written": True}
 
 
 def parse_manifest(text: str, source: str = MANIFEST_NAME) -> dict:
@@ -272,10 +297,12 @@ def manifest_shards(manifest: Mapping) -> list[ShardEntry]:
     entries = []
     for split, info in manifest["splits"].items():
         for i, shard in enumerate(info["shards"]):
+            index = shard.get("index") or {}
             entries.append(
                 ShardEntry(split, shard["path"], shard["records"], shard["bytes"],
                            shard["crc32c"], shard["sha256"],
-                           f"{_key(_key('splits', split), 'shards')}[{i}].path")
+                           f"{_key(_key('splits', split), 'shards')}[{i}].path",
+                           index.get("path", ""), index.get("bytes", 0), index.get("sha256", ""))
             )
     return entries
 
@@ -424,6 +451,11 @@ def _check_manifest(manifest: Mapping) -> None:
             for name in ("crc32c", "sha256"):
                 _value(shard, name, shard_key, "text")
             _value(shard, "storage_crc32c", shard_key, "text", required=False)
+            index = _value(shard, "index", shard_key, "object", required=False)
+            if index is not None:
+                _inner_path(index, "path", _key(shard_key, "index"))
+                _value(index, "bytes", _key(shard_key, "index"), "count")
+                _value(index, "sha256", _key(shard_key, "index"), "text")
         _items(info, "shards_outside_band", key, "text", required=False)
         _check_statistics(info, key)
     labels = _value(manifest, "labels", "", "object")

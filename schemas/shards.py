@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "COMPRESSIONS",
+    "INDEX_SUFFIX",
     "MB",
     "check_compression",
     "ShardBand",
@@ -30,6 +31,9 @@ COMPRESSIONS = ("none", "gzip")
 # readers that glob ``OUT/*.tfrecord`` never see inside it.
 WORK_DIR = ".beam-tfrecords"
 MB = 1_000_000
+# An uncompressed shard's index file is its name with this appended
+# (``train-00000-of-00004.tfrecord.idx``); gzip shards have none.
+INDEX_SUFFIX = ".idx"
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.]*")
 _ATTEMPT = re.compile(r"[0-9a-f]{8,32}")
 _SHARD_NAME = re.compile(

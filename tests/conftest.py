@@ -40,7 +40,7 @@ def read_dataset(output: str) -> dict[str, list[dict]]:
     """Every record of every shard in ``output``, parsed, by shard file name."""
     shards = {}
     for name in sorted(os.listdir(output)):
-        if ".tfrecord" not in name:
+        if ".tfrecord" not in name or name.endswith(".idx"):  # Index files (issue 22) are not shards.
             continue
         with open(os.path.join(output, name), "rb") as f:
             data = f.read()

@@ -61,7 +61,7 @@ def _convert(tmp_path: Path, flags: list[str]) -> Path:
 def _records(out: Path) -> dict[str, tuple[str, bytes]]:
     """Every record at a final name: ``{image/source_id: (split, serialized)}``."""
     found: dict[str, tuple[str, bytes]] = {}
-    for shard in sorted(out.glob("*.tfrecord*")):
+    for shard in sorted(p for p in out.glob("*.tfrecord*") if p.suffix != ".idx"):
         split = shard.name.split("-", 1)[0]
         with open(shard, "rb") as f:
             for serialized in iter_records(f):

@@ -27,7 +27,7 @@ NEW_BAND = ["--shard_min_mb", "0.15", "--shard_max_mb", "0.3"]
 
 
 def _shard_names(out: str) -> set[str]:
-    return {n for n in os.listdir(out) if ".tfrecord" in n}
+    return {n for n in os.listdir(out) if ".tfrecord" in n and not n.endswith(".idx")}
 
 
 def _hold(root: str, out: str, point: str, hold_dir: str, *flags: str) -> subprocess.Popen:

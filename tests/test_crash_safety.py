@@ -251,8 +251,9 @@ def _assert_next_run_recovers(kind: Kind, out: str) -> None:
     assert not os.path.exists(os.path.join(out, WORK_DIR)), os.listdir(os.path.join(out, WORK_DIR))
     with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
         tfds_files = tfds_metadata(json.load(f))  # dataset_info.json, ... (issue 22)
-    assert sorted(os.listdir(out)) == sorted([*kind.reference, "inputs.jsonl", "manifest.json",
-                                              "run_report.json", *tfds_files])
+    assert sorted(os.listdir(out)) == sorted([*kind.reference, *(n + ".idx" for n in kind.reference),
+                                              "inputs.jsonl", "manifest.json", "run_report.json",
+                                              *tfds_files])
     status, printed = _verify(out)
     assert status == 0, printed
 

@@ -69,7 +69,8 @@ def _prepared(out: str, shards: int, tag: str = "") -> tuple[CommitSettings, lis
         spec = ShardSpec("train", index, shards, shard_name("train", index, shards, "none"), 1000, records)
         written = write_shard(spec, target, FramedRecords())
         results.append(dataclasses.replace(written, verified=True,
-                                           verified_as=stored_object(written.temp_path)))
+                                           verified_as=stored_object(written.temp_path),
+                                           index_verified_as=stored_object(written.index_path)))
     summary = InputSummary(root="", layout="records", input_files=0, input_bytes=0, ignored_files=0,
                            vocabulary=())
     return CommitSettings(target, ShardBand(1, 1 << 20), 0.0, release_lock=run_id), results, summary
@@ -117,6 +118,7 @@ def test_a_gcs_commit_crashed_anywhere_then_run_again_keeps_one_whole_dataset(gc
         assert not [p for p in left if f"/{WORK_DIR}/" in p], (point, left)
         assert sorted(p.rsplit("/", 1)[1] for p in left) == sorted(
             ["manifest.json", "run_report.json", *(r.path.rsplit("/", 1)[1] for r in results),
+             *(r.path.rsplit("/", 1)[1] + ".idx" for r in results),  # Each shard's index too.
              *tfds_metadata(json.loads(final))]), point  # dataset_info.json, ... (issue 22)
         assert _verifies(out), point
 
@@ -134,10 +136,11 @@ def test_a_gcs_commit_lists_once_and_moves_side_by_side(gcs, proxy):
     kinds = Counter(request_kind(e.method, e.target) for e in proxy.log)
     print(f"\n[commit of {shards} shards on gs://] requests: {dict(sorted(kinds.items()))}")
     shard_requests = Counter(request_kind(e.method, e.target) for e in proxy.log
-                             if e.object_name and ".tfrecord." in e.object_name)  # <shard>.<attempt>
+                             if e.object_name and ".tfrecord." in e.object_name  # <shard>.<attempt>
+                             and not e.object_name.endswith(".idx"))
     assert shard_requests == {"rewrite": shards, "delete": shards}, shard_requests
     tfds_files = len(tfds_metadata(json.loads(gcs.download(f"{out}/manifest.json"))))  # (issue 22)
-    assert kinds["rewrite"] == shards + tfds_files
+    assert kinds["rewrite"] == 2 * shards + tfds_files  # Each shard, its index file, the TFDS files.
     assert kinds["batch"] == 0
     assert kinds["list"] <= 8
     assert kinds["delete"] >= shards
@@ -163,7 +166,9 @@ def test_a_gcs_shard_is_proved_by_its_stored_crc32c_unless_reread_is_asked(gcs, 
                                           bool(r.verified_as and r.verified_as.generation))))
         assert_that(verdicts, equal_to(expected))
     downloaded = {e.object_name for e in proxy.log if request_kind(e.method, e.target) == "download"}
-    assert downloaded == ({results[0].temp_path.split("/", 3)[3]} if reread else set())
+    # Re-read: the shard, and its index file (issue 22); else nothing (GCS's crc32c of both).
+    assert downloaded == ({results[0].temp_path.split("/", 3)[3], results[0].index_path.split("/", 3)[3]}
+                          if reread else set())
 
 
 SAME_NAMES_POINTS = (("before_commit", 1), ("rename", 1), ("kept_aside", 1), ("rename_copied", 1),
@@ -199,11 +204,12 @@ def test_a_gcs_commit_over_shards_of_the_same_names_keeps_the_old_ones_aside_unt
             kinds = Counter(request_kind(e.method, e.target) for e in proxy.log)
             print(f"\n[commit of 3 shards over 3 of the same names on gs://] requests: "
                   f"{dict(sorted(kinds.items()))}")
-            # Each shard in, each old one and the manifest aside; the TFDS metadata in, and the
-            # old one aside where it changes (issue 22).
+            # Each shard and its index file in, each old one aside (their records differ in
+            # length, so the index files too), the manifest aside; the TFDS metadata in, and
+            # the old one aside where it changes (issue 22).
             new_tfds, old_tfds = (tfds_metadata(json.loads(m)) for m in (gcs.download(f"{out}/manifest.json"), old))
             changed = sum(old_tfds.get(n) not in (None, d) for n, d in new_tfds.items())
-            assert kinds["rewrite"] == 2 * 3 + 1 + len(new_tfds) + changed, kinds
+            assert kinds["rewrite"] == 4 * 3 + 1 + len(new_tfds) + changed, kinds
         else:
             with crash_at(point, nth) as seen, pytest.raises(Crash):
                 commit_run(settings, results, summary)

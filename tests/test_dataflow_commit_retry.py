@@ -149,7 +149,9 @@ def _restore(cap: Captured, state: str) -> list:
     verified as its file there now."""
     shutil.rmtree(cap.out, ignore_errors=True)
     shutil.copytree(cap.variants[state], cap.out, symlinks=True)
-    return [dataclasses.replace(r, verified_as=stored_object(r.temp_path)) for r in cap.results]
+    return [dataclasses.replace(r, verified_as=stored_object(r.temp_path),
+                                index_verified_as=stored_object(r.index_path) if r.index_path else None)
+            for r in cap.results]
 
 
 @contextlib.contextmanager
@@ -289,13 +291,24 @@ def test_a_commit_crashed_anywhere_then_run_again_publishes_the_undisturbed_data
         undisturbed = commit_run(cap.settings, _restore(cap, state), cap.summary, cap.gathered)
     assert undisturbed.status == "ok"
     reference = _published(cap.out)
+    # Where new shards take the old ones' names, each of those and inputs.jsonl is kept, each
+    # index file of other bytes than the old one of its name, and the old TFDS metadata the new
+    # one changes (issue 22).
+    old_indexes = {s["path"]: s["index"]["sha256"] for info in json.loads(cap.old.get(state) or b"{}").get(
+        "splits", {}).values() for s in info["shards"]}
+    other_indexes = sum(old_indexes.get(r.path.rsplit("/", 1)[1], r.index_sha256) != r.index_sha256
+                        for r in cap.results)
+    old_tfds = tfds_metadata(json.loads(cap.old[state])) if state == "same-names" else {}
+    changed = sum(old_tfds.get(n) not in (None, d) for n, d in tfds_metadata(reference["manifest"]).items())
+    assert len(kept) == (len(cap.results) + 1 + other_indexes + changed if state == "same-names" else 0), kept
+    reference = _published(cap.out)
     # Where new shards take the old ones' names, each of those and inputs.jsonl is kept, and
     # the old TFDS metadata the new one changes (issue 22).
     old_tfds = tfds_metadata(json.loads(cap.old[state])) if state == "same-names" else {}
     changed = sum(old_tfds.get(n) not in (None, d) for n, d in tfds_metadata(reference["manifest"]).items())
     assert len(kept) == (len(cap.results) + 1 + changed if state == "same-names" else 0), kept
     new = reference["manifest"]
-    moves = len(cap.results) + 1  # The shards and inputs.jsonl.
+    moves = 2 * len(cap.results) + 1  # The shards, their index files and inputs.jsonl.
     temp_dir = cap.settings.target.temp_dir
     staged_path = os.path.join(temp_dir, "manifest.json")
     for point, nth in _points(moves, len(kept)):
@@ -426,7 +439,8 @@ def test_each_attempt_writes_its_own_temporary_file_and_the_commit_moves_the_ver
         folder, name = os.path.split(result.temp_path)
         assert folder == target.temp_dir and name.startswith(spec.name + ".")
     assert verify_shard(kept.temp_path, "none")[1] == ""
-    kept = dataclasses.replace(kept, verified=True, verified_as=stored_object(kept.temp_path))
+    kept = dataclasses.replace(kept, verified=True, verified_as=stored_object(kept.temp_path),
+                               index_verified_as=stored_object(kept.index_path))
     with open(kept.temp_path, "rb") as f:
         verified_bytes = f.read()
     late = ShardSpec(spec.split, 0, 1, spec.name, 64, (b"late bytes",))

@@ -190,6 +190,7 @@ def _gcs_run(out: str, letters: int, budget: float):
     dead = [DeadLetter(f"cat/bad{i}.jpg", "validate", "not_an_image", "random bytes") for i in range(letters)]
     result = dataclasses.replace(
         written, verified=True, verified_as=stored_object(written.temp_path), bad_counts=(("not_an_image", letters),),
+        index_verified_as=stored_object(written.index_path),
         dead_letter_path=write_dead_letters(target.temp_dir, "train-00000-of-00001", dead))
     summary = InputSummary(root="", layout="records", input_files=0, input_bytes=0, ignored_files=0,
                            vocabulary=())

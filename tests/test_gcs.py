@@ -54,7 +54,7 @@ def _shard_entries(manifest: dict) -> list[dict]:
 def _local_sha256(folder: str) -> dict[str, str]:
     out = {}
     for name in sorted(os.listdir(folder)):
-        if ".tfrecord" in name:
+        if ".tfrecord" in name and not name.endswith(".idx"):
             with open(os.path.join(folder, name), "rb") as f:
                 out[name] = hashlib.sha256(f.read()).hexdigest()
     return out
@@ -226,10 +226,16 @@ def _check_against_local(gcs, gs_out: str, local_out: str) -> dict:
         assert gcs.object_metadata(path)["size"] == shard["bytes"], path
     gs_sha = {
         name.rsplit("/", 1)[1]: hashlib.sha256(gcs.download(name)).hexdigest()
-        for name in gcs.list(gs_out + "/") if ".tfrecord" in name
+        for name in gcs.list(gs_out + "/") if ".tfrecord" in name and not name.endswith(".idx")
     }
     assert gs_sha == _local_sha256(local_out)
     assert {s["path"]: s["sha256"] for s in entries} == gs_sha
+    # Issue 22: each shard's index file, beside it on GCS, as the manifest lists it.
+    for shard in entries:
+        index = gcs.download(f"{gs_out}/{shard['index']['path']}")
+        assert hashlib.sha256(index).hexdigest() == shard["index"]["sha256"]
+        with open(os.path.join(local_out, shard["index"]["path"]), "rb") as f:
+            assert f.read() == index
     with open(os.path.join(local_out, "manifest.json"), encoding="utf-8") as f:
         local_entries = _shard_entries(json.load(f))
     assert local_entries == entries
@@ -335,7 +341,8 @@ def test_overwrite_and_stale_shards_on_gcs(gcs, image_tree):
     # One big shard now: the old shards are deleted from GCS after the new manifest.
     assert main(["convert", "--input", "gs://b/images", "--output", out, "--overwrite",
                  "--shard_min_mb", "1", "--shard_max_mb", "2"]) == 0
-    assert [p for p in gcs.list(out + "/") if ".tfrecord" in p] == [f"{out}/train-00000-of-00001.tfrecord"]
+    assert [p for p in gcs.list(out + "/") if ".tfrecord" in p] == [f"{out}/train-00000-of-00001.tfrecord",
+                                                                   f"{out}/train-00000-of-00001.tfrecord.idx"]
     assert main(["verify", out]) == 0
 
 

@@ -71,7 +71,7 @@ def shard_records(out: str) -> int:
     """Records in the TFRecord files at the output's top, counted from their framing."""
     count = 0
     for name in sorted(os.listdir(out)):
-        if ".tfrecord" in name and os.path.isfile(os.path.join(out, name)):
+        if ".tfrecord" in name and not name.endswith(".idx") and os.path.isfile(os.path.join(out, name)):
             with open(os.path.join(out, name), "rb") as f:
                 data = f.read()
             count += sum(1 for _ in iter_records(io.BytesIO(gzip.decompress(data) if name.endswith(".gz") else data)))
@@ -309,8 +309,8 @@ def test_a_commit_killed_half_way_is_ours_and_a_foreign_file_beside_it_is_not(tm
     # Without it, the next run replaces and removes ours.
     done = convert(tmp_path, images, out, "--overwrite")
     assert done.exit == 0 and done.message == "status: ok", done.stdout + done.stderr
-    manifest_shards = {s["path"] for s in json.loads(Path(out, "manifest.json").read_text())
-                       ["splits"]["train"]["shards"]}
+    listed = json.loads(Path(out, "manifest.json").read_text())["splits"]["train"]["shards"]
+    manifest_shards = {s["path"] for s in listed} | {s["index"]["path"] for s in listed}  # Index files too.
     assert {k for k in tree(out) if ".tfrecord" in k} == manifest_shards
     assert example_records(out) == IMAGES and not os.path.exists(os.path.join(out, WORK_DIR))
 

@@ -105,8 +105,9 @@ def _tree(folder: Path) -> dict[str, str]:
 
 
 def _temp_files(out: Path, suffix: str) -> list[Path]:
-    # A shard's temporary name ends in its attempt id: <shard>.tfrecord.<attempt>.
-    return sorted(p for p in (out / WORK_DIR).glob(f"tmp-*/*{suffix}*") if p.is_file())
+    # A shard's temporary name ends in its attempt id: <shard>.tfrecord.<attempt> (its
+    # index file, <shard>.tfrecord.<attempt>.idx, is not a shard).
+    return sorted(p for p in (out / WORK_DIR).glob(f"tmp-*/*{suffix}*") if p.is_file() and p.suffix != ".idx")
 
 
 def _forged_shard(path: Path) -> str:

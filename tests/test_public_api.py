@@ -50,7 +50,7 @@ def _example_of_size(i: int, target: int, rng: random.Random) -> bytes:
 
 
 def _shard_files(out: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(out, "*.tfrecord*")))
+    return sorted(p for p in glob.glob(os.path.join(out, "*.tfrecord*")) if not p.endswith(".idx"))
 
 
 def _read_all(out: str) -> list[bytes]:

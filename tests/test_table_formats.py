@@ -101,7 +101,7 @@ def _write_all(folder, rows):
 def _split_records(out):
     records = {}
     for name in sorted(os.listdir(out)):
-        if ".tfrecord" in name:
+        if ".tfrecord" in name and not name.endswith(".idx"):
             with open(os.path.join(out, name), "rb") as f:
                 records.setdefault(name.split("-", 1)[0], []).extend(iter_records(f))
     return records

@@ -4,7 +4,9 @@ Every input kind ends here. A plan (``ShardSpec`` per shard, cut by
 ``plan.shard_cuts.cut_shards``) says which records each shard holds; a
 ``RecordSource`` turns a spec into framed records (images read and encoded,
 byte ranges copied out of spools, or records that came through a shuffle);
-``WriteShards`` streams them into the shard's temporary file while digesting it;
+``WriteShards`` streams them into the shard's temporary file while digesting it
+(and, for an uncompressed shard, writes its index file beside it from the same
+bytes: ``codec.record_index``);
 ``VerifyShards`` (``transforms.shard_verification``, imported here as before)
 re-reads each file from storage and proves it; the commit step
 (``transforms.commit_step``) publishes the shards and the manifest.
@@ -39,10 +41,12 @@ from beam_tfrecords.schemas.elements import (
 from beam_tfrecords.schemas.report import RunReport
 from beam_tfrecords.schemas.shards import (
     COMPRESSIONS,
+    INDEX_SUFFIX,
     ShardBand,
     ShardTarget,
     is_valid_split_name,
 )
+from beam_tfrecords.transforms.codec.record_index import RecordIndex
 from beam_tfrecords.transforms.codec.tfrecord import (
     CHECKPOINT_BYTES,
     RECORD_OVERHEAD,
@@ -195,6 +199,7 @@ class _Written:
     contents: list
     images: Counter
     annotations: AnnotationStatistics | None = None
+    index: FileDigest | None = None  # The shard's index file (uncompressed shards).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,9 +241,11 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
     progress = _Progress(spec, source.count(spec))
     done = written = last_checkpoint = 0
     checkpoints: list[tuple[int, int]] = []
-    sink = files.open_write(temp)
-    with _discarded_on_failure(sink), sink:
-        writer = TFRecordWriter(sink, compression)
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(_opened(temp))
+        # The index file, beside the shard, written from the same bytes as they pass.
+        index = RecordIndex(stack.enter_context(_opened(temp + INDEX_SUFFIX))) if compression == "none" else None
+        writer = TFRecordWriter(sink, compression, index.feed if index is not None else None)
         for number, chunk in enumerate(source.chunks(spec)):
             dead.extend(chunk.dead)
             # '': a detection record; a tuple: a record's several labels, each counted.
@@ -258,6 +265,7 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
                 hold_point("mid_write")
             run_progress.writing(chunk.records, len(chunk.framed))
         digest = writer.close()
+        index_digest = index.finish() if index is not None else None
     if checkpoints and checkpoints[-1] == (digest.bytes, digest.records):
         checkpoints.pop()  # The end of the file is not a boundary to check between.
     # Counted per kind of image, not per record: most records share a few kinds.
@@ -267,7 +275,16 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
             images[key] += count
     _log.info("Wrote %s: %d records, %.1f MB in %.1f s", spec.name, digest.records,
               digest.bytes / 1e6, time.monotonic() - progress.start)
-    return _Written(digest, labels, dead, tuple(checkpoints), notes, contents, images, annotations)
+    return _Written(digest, labels, dead, tuple(checkpoints), notes, contents, images, annotations,
+                    index_digest)
+
+
+@contextlib.contextmanager
+def _opened(path: str) -> Iterator:
+    """A write stream at ``path``, closed on exit, its bytes dropped if the write failed."""
+    sink = files.open_write(path)
+    with _discarded_on_failure(sink), sink:
+        yield sink
 
 
 def write_shard(spec: ShardSpec, target: ShardTarget, source: RecordSource,
@@ -338,6 +355,9 @@ def write_shard(spec: ShardSpec, target: ShardTarget, source: RecordSource,
         contents_count=contents_count,
         annotations=written.annotations,
         objects_dead_lettered=sum(d.stage == OBJECT_STAGE for d in written.dead),
+        **({} if written.index is None else {
+            "index_path": temp + INDEX_SUFFIX, "index_bytes": written.index.bytes,
+            "index_crc32c": written.index.crc32c, "index_sha256": written.index.sha256}),
     )
 
 

@@ -8,6 +8,12 @@ helper processes, for shards of many small records), and records which stored
 object it read (``schemas.elements.StoredObject``), so that the commit
 (``transforms.commit_step``) moves only that object. ``verify_shard`` and
 ``storage_crc32c_check`` are the same checks for one path, as ``verify`` uses them.
+
+An uncompressed shard's index file (``<shard>.idx``, written beside it) is proved
+with it: the re-read computes the index of the bytes it reads
+(``codec.record_index.RecordIndex``), which must be the index written, and the stored
+index file must hold those bytes; the object read is recorded too
+(``ShardResult.index_verified_as``), and the commit moves only that.
 """
 
 from __future__ import annotations
@@ -26,7 +32,14 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_tfrecords.schemas.elements import ShardResult, StoredObject
-from beam_tfrecords.transforms.codec.tfrecord import FileDigest, RecordError, digest_stream, scan_stream
+from beam_tfrecords.transforms.codec.record_index import RecordIndex
+from beam_tfrecords.transforms.codec.tfrecord import (
+    FileDigest,
+    ObservingReader,
+    RecordError,
+    digest_stream,
+    scan_stream,
+)
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io import progress as run_progress
 from beam_tfrecords.transforms.io.commit import stored_object
@@ -79,7 +92,7 @@ def _stored(path: str) -> tuple[StoredObject, str | None]:
 
 def _scan_in_pieces(
     path: str, expected: FileDigest, boundaries: Sequence[tuple[int, int]],
-    pool: concurrent.futures.Executor,
+    pool: concurrent.futures.Executor, reread: RecordIndex | None = None,
 ) -> FileDigest:
     """Checks the records between known boundaries in parallel, while this thread
     reads the whole file once for its size and checksums.
@@ -92,7 +105,8 @@ def _scan_in_pieces(
     pieces = [pool.submit(verify_range, path, start, end, index)
               for (start, index), (end, _) in zip(edges, edges[1:])]
     with files.open_read(path) as stream:
-        size, crc, sha = digest_stream(stream)
+        # The index of the bytes read back, from the same pass (``reread``, when given).
+        size, crc, sha = digest_stream(stream if reread is None else ObservingReader(stream, reread.feed))
     records = 0
     for (start, index), (_, next_index), piece in zip(edges, edges[1:], pieces):
         count = piece.result()
@@ -110,6 +124,7 @@ def verify_shard(
     expected: FileDigest | None = None,
     boundaries: Sequence[tuple[int, int]] = (),
     pool: concurrent.futures.Executor | None = None,
+    index: FileDigest | None = None,
 ) -> tuple[FileDigest | None, str]:
     """Re-reads a shard from where it is stored and checks every record.
 
@@ -121,17 +136,22 @@ def verify_shard(
         with ``pool``, the pieces between them are checked in parallel
         (uncompressed shards only). A wrong boundary fails the check.
       pool: where to check pieces (helper processes).
+      index: for an uncompressed shard, the digest of the index file written
+        with it: the index of the bytes read back (every record's offset and
+        length, ``RecordIndex``) must have that digest.
 
     Returns:
       ``(digest, error)``: the digest read back (``None`` if the file could not
       be read) and ``''`` when everything matched, else what did not.
     """
+    reread = RecordIndex() if index is not None and compression == "none" else None
     try:
         if boundaries and pool is not None and compression == "none" and expected is not None:
-            digest = _scan_in_pieces(path, expected, boundaries, pool)
+            digest = _scan_in_pieces(path, expected, boundaries, pool, reread)
         else:
             with files.open_read(path) as stream:
-                digest = scan_stream(stream, compression)
+                digest = scan_stream(stream, compression, reread.feed if reread is not None else None)
+        found = reread.finish() if reread is not None else None
     except RecordError as err:
         return None, str(err)
     except zlib.error as err:  # A damaged gzip stream: a fault of the shard, not of the store.
@@ -145,7 +165,18 @@ def verify_shard(
         for field in ("records", "bytes", "crc32c", "sha256")
         if getattr(digest, field) != getattr(expected, field)
     ]
+    if found is not None and not mismatches and (found.bytes, found.sha256) != (index.bytes, index.sha256):
+        mismatches.append(f"the index of the records read back ({found.records} lines, {found.bytes} "
+                          f"bytes, sha256 {found.sha256}) is not the index written ({index.bytes} "
+                          f"bytes, sha256 {index.sha256})")
     return digest, "; ".join(mismatches)
+
+
+def _index_digest(result: ShardResult) -> FileDigest | None:
+    """The digest of the index file written with the shard (``None`` without one)."""
+    if not result.index_path:
+        return None
+    return FileDigest(result.records, result.index_bytes, result.index_crc32c, result.index_sha256)
 
 
 class _VerifyShardFn(beam.DoFn):
@@ -204,7 +235,8 @@ class _VerifyShardFn(beam.DoFn):
         if result.checkpoints and many_small and self._processes > 0:
             helpers = ready_helper_pool(self._processes)  # Per-record checks dominate: split them.
         hold_point("mid_verify")
-        _, error = verify_shard(path, self._compression, expected, result.checkpoints, helpers)
+        _, error = verify_shard(path, self._compression, expected, result.checkpoints, helpers,
+                                _index_digest(result))
         if error:
             return stored, error, None
         try:
@@ -215,14 +247,51 @@ class _VerifyShardFn(beam.DoFn):
             return stored, "the file was replaced or changed while it was verified", None
         return stored, "", before
 
+    def _verify_index(self, result: ShardResult) -> tuple[str, StoredObject | None]:
+        """``(error, the stored index file read)``: the index file beside the shard's
+        temporary file holds the bytes written (their size and SHA-256, the same the
+        shard's re-read found; on GCS without ``reread``, the size and CRC-32C the store
+        reports), and stays the same object from its first byte to its last."""
+        path = result.index_path
+        try:
+            before, stored = _stored(path)
+        except FileNotFoundError:
+            return f"its index file {path} is not in the store", None
+        except OSError as err:
+            return f"its index file: {err}", None
+        if stored is not None and not self._reread:
+            if (before.size, stored) != (result.index_bytes, result.index_crc32c):
+                return (f"GCS holds {before.size} bytes, crc32c {stored} for its index file, but "
+                        f"{result.index_bytes} bytes, crc32c {result.index_crc32c} were written"), None
+            return "", before
+        with files.open_read(path) as stream:
+            size, _, sha = digest_stream(stream)
+        if (size, sha) != (result.index_bytes, result.index_sha256):
+            return (f"its index file holds {size} bytes, sha256 {sha}, not the index of its "
+                    f"records ({result.index_bytes} bytes, sha256 {result.index_sha256})"), None
+        try:
+            after = stored_object(path)
+        except OSError as err:
+            after = err
+        if after != before:
+            return "its index file was replaced or changed while it was verified", None
+        return "", before
+
     def _verify(self, result: ShardResult) -> ShardResult:
         if result.verify_error:
             return result
         path = result.temp_path or result.path
         start = time.monotonic()
+        index_read: list[StoredObject | None] = [None]
+
         def attempt() -> tuple:
             try:
-                return self._verify_once(result, path)
+                outcome = self._verify_once(result, path)
+                if not outcome[1] and result.index_path:
+                    error, index_read[0] = self._verify_index(result)
+                    if error:
+                        return outcome[0], error, None
+                return outcome
             except STORAGE_ERRORS as err:  # The store refused or failed the read (a GCS 403, ...).
                 return None, f"cannot read: {type(err).__name__}: {err}", None
 
@@ -239,7 +308,8 @@ class _VerifyShardFn(beam.DoFn):
             _log.info("Verified %s in %.1f s: every record and checksum matches",
                       path.rsplit("/", 1)[-1], time.monotonic() - start)
         return dataclasses.replace(result, verified=not error, verify_error=error,
-                                   storage_crc32c=stored or "", verified_as=read)
+                                   storage_crc32c=stored or "", verified_as=read,
+                                   index_verified_as=None if error else index_read[0])
 
     def _done(self, wait: bool) -> list[ShardResult]:
         finished = [f for f in self._pending if wait or f.done()]

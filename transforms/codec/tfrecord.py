@@ -32,7 +32,7 @@ import io
 import os
 import stat
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
 import google_crc32c
@@ -188,10 +188,14 @@ class TFRecordWriter:
         ``FileSystems.create`` handle).
       compression: ``'none'`` or ``'gzip'``. Gzip output carries no file name and
         a zero timestamp, so equal input gives equal bytes.
+      observe: called with the framed records' bytes, in order, before any
+        compression (``codec.record_index.RecordIndex.feed`` builds the index file).
     """
 
-    def __init__(self, sink: BinaryIO, compression: str = "none"):
+    def __init__(self, sink: BinaryIO, compression: str = "none",
+                 observe: Callable[[bytes], None] | None = None):
         check_compression(compression)
+        self._observe = observe
         self._hashing = _HashingWriter(sink)
         self._records = 0
         self._closed = False
@@ -215,6 +219,8 @@ class TFRecordWriter:
         if self._closed:
             raise ValueError("write() on a closed TFRecordWriter")
         framed = frame_record(data)
+        if self._observe is not None:
+            self._observe(framed)
         self._records += 1
         self._pending.append(framed)
         self._pending_bytes += len(framed)
@@ -227,6 +233,8 @@ class TFRecordWriter:
         and concatenated."""
         if self._closed:
             raise ValueError("write_framed() on a closed TFRecordWriter")
+        if self._observe is not None:
+            self._observe(framed)
         self._records += records
         self._pending.append(framed)
         self._pending_bytes += len(framed)
@@ -402,7 +410,8 @@ def _read_long(read, index: int, offset: int, length: int) -> tuple[bytes, int, 
     return b"".join(pieces), _FOOTER.unpack(footer)[0], crc
 
 
-def scan_stream(source: BinaryIO, compression: str = "none") -> FileDigest:
+def scan_stream(source: BinaryIO, compression: str = "none",
+                observe: Callable[[bytes], None] | None = None) -> FileDigest:
     """Reads a whole TFRecord file, checking every record, and digests its bytes.
 
     One linear pass holding at most about ``SCAN_MEMORY_BYTES`` whatever the
@@ -413,6 +422,8 @@ def scan_stream(source: BinaryIO, compression: str = "none") -> FileDigest:
     Args:
       source: a binary stream of the file as stored (compressed bytes for gzip).
       compression: ``'none'`` or ``'gzip'``.
+      observe: for ``'none'``, called with every piece of bytes read, in order
+        (``codec.record_index.RecordIndex.feed``: the index of the file as stored).
 
     Returns:
       The record count and the size, CRC-32C and SHA-256 of the stored bytes.
@@ -424,7 +435,7 @@ def scan_stream(source: BinaryIO, compression: str = "none") -> FileDigest:
     """
     check_compression(compression)
     if compression == "none":
-        return _scan_plain(source)
+        return _scan_plain(source, observe)
     hashing = _HashingReader(source)
     buffered = io.BufferedReader(hashing, buffer_size=_READ_CHUNK)
     with gzip.GzipFile(fileobj=buffered, mode="rb") as stream:
@@ -511,10 +522,15 @@ def stream_size(source: BinaryIO) -> int | None:
         return None
 
 
-def _scan_plain(source: BinaryIO) -> FileDigest:
-    """``scan_stream`` of an uncompressed file: every byte read is digested."""
+def _scan_plain(source: BinaryIO, observe: Callable[[bytes], None] | None = None) -> FileDigest:
+    """``scan_stream`` of an uncompressed file: every byte read is digested (and observed)."""
     digests = _Digests()
-    records = _scan_blocks(source.read, stream_size(source), digests.update)
+    both = digests.update
+    if observe is not None:
+        def both(data: bytes) -> None:
+            digests.update(data)
+            observe(data)
+    records = _scan_blocks(source.read, stream_size(source), both)
     crc, sha = digests.digests()
     return FileDigest(records=records, bytes=digests.bytes, crc32c=crc, sha256=sha)
 

@@ -245,6 +245,9 @@ def _listed_content(manifest: dict | None) -> dict[str, tuple[int | None, str, s
             if isinstance(shard, dict) and isinstance(shard.get("path"), str):
                 found[shard["path"]] = (shard.get("bytes"), str(shard.get("crc32c") or ""),
                                         str(shard.get("sha256") or ""))
+            index = shard.get("index") if isinstance(shard, dict) else None
+            if isinstance(index, dict) and isinstance(index.get("path"), str):  # Its index file.
+                found[index["path"]] = (index.get("bytes"), "", str(index.get("sha256") or ""))
     listing = (manifest.get("input") or {}).get("files_list") if isinstance(manifest.get("input"), dict) else None
     if isinstance(listing, dict) and isinstance(listing.get("path"), str):
         found[listing["path"]] = (None, "", str(listing.get("sha256") or ""))

@@ -78,7 +78,8 @@ __all__ = [
 
 JOURNAL_DIR = "journal"
 _FORMAT = 1
-_TFRECORD_SUFFIXES = (".tfrecord", ".tfrecord.gz")
+# A shard's index file (``<shard>.idx``) is one of them: it goes, stays or is kept aside with it.
+_TFRECORD_SUFFIXES = (".tfrecord", ".tfrecord.gz", ".tfrecord.idx")
 _SHOWN = 5  # Names in a refusal: the first few, then a count.
 _CHUNK = 1 << 22
 
@@ -260,6 +261,8 @@ def listed_paths(manifest: dict | None) -> set[str]:
         for shard in get(info, "shards") or []:
             if isinstance(get(shard, "path"), str):
                 listed.add(shard["path"])
+            if isinstance(get(shard, "index", "path"), str):
+                listed.add(shard["index"]["path"])
     for part in manifest.get("parts") or [] if isinstance(manifest.get("parts"), list) else []:
         if isinstance(get(part, "path"), str):
             listed.add(part["path"].rstrip("/") + "/")

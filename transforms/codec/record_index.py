@@ -1,0 +1,145 @@
+"""A shard's index file: one line per record, ``"{offset} {length}\\n"``.
+
+The format DALI's ``tfrecord2idx`` and the ``tfrecord`` package's
+``tfrecord.tools.tfrecord2idx.create_index`` write, byte for byte: the offset of
+each record's first byte and the length of the whole framed record (8-byte
+length, 4-byte length CRC, the data, 4-byte data CRC), in ASCII decimal, one
+record a line, in file order. With it, DALI reads a shard at any record and the
+``tfrecord`` package gives each of N workers its own share of the records.
+
+``RecordIndex`` builds it from the bytes of a stream as they pass (what the
+writer writes, or what the verifier reads back: the same code over other bytes);
+``first_index_fault`` says which line of an index file does not match its shard.
+Gzip shards have none: a compressed stream cannot be read at an offset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import BinaryIO
+
+import google_crc32c
+
+from beam_tfrecords.transforms.codec.tfrecord import RECORD_OVERHEAD, FileDigest, RecordError
+
+__all__ = ["RecordIndex", "first_index_fault"]
+
+_LENGTH = struct.Struct("<Q")
+
+
+class RecordIndex:
+    """A TFRecord stream's index file, built from the stream's bytes as they pass.
+
+    One line per record, ``"{offset} {length}\\n"`` in ASCII decimal: the offset of
+    the record's first byte and the length of the whole framed record (12 bytes of
+    header, the data, 4 bytes of footer). This is the format DALI's
+    ``tfrecord2idx`` and the ``tfrecord`` package's ``create_index`` write, byte
+    for byte. The offsets come from the length fields of the bytes fed, in order,
+    so the same class indexes what a writer writes and what a verifier reads back.
+
+    Args:
+      sink: where the index's bytes go (a binary stream); ``None`` to digest them only.
+    """
+
+    def __init__(self, sink: BinaryIO | None = None):
+        self._sink = sink
+        self._sha = hashlib.sha256()
+        self._crc = google_crc32c.Checksum()
+        self._bytes = 0
+        self._next = 0  # Stream offset of the next record's header.
+        self._seen = 0  # Bytes fed so far.
+        self._head = b""  # The start of a length field cut between two pieces.
+        self._last = 0  # Offset of the last record seen.
+        self.records = 0
+
+    def feed(self, data: bytes) -> None:
+        """Takes the next bytes of the (uncompressed) stream."""
+        start = self._seen
+        self._seen += len(data)
+        lines = []
+        if self._head:
+            self._head += data[:8 - len(self._head)]
+            if len(self._head) < 8:
+                return
+            length = _LENGTH.unpack(self._head)[0] + RECORD_OVERHEAD
+            lines.append(f"{self._next} {length}\n")
+            self._last = self._next
+            self._next += length
+            self._head = b""
+        unpack, end = _LENGTH.unpack_from, len(data)
+        position = self._next - start
+        while position + 8 <= end:
+            length = unpack(data, position)[0] + RECORD_OVERHEAD
+            lines.append(f"{self._next} {length}\n")
+            self._last = self._next
+            self._next += length
+            position += length
+        if 0 <= position < end:
+            self._head = bytes(data[position:])
+        if lines:
+            self.records += len(lines)
+            text = "".join(lines).encode("ascii")
+            self._sha.update(text)
+            self._crc.update(text)
+            self._bytes += len(text)
+            if self._sink is not None:
+                self._sink.write(text)
+
+    def finish(self) -> FileDigest:
+        """The index's digest (records, bytes, CRC-32C, SHA-256).
+
+        Raises:
+          RecordError: the stream fed does not end at a record boundary.
+        """
+        if self._head or self._next != self._seen:
+            cut = self._head or self.records == 0
+            raise RecordError("truncated", self.records if cut else self.records - 1,
+                              self._next if cut else self._last,
+                              f"the stream ends inside a record's header ({self._seen} bytes)" if cut
+                              else f"the stream ends inside a record ({self._seen} bytes; the record "
+                              f"ends at byte {self._next})")
+        return FileDigest(records=self.records, bytes=self._bytes,
+                          crc32c=self._crc.hexdigest().decode("ascii"), sha256=self._sha.hexdigest())
+
+
+
+
+def first_index_fault(shard: BinaryIO, index: BinaryIO) -> str:
+    """The first line of an index file that does not match its shard's framing, said
+    in one line ('' when every line does and none is missing or left over).
+
+    Each line must be ``"{offset} {length}\\n"`` where ``offset`` is where the
+    shard's next record starts (0, then each record's end) and ``length`` that
+    record's length field plus 16; one 8-byte read of the shard per line.
+
+    Args:
+      shard: the shard's uncompressed bytes, seekable.
+      index: the index file's bytes.
+    """
+    offset = number = 0
+    for number, line in enumerate(index, 1):
+        shard.seek(offset)
+        header = _read_header(shard)
+        if len(header) < 8:
+            shown = line[:40].decode("ascii", "replace").rstrip("\n")
+            return (f"line {number} ({shown!r}) names a record past the shard's last one "
+                    f"(which ends at byte {offset})")
+        length = _LENGTH.unpack(header)[0] + RECORD_OVERHEAD
+        if line != f"{offset} {length}\n".encode("ascii"):
+            shown = line[:40].decode("ascii", "replace").rstrip("\n")
+            return (f"line {number} reads {shown!r}, but the shard's record {number - 1} is "
+                    f"'{offset} {length}' (offset, framed length)")
+        offset += length
+    shard.seek(offset)
+    if shard.read(1):
+        return f"it ends after {number} lines, but the shard holds a record at byte {offset}"
+    return ""
+
+
+def _read_header(shard: BinaryIO) -> bytes:
+    """Up to 8 bytes of a record's length field: fewer only at the end of the shard."""
+    data = shard.read(8)
+    while 0 < len(data) < 8 and (more := shard.read(8 - len(data))):
+        data += more
+    return data
