@@ -220,10 +220,14 @@ def test_a_flipped_byte_names_the_shard_and_the_record(images, tmp_path):
     assert shard in message and "record 2 of the shard" in message and "data CRC" in message
     assert f"record {first + 2} of split 'train'" in message
     assert as_lists(source[first + 3]) == protobuf_records(images)[first + 3]  # The others read.
-    _flip(shard, start + 3)  # Record 2's length field: the framing scan stops there.
-    source = DataSource(out, "train")
+    _flip(shard, start + 3)  # Record 2's length field: read at the index's offset, or found
+    source = DataSource(out, "train")  # by the framing scan (no index file), it is named.
     with pytest.raises(RecordUnreadable, match=r"record 2 of the shard.*length CRC"):
-        source[first]
+        source[first + 2]
+    os.remove(shard + ".idx")  # Without its index file, the framing scan stops at record 2.
+    with pytest.warns(UserWarning, match="is missing"), \
+            pytest.raises(RecordUnreadable, match=r"record 2 of the shard.*length CRC"):
+        DataSource(out, "train")[first]
 
 
 @pytest.mark.e2e

@@ -261,7 +261,7 @@ GOLDEN: dict[str, dict[str, str]] = {
         "features.json": "d3658b89751deb7311e572cb28fea63f574bde831918e05d961ed99fb1c88482",
         "image.class.label.labels.txt": "c40d65db806540310fc63f76f336fbefbe4ca06589de268c84865e8db5578f21",
         "inputs.jsonl": "85facbd473f8eaed87101c697efcd8897f2a9abf7899a4eb878099b24052ec87",
-        "manifest.json": "728da3ee99ce93fdedcb77bd0e4c87c3caf48d82801747ff01a912c0841c015e",
+        "manifest.json": "3595a6a40557f66eb2c7f6a08f6740186249181348d34f4e6f92d67c6b424e88",
         "part-00001/dataset_info.json": "98b76afb35808828a70648ba0b518c5eac513b53d43e842b87526a0576a35ce9",
         "part-00001/features.json": "b8fe0cac479c40657a5e0689f9321fd2f6582767e2bc4016454833dacc5d2f9d",
         "part-00001/image.class.label.labels.txt": "c40d65db806540310fc63f76f336fbefbe4ca06589de268c84865e8db5578f21",

@@ -41,7 +41,7 @@ from beam_tfrecords.schemas.features import FeatureSpec, image_feature_spec, par
 from beam_tfrecords.schemas.inputs import INPUTS_NAME
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME, ErrorBudget, build_manifest
 from beam_tfrecords.schemas.report import Failure, RunReport, Status
-from beam_tfrecords.schemas.shards import INDEX_SUFFIX, ShardBand, ShardTarget, clashing_split_names
+from beam_tfrecords.schemas.shards import ShardBand, ShardTarget, clashing_split_names
 from beam_tfrecords.schemas.version import __version__
 from beam_tfrecords.transforms.gather import GatherContents, Gathered, gather_in_process, join_gathered
 from beam_tfrecords.transforms.io import annotated_output as annotated_io
@@ -53,6 +53,7 @@ from beam_tfrecords.transforms.io.commit import (
     release_lock,
     remove_folder,
 )
+from beam_tfrecords.transforms.io.commit_moves import shard_moves
 from beam_tfrecords.transforms.io.contents import stripped
 from beam_tfrecords.transforms.io.dead_letters import failed_run_letters, staged_letters, staged_moves
 from beam_tfrecords.transforms.io.faults import hold_point
@@ -492,15 +493,9 @@ def publish_run(settings: CommitSettings, run: RunSummary) -> RunReport:
       step finishes the commit, or the next run replaces or removes them).
     """
     target, results, completed = settings.target, run.results, run.completed
-    # Each uncompressed shard's index file goes beside it, moved right after it and
-    # journalled as it is.
-    indexed = [r for r in results if r.index_path]
-    renames = [move for r in results for move in ((r.temp_path or r.path, r.path),
-                                                  *([(r.index_path, r.path + INDEX_SUFFIX)] if r.index_path else []))]
-    # What the commit's journal records of each file it puts at a final name.
-    digests = {r.path: Claim(r.path, r.bytes, r.sha256, r.crc32c) for r in results}
-    digests.update({r.path + INDEX_SUFFIX: Claim(r.path + INDEX_SUFFIX, r.index_bytes, r.index_sha256,
-                                                 r.index_crc32c) for r in indexed})
+    # The shards and their index files; what the journal records of each file the commit
+    # puts at a final name, and the stored object verification read of each.
+    renames, digests, verified = shard_moves(results)
     if completed is not None:
         renames.append((completed.path, files.join(target.output, INPUTS_NAME)))
         digests[renames[-1][1]] = Claim(INPUTS_NAME, completed.size, completed.sha256)
@@ -522,8 +517,6 @@ def publish_run(settings: CommitSettings, run: RunSummary) -> RunReport:
         for staged, final, claim in stage_tfds_files(target.output, target.temp_dir, json.loads(manifest_bytes)):
             renames.append((staged, final))
             digests[final] = claim
-        verified = {r.temp_path or r.path: r.verified_as for r in results}
-        verified.update({r.index_path: r.index_verified_as for r in indexed})
         # What of the output this product can prove it wrote: only that is replaced
         # or removed (the commit refuses, publishing nothing, when a file it cannot
         # prove sits where it would put or remove its own).

@@ -23,8 +23,9 @@ from collections.abc import Mapping, Sequence
 import google_crc32c
 from apache_beam.io.filesystems import FileSystems
 
-from beam_tfrecords.schemas.elements import StoredObject
+from beam_tfrecords.schemas.elements import ShardResult, StoredObject
 from beam_tfrecords.schemas.manifest import DEAD_LETTER_DIR, MANIFEST_NAME
+from beam_tfrecords.schemas.shards import INDEX_SUFFIX
 from beam_tfrecords.transforms.codec.tfds_metadata import tfds_digests
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.faults import hold_point
@@ -44,6 +45,7 @@ __all__ = [
     "ShardChangedError",
     "move_to_final_names",
     "relative_name",
+    "shard_moves",
     "stored_object",
 ]
 
@@ -52,6 +54,25 @@ __all__ = [
 KEPT_ASIDE = "previous"
 _NOT_PUBLISHED = "nothing was published"
 _MID_COMMIT = "no manifest written; a retry of the commit, or the next run, replaces what is at final names"
+
+
+def shard_moves(results: Sequence[ShardResult]) -> tuple[list[tuple[str, str]], dict[str, Claim],
+                                                          dict[str, StoredObject | None]]:
+    """The commit's moves of verified shards: each shard to its final name, its index file
+    (``<shard>.idx``, uncompressed shards) right after it; what the journal records of each
+    (``{final path: Claim}``); and the stored object verification read of each
+    (``{temporary path: StoredObject}``), the only one the commit may publish."""
+    renames, digests, verified = [], {}, {}
+    for r in results:
+        renames.append((r.temp_path or r.path, r.path))
+        digests[r.path] = Claim(r.path, r.bytes, r.sha256, r.crc32c)
+        verified[r.temp_path or r.path] = r.verified_as
+        if r.index_path:
+            renames.append((r.index_path, r.path + INDEX_SUFFIX))
+            digests[r.path + INDEX_SUFFIX] = Claim(r.path + INDEX_SUFFIX, r.index_bytes,
+                                                   r.index_sha256, r.index_crc32c)
+            verified[r.index_path] = r.index_verified_as
+    return renames, digests, verified
 
 
 class ShardChangedError(OSError):

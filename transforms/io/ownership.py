@@ -2,10 +2,9 @@
 
 A run removes or replaces only what it can prove it wrote:
 
-- what the output's ``manifest.json`` lists: its shards, its parts, its dead-letter
-  files (``skipped.jsonl`` too), its ``inputs.jsonl`` and an annotated dataset's
-  ``label_map.pbtxt`` (``annotations.label_map.path``), and TFDS metadata holding the
-  bytes it implies (``dataset_info.json``, ...: ``codec.tfds_metadata``);
+- what the output's ``manifest.json`` lists: its shards and their index files, its parts, its
+  dead-letter files (``skipped.jsonl`` too), its ``inputs.jsonl``, an annotated dataset's
+  ``label_map.pbtxt``, and TFDS metadata holding the bytes it implies (``codec.tfds_metadata``);
 - a ``run_report.json`` that records the SHA-256 of that manifest
   (``manifest_sha256``; a report without the field, beside a manifest, is one
   written before the field existed, and is taken as ours);
@@ -78,8 +77,7 @@ __all__ = [
 
 JOURNAL_DIR = "journal"
 _FORMAT = 1
-# A shard's index file (``<shard>.idx``) is one of them: it goes, stays or is kept aside with it.
-_TFRECORD_SUFFIXES = (".tfrecord", ".tfrecord.gz", ".tfrecord.idx")
+_TFRECORD_SUFFIXES = (".tfrecord", ".tfrecord.gz", ".tfrecord.idx")  # A shard's index goes with it.
 _SHOWN = 5  # Names in a refusal: the first few, then a count.
 _CHUNK = 1 << 22
 
