@@ -218,17 +218,29 @@ def _writable(path: str) -> bool:
 
 
 def _interrupted(prog: str, keep_job: bool = False):
+    told = []  # Ctrl-C after the run published its dataset: the first one is told so.
+
     def handler(signum, frame):  # pylint: disable=unused-argument
         console.clear_line()
         sys.stdout.flush()
         job = interrupt_job(keep_job, signum)  # A Dataflow job this run submitted.
-        print(f"{prog}: {job.line if job else _INTERRUPTED}", file=sys.stderr, flush=True)
+        # Else its run_report.json: failed, interrupted (unless it published).
+        published = record_interruption(signum) if job is None else ""
+        if published and not told:  # Only its cleanup and summary are left: they run.
+            told.append(signum)
+            print(f"{prog}: interrupted after the run published its dataset at {published}; "
+                  "finishing its cleanup (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+            return
+        if published:
+            print(f"{prog}: stopped after the run published its dataset at {published} (its "
+                  "manifest.json; the next run removes what this one left in OUT/.beam-tfrecords)",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"{prog}: {job.line if job else _INTERRUPTED}", file=sys.stderr, flush=True)
         if job is not None and not job.exit_now:
             return  # Still submitting: convert handles the job once it exists.
-        if job is None:
-            record_interruption(signum)  # Its run_report.json: failed, interrupted.
         scratch.cleanup()
-        os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
+        os._exit(EXIT_OK if published else EXIT_INTERRUPTED)  # pylint: disable=protected-access
     return handler
 
 
@@ -291,6 +303,7 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
     keep_job = args.on_interrupt == "keep"
     previous = signal.signal(signal.SIGINT, _interrupted(prog, keep_job)) if in_main_thread else None
     previous_term = signal.signal(signal.SIGTERM, _terminated_by(prog, keep_job)) if in_main_thread else None
+    result = None
     try:
         beam_args = scratch.keep_requirements_cache(beam_args)
         with scratch.RunScratch():  # Beam's temporary folders, and ours, go with the run.
@@ -306,8 +319,19 @@ def _run_convert(argv: Sequence[str], prog: str) -> int:
     finally:
         reporter.stop()
         if in_main_thread:
-            signal.signal(signal.SIGINT, previous)
             signal.signal(signal.SIGTERM, previous_term)
+            if result is None:
+                signal.signal(signal.SIGINT, previous)
+    try:  # Ctrl-C while the summary is printed: the handler knows whether it published.
+        return _summarized(result, args, reporter)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _summarized(result, args: argparse.Namespace, reporter: console.Reporter) -> int:
+    """The end of ``convert``: the summary (or the skip, the dry run), the
+    ``--report_json`` file, the exit status."""
     if result.report.status == Status.SKIPPED:
         print(f"SKIPPED: {result.report.reason}; nothing was written "
               f"(exit {SKIPPED_EXIT_STATUS})")
@@ -395,7 +419,8 @@ def _run_inspect(argv: Sequence[str], prog: str) -> int:
           f"bad inputs: {manifest['bad_records']['total']}")
     if manifest.get("feature_names"):
         print("  feature names (--feature_names): " + ", ".join(
-            f"{shown_value(c)[1:-1]} -> {shown_value(o)[1:-1]}" for c, o in manifest["feature_names"].items()))
+            f"{console.printable(c, keep='')} -> {console.printable(o, keep='')}"  # As convert shows them.
+            for c, o in manifest["feature_names"].items()))
     try:
         samples = sample_records(args.location, max(args.records, args.per_split),
                                  args.max_record_mb << 20)
@@ -524,6 +549,7 @@ def _usage() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m beam_tfrecords`` and the ``beam-tfrecords`` script."""
+    whole_process = argv is None  # The command line's: the process ends when it returns.
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv[:1]
     argv = argv[1:] if debug else argv
@@ -550,18 +576,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     streams = sys.stdout, sys.stderr  # Names and values are printed escaped (console.printable).
     sys.stdout, sys.stderr = console.EscapingStream(sys.stdout), console.EscapingStream(sys.stderr)
     try:
-        return _COMMANDS[argv[0]][0](argv[1:], prog)
+        code = _COMMANDS[argv[0]][0](argv[1:], prog)
     except SystemExit as exit_:  # argparse: --help, or a bad flag.
-        return int(exit_.code or 0) if not isinstance(exit_.code, str) else EXIT_USAGE
-    except KeyboardInterrupt:
-        print(f"{prog}: {_INTERRUPTED}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        code = int(exit_.code or 0) if not isinstance(exit_.code, str) else EXIT_USAGE
+    except KeyboardInterrupt:  # A convert that published has ended but for its summary.
+        published = record_interruption(signal.SIGINT) if argv[0] == "convert" else ""
+        print(f"{prog}: " + (f"stopped after the run published its dataset at {published}" if published
+                             else _INTERRUPTED), file=sys.stderr)
+        code = EXIT_OK if published else EXIT_INTERRUPTED
     except Exception as err:  # pylint: disable=broad-except
+        code = EXIT_FAILED
         if debug:  # The traceback, escaped like everything else printed (exit 1, as uncaught).
             traceback.print_exc(file=sys.stderr)
-            return EXIT_FAILED
-        print(f"{prog}: error: {type(err).__name__}: {err} (run with --debug for the traceback)",
-              file=sys.stderr)
-        return EXIT_FAILED
+        else:
+            print(f"{prog}: error: {type(err).__name__}: {err} (run with --debug for the traceback)",
+                  file=sys.stderr)
     finally:
         sys.stdout, sys.stderr = streams
+    if whole_process and threading.current_thread() is threading.main_thread():
+        # The command ended with its status: a Ctrl-C while the interpreter shuts down
+        # (joining Beam's and the encoders' threads and processes) has nothing left to
+        # stop. Ignored (Python resets a handler of its own to the default, which would
+        # end the process by the signal, exit 130, with no line).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return code

@@ -37,6 +37,7 @@ from beam_tfrecords.schemas.annotations import PROBLEM_REASONS
 from beam_tfrecords.schemas.manifest import REPORT_NAME
 from beam_tfrecords.schemas.options import PROGRESS_MODES
 from beam_tfrecords.schemas.report import RunReport, Status
+from beam_tfrecords.transforms.commit_step import RunFailed
 from beam_tfrecords.transforms.io import files, progress
 
 __all__ = [
@@ -107,7 +108,9 @@ class EscapingFormatter(logging.Formatter):
 
 class _NotForUsers(logging.Filter):
     """Drops log records that are not about the user's data and that a user
-    cannot act on."""
+    cannot act on, and Beam's log of the commit's verdict (``RunFailed``, which the
+    commit raises so that the job ends failed, and which Beam logs as an ERROR of
+    the step): the launcher ends the run with that verdict, in one line."""
 
     _MESSAGES = (
         # Beam, on every run without --runner: the DirectRunner is the documented default.
@@ -115,6 +118,9 @@ class _NotForUsers(logging.Filter):
     )
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, RunFailed) or (
+                record.exc_info and isinstance(record.exc_info[1], RunFailed)):
+            return False
         message = record.msg if isinstance(record.msg, str) else ""
         return not message.startswith(self._MESSAGES)
 

@@ -213,7 +213,7 @@ def _digest(data: bytes | None) -> str:
     return hashlib.sha256(data).hexdigest() if data is not None else ""
 
 
-def record_interruption(signum: int) -> None:
+def record_interruption(signum: int) -> str:
     """For a signal handler (Ctrl-C, SIGTERM) of a run that took its output (not on
     Dataflow: see ``interrupt_job``): writes its ``run_report.json``, status
     ``failed`` with the signal in ``error``, as every run that started does (the
@@ -221,19 +221,30 @@ def record_interruption(signum: int) -> None:
     published nothing (the manifest is the one it found) and wrote no report of its
     own (an error budget exceeded, say). Best effort: the process is ending, so it is
     written from a thread given 10 s (the interrupted main thread may hold what a
-    storage client needs)."""
+    storage client needs).
+
+    Returns:
+      The output, when the run (the last ``convert`` of this process) published its
+      dataset there: the manifest there is a new one, not the one it found (nothing
+      is written then); else ``""``.
+    """
     taken = _taken
     if taken is None:
-        return
-    writer = threading.Thread(target=_write_interrupted, args=(taken, signum), daemon=True,
+        return ""
+    published: list[str] = []
+    writer = threading.Thread(target=_write_interrupted, args=(taken, signum, published), daemon=True,
                               name="interrupted-report")
     writer.start()
     writer.join(_INTERRUPT_REPORT_SECONDS)
+    return published[0] if published else ""
 
 
-def _write_interrupted(taken: _Taken, signum: int) -> None:
+def _write_interrupted(taken: _Taken, signum: int, published: list[str]) -> None:
     try:
         now = _digest(files.read_bytes_if_exists(files.join(taken.output, MANIFEST_NAME)))
+        if now and now != taken.manifest:  # The lock is this run's: so is the manifest.
+            published.append(taken.output)
+            return
         data = files.read_bytes_if_exists(files.join(taken.output, REPORT_NAME))
         if now != taken.manifest or (data and RunReport.from_json(data).run_id == taken.run_id):
             return
@@ -511,6 +522,8 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
     A pipeline that raises (storage full or gone, a runner failure) gives a result
     with status ``failed`` and its ``error``; nothing is published.
     """
+    global _active, _taken  # pylint: disable=global-statement
+    _taken = None  # Kept from the last run until this one takes its output.
     announce_hooks()
     options = PipelineOptions(list(beam_args))
     plan = plan_run(config, options)
@@ -522,7 +535,6 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
     seen = files.read_bytes_if_exists(files.join(output, MANIFEST_NAME))
     _take(plan, launch)
     release = True  # Whether this process releases the lock at the end.
-    global _active, _taken  # pylint: disable=global-statement
     _active = launch
     _taken = _Taken(output, plan.target.run_id, _digest(seen)) if launch is None else None
     try:
@@ -554,7 +566,9 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
                 _log.warning("%s", _stop_job(launch, keep=False))
             raise
     finally:
-        _active = _taken = None
+        # _taken stays: a Ctrl-C while the launcher prints the summary finds
+        # the dataset this run published (record_interruption).
+        _active = None
         drop_listing(plan.listing)
         if release:
             release_lock(output, plan.target.run_id)

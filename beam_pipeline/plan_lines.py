@@ -14,7 +14,7 @@ from collections import Counter
 from beam_tfrecords.input_checks import INFER_SAMPLE_ROWS
 from beam_tfrecords.schemas.annotations import PROBLEM_REASONS
 from beam_tfrecords.schemas.config import ConvertConfig
-from beam_tfrecords.schemas.features import IMAGE_FEATURE_SPEC
+from beam_tfrecords.schemas.features import IMAGE_FEATURE_SPEC, output_feature_name, parse_feature_names
 from beam_tfrecords.schemas.table_schema import TableSchema
 from beam_tfrecords.transforms.io.table_readers import table_format
 from beam_tfrecords.transforms.plan.annotated_listing import PASSED_OVER_REASONS
@@ -74,7 +74,9 @@ def describe_images(config: ConvertConfig, listing: Listing, on_workers: bool = 
         lines.append(f"  images reshaped: {', '.join(h for h in how if h)} (never enlarged "
                      "unless --size; unchanged images keep their bytes); encoded before shards "
                      "are planned, so shards are cut by exact sizes")
-    features = [name for name, _, _ in IMAGE_FEATURE_SPEC.entries()] + list(listing.extra_features)
+    renames = parse_feature_names(config.feature_names).renames  # The names the records carry.
+    features = sorted(output_feature_name(renames, name) for name, _, _ in IMAGE_FEATURE_SPEC.entries())
+    features += [output_feature_name(renames, name) for name in listing.extra_features]
     lines.append(f"  features: {', '.join(features)}")
     lines.extend(_left_out(config, listing, on_workers))
     name = os.path.basename(config.input.rstrip("/"))

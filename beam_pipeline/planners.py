@@ -325,19 +325,22 @@ def _listed_features(listing: Listing) -> FeatureSpec:
     return image_feature_spec(dict(listing.extra_features))
 
 
-def _feature_names(config: ConvertConfig, spec: FeatureSpec, what: str) -> tuple[str, ...]:
-    """``--feature_names`` checked against the records' features ``spec``: the plan's
+def _feature_names(config: ConvertConfig, spec: FeatureSpec, what: str,
+                   shaped: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """``--feature_names`` checked against the records' features ``spec`` (and the
+    features of ``shaped`` whose ``<name>/shape`` follows their name): the plan's
     line saying the renames (none without the flag).
 
     Raises:
       ConvertError: naming the rename to change (a feature the records do not hold,
-        one a preset needs, an output name a feature has already).
+        one a preset needs or needs of another dtype or shape, an output name a
+        feature has already).
     """
     names = parse_feature_names(config.feature_names)
     if not names.renames:
         return ()
     try:
-        names.check_keys((name for name, _, _ in spec.entries()), what)
+        names.check_spec(spec, what, shaped)
     except ValueError as err:
         raise ConvertError(str(err)) from None
     preset = f"preset {names.preset}" + (", and pairs" if len(names.renames) > len(
@@ -354,8 +357,13 @@ def _renamed_schema(config: ConvertConfig, schema: TableSchema) -> tuple[TableSc
     Raises:
       ConvertError: naming the rename to change.
     """
-    kept = FeatureSpec({c.feature_name: ("string", []) for c in schema.kept})
-    lines = _feature_names(config, kept, "the table's records")
+    entries, shaped = {}, []
+    for column in schema.kept:  # As the records hold them (transforms.tables).
+        entries[column.feature_name] = (column.dtype, column.feature_shape())
+        if column.shape is not None and column.encoding == "flat":
+            entries[f"{column.feature_name}/shape"] = ("int64", [len(column.shape)])
+            shaped.append(column.feature_name)
+    lines = _feature_names(config, FeatureSpec(entries), "the table's records", tuple(shaped))
     if not lines:
         return schema, ()
     renames = parse_feature_names(config.feature_names).renames

@@ -20,6 +20,7 @@ import json
 from collections.abc import Sequence
 
 from beam_tfrecords.schemas.config import RUN_CONTROL_OPTIONS, ConvertConfig
+from beam_tfrecords.schemas.features import parse_feature_names
 from beam_tfrecords.schemas.inputs import (
     INPUTS_NAME,
     PART_PREFIX,
@@ -43,8 +44,24 @@ __all__ = ["Dataset", "Update", "config_fingerprint", "decide", "manifest_digest
 
 
 def config_fingerprint(config: ConvertConfig) -> str:
-    """The fingerprint of the options that shape the records (see ``schemas.inputs``)."""
-    return options_fingerprint(config.to_json(), RUN_CONTROL_OPTIONS)
+    """The fingerprint of the options that shape the records (see ``schemas.inputs``),
+    ``--feature_names`` by the renames it makes (``_shaping``), not as it was typed."""
+    return options_fingerprint(_shaping(config.to_json()), RUN_CONTROL_OPTIONS)
+
+
+def _shaping(options: dict) -> dict:
+    """``options`` (as the manifest records them) with ``feature_names`` as its parsed
+    renames, canonical -> output, sorted: the same renames in another order, with
+    spaces or as the pairs a preset stands for shape the same records. Options
+    without it are returned as they are (their fingerprint stays what it was)."""
+    text = options.get("feature_names")
+    if not isinstance(text, str):
+        return options
+    try:
+        renames = parse_feature_names(text).renames
+    except ValueError:  # A manifest's text no run accepts now: compared as it is.
+        return options
+    return {**options, "feature_names": [[c, o] for c, o in sorted(renames.items())]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,8 +347,8 @@ def _decide(config: ConvertConfig, dataset: Dataset | None, now: Sequence[InputF
     why_full = ""
     old_options = dataset.manifest.get("input", {}).get("options_fingerprint")
     if old_options != config_fingerprint(config):
-        recorded = dataset.manifest.get("options", {})
-        current = json.loads(json.dumps(config.to_json(), default=list))  # As recorded.
+        recorded = _shaping(dataset.manifest.get("options", {}))
+        current = json.loads(json.dumps(_shaping(config.to_json()), default=list))  # As recorded.
         names = sorted(k for k in set(recorded) | set(current)
                        if k not in RUN_CONTROL_OPTIONS and k not in ("input", "output")
                        and recorded.get(k) != current.get(k))

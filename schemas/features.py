@@ -10,6 +10,8 @@ import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
+from beam_tfrecords.schemas.annotations import DETECTION_KEYS
+
 __all__ = ["DTYPES", "FEATURE_NAME_PRESETS", "IMAGE_FEATURE_SPEC", "FeatureNames", "FeatureSpec",
            "canonical_features", "image_feature_spec", "output_feature_name", "parse_feature_names",
            "renamed_spec"]
@@ -86,6 +88,17 @@ FEATURE_NAME_PRESETS: dict[str, dict[str, str]] = {
 }
 
 
+# What the tutorials' readers (their feature descriptions) take each feature a preset
+# renames to be: one value per record (FixedLenFeature([], ...)) of this dtype.
+_PRESET_READS = {
+    "image/encoded": "string",
+    "image/height": "int64",
+    "image/width": "int64",
+    "image/channels": "int64",
+    "image/class/label": "int64",
+}
+
+
 def output_feature_name(renames: Mapping[str, str] | None, name: str) -> str:
     """The key a feature carries in the records: its canonical ``name`` (``image/encoded``)
     as renamed by ``--feature_names`` (the manifest's ``feature_names``, canonical ->
@@ -93,12 +106,17 @@ def output_feature_name(renames: Mapping[str, str] | None, name: str) -> str:
     return (renames or {}).get(name, name)
 
 
-# An output name: a letter, digit or '_' first, then letters, digits, '_', '.', '-' and '/'
-# (no empty '/'-part, no trailing '/'). TensorFlow takes any string as a key; this
-# keeps names that a flag, a file name (TFDS's <feature>.labels.txt) and a shell
-# pass through unchanged, and that cannot hold ',' or '=' (the flag's separators).
-_OUTPUT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)*")
+# An output name: '/'-parts of letters, digits, '_', '.' and '-', each with a letter,
+# digit or '_' first (no empty part, no '.' or '..' part, no trailing '/').
+# TensorFlow takes any string as a key; this keeps names that a flag, a file name
+# (TFDS's <feature>.labels.txt) and a shell pass through unchanged, that cannot
+# hold ',' or '=' (the flag's separators) and that cannot climb out of a folder.
+_OUTPUT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*")
 _FLAG = "--feature_names"
+# The keys this product's records give features by role (image, detection, masks,
+# several labels): a reader that finds a role by its key would take a feature
+# renamed to one of them for that role, so no output name may be one.
+_CANONICAL_KEYS = frozenset(name for name, _, _ in IMAGE_FEATURE_SPEC.entries()) | frozenset(DETECTION_KEYS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +127,8 @@ class FeatureNames:
     A preset may be combined with pairs (``tutorial,image/filename=name``): a pair
     may rename a feature the preset does not, never one the preset renames, nor
     to an output name the preset uses. Parsing checks what can be checked without
-    the records (syntax, names, two features to one name); ``check_keys`` checks
-    the rest against the features a run's records hold.
+    the records (syntax, names, two features to one name); ``check_keys`` and
+    ``check_spec`` check the rest against the features a run's records hold.
 
     Attributes:
       preset: the preset named, or ``""``.
@@ -120,15 +138,25 @@ class FeatureNames:
     preset: str
     renames: dict[str, str]
 
-    def check_keys(self, keys: Iterable[str], what: str = "the records") -> None:
+    def check_keys(self, keys: Iterable[str], what: str = "the records", shaped: Iterable[str] = ()) -> None:
         """Refuses renames the records' features ``keys`` (canonical names) do not
-        allow: a feature they do not hold (one a preset needs, or a pair's), or an
-        output name one of them already has.
+        allow: a feature they do not hold (one a preset needs, or a pair's), an
+        output name one of them already has (even one renamed away) or gets once
+        renamed, another role's canonical key (``image/class/label`` on records
+        without one), or a ``<name>/shape`` feature renamed on its own.
+
+        Args:
+          keys: the records' features, canonical names (a table's ``<name>/shape``
+            features included).
+          what: the records, as the message names them.
+          shaped: the features whose ``<name>/shape`` feature (a table's shaped
+            column) follows their name: ``pixels=px`` writes ``px/shape``.
 
         Raises:
-          ValueError: one line naming what to change.
+          ValueError: one line naming the entry to change.
         """
         keys = set(keys)
+        follows = {f"{name}/shape": name for name in shaped if f"{name}/shape" in keys}
         needed = FEATURE_NAME_PRESETS.get(self.preset, {})
         for canonical, output in self.renames.items():
             if canonical not in keys:
@@ -138,9 +166,49 @@ class FeatureNames:
                                      "the features they hold with CANONICAL=OUTPUT pairs")
                 raise ValueError(f"{_FLAG}: {canonical!r} is not a feature of {what}; rename one of: "
                                  f"{', '.join(sorted(keys))}")
+            if canonical in follows:
+                raise ValueError(f"{_FLAG}: {canonical}={output}: {canonical!r} is the shape of "
+                                 f"{follows[canonical]!r} and follows its name; rename "
+                                 f"{follows[canonical]!r} instead")
             if output in keys:
                 raise ValueError(f"{_FLAG}: {canonical}={output} collides with the feature "
                                  f"{output!r} {what} already hold; choose another output name")
+            if output in _CANONICAL_KEYS:
+                raise ValueError(f"{_FLAG}: {canonical}={output}: {output!r} is the key of another "
+                                 f"feature of this product's records, which {what} do not hold (a "
+                                 "reader finding features by that key would take this one for it); "
+                                 "choose another output name")
+        # A shape follows its feature's new name: pixels=px writes px/shape.
+        moved = {f"{self.renames[base]}/shape": f"{base}={self.renames[base]}"
+                 for base in follows.values() if base in self.renames}
+        for shape, entry in sorted(moved.items()):
+            taken = [f"{c}={o}" for c, o in self.renames.items() if o == shape]
+            if taken or shape in keys:
+                raise ValueError(f"{_FLAG}: {taken[0] if taken else entry} collides with "
+                                 f"{shape!r}, the shape feature that {entry} gives {what}; choose "
+                                 "another output name")
+
+    def check_spec(self, spec: FeatureSpec, what: str = "the records", shaped: Iterable[str] = ()) -> None:
+        """``check_keys`` against the features of ``spec`` (canonical names), and for
+        a preset, the dtype and shape each feature it renames has: its tutorial's
+        reader parses each as one value per record (a scalar int64 label, height,
+        width and depth, one bytes image).
+
+        Raises:
+          ValueError: one line naming what to change.
+        """
+        held = {name: (dtype, shape) for name, dtype, shape in spec.entries()}
+        self.check_keys(held, what, shaped)
+        for canonical in FEATURE_NAME_PRESETS.get(self.preset, {}):
+            dtype, shape = held[canonical]
+            if (dtype, shape) != (_PRESET_READS[canonical], []):
+                had = (f"a variable-length list of {dtype}" if shape == [None] else
+                       f"{dtype} values of shape {shape}" if shape else f"one {dtype}")
+                raise ValueError(f"{_FLAG} {self.preset}: the preset's reader parses {canonical!r} "
+                                 f"(as {self.renames[canonical]!r}) as one {_PRESET_READS[canonical]} "
+                                 f"per record, but {what} hold {had}; convert without the preset, "
+                                 "or rename with CANONICAL=OUTPUT pairs and read the features by "
+                                 "the manifest's spec")
 
 
 def parse_feature_names(text: str | None) -> FeatureNames:
@@ -175,7 +243,8 @@ def parse_feature_names(text: str | None) -> FeatureNames:
                              "e.g. image/encoded=img)")
         if not _OUTPUT_NAME.fullmatch(output):
             raise ValueError(f"{_FLAG}: {output!r} cannot name a feature; use letters, digits, "
-                             "'_', '.', '-' and '/' between parts (not first or last)")
+                             "'_', '.', '-' and '/' between parts (not first or last), each part "
+                             "starting with a letter, digit or '_' (no '.' or '..' parts)")
         if canonical in pairs:
             raise ValueError(f"{_FLAG} renames {canonical!r} twice")
         if canonical == output:
