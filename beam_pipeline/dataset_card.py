@@ -519,7 +519,7 @@ def _enlarged(thumb: Image.Image) -> Image.Image:
     return thumb.resize((thumb.width * factor, thumb.height * factor), Image.Resampling.NEAREST)
 
 
-def _sample_figure(features: dict, inverse: dict, image_key: str) -> str:
+def _sample_figure(features: dict, inverse: dict, image_key: str, boxes: bool = True) -> str:
     canonical = {inverse.get(k, k): v for k, v in features.items()}
     name = (canonical.get("image/filename") or [b""])[0]
     name = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
@@ -527,7 +527,7 @@ def _sample_figure(features: dict, inverse: dict, image_key: str) -> str:
                    for v in canonical.get("image/class/text") or []])
     labels = [str(v) for v in canonical.get("image/class/label") or []]
     label = _listed(labels)
-    if "image/object/bbox/xmin" in canonical or "image/object/class/label" in canonical:
+    if boxes and ("image/object/bbox/xmin" in canonical or "image/object/class/label" in canonical):
         objects = len(canonical.get("image/object/class/label") or canonical.get("image/object/bbox/xmin") or [])
         cls = f"{cls} {objects} object{'s' * (objects != 1)}".strip()
     try:
@@ -563,12 +563,15 @@ def _record_row(features: dict, names: list) -> list[str]:
 def _samples(facts: CardFacts) -> str:
     image_key = output_feature_name(facts.manifest.get("feature_names"), "image/encoded")
     inverse = _inverse(facts.manifest)
+    # Semantic masks and multi-label records hold no boxes: no "0 objects" under them.
+    annotated = facts.manifest.get("annotations")
+    boxes = not isinstance(annotated, dict) or annotated.get("layout") not in _BOXLESS
     out = ""
     for split, group in itertools.groupby(facts.samples, key=lambda s: s[0]):
         records = [features for _, features in group]
         out += f"<h3>{text(split)}</h3>"
         if any(image_key in r for r in records):
-            out += ('<div class="grid">' + "".join(_sample_figure(r, inverse, image_key) for r in records)
+            out += ('<div class="grid">' + "".join(_sample_figure(r, inverse, image_key, boxes) for r in records)
                     + "</div>")
         else:
             names = sorted({k for r in records for k in r})[:12]

@@ -379,10 +379,11 @@ def test_boxless_annotations_and_multi_label_captions(image_card):
     for info in manifest["splits"].values():
         info["statistics"]["annotations"] = {"objects": 0, "images": 3, "images_without_objects": 3}
     split, record = facts.samples[0]
-    record = dict(record, **{"image/class/text": [b"cat", b"dog", b"bird", b"fox", b"owl"],
+    record = dict(record, **{"image/object/class/label": [], "image/class/text": [b"cat", b"dog", b"bird", b"fox", b"owl"],
                              "image/class/label": [2, 3, 4, 5, 6]})
     html = card_html(type(facts)(location="out", manifest=manifest, samples=[(split, record)]))
     classes = _visible(_section(html, "classes"))
     assert "semantic masks" in classes and "2 classes: road, sky" in classes
     assert "objects on 3 images" not in classes and "Box areas (COCO ranges)" not in classes
-    assert "cat, dog, bird +2 more (labels 2, 3, 4 +2 more)" in _visible(_section(html, "samples"))
+    samples = _visible(_section(html, "samples"))
+    assert "cat, dog, bird +2 more (labels 2, 3, 4 +2 more)" in samples and "object" not in samples
