@@ -15,6 +15,7 @@ import base64
 import html
 import io
 import math
+import unicodedata
 from collections.abc import Mapping, Sequence
 
 from PIL import Image
@@ -34,7 +35,8 @@ _BAR = "#4c72b0"
 _ACCENT = "#dd8452"
 _WIDTH = 360
 _ROW = 18
-_LABEL = 150  # Room for a bar's label, px.
+_LABEL = 150  # Room for a bar's label at least, px (more when the labels need it).
+_LABEL_CHARS = 40  # A longer label is cut in its middle (its full text in a tooltip).
 
 
 def text(value: object, limit: int = 200) -> str:
@@ -81,22 +83,58 @@ def _svg(width: int, height: int, body: str, title: str) -> str:
             f'<title>{text(title)}</title>{body}</svg>')
 
 
+def _printable(value: object) -> str:
+    shown = value if isinstance(value, str) else str(value)
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in shown)
+
+
+def _cut_middle(label: str, limit: int = _LABEL_CHARS) -> str:
+    """``label`` cut in its middle to ``limit`` characters (``…`` marks the cut):
+    labels sharing a long prefix or suffix stay apart."""
+    if len(label) <= limit:
+        return label
+    head = (limit - 1) // 2
+    return label[:head] + "…" + label[len(label) - (limit - 1 - head):]
+
+
+def _short_labels(labels: Sequence[str]) -> list[str]:
+    """Each label cut to fit (``_cut_middle``); labels the cut made equal get their
+    row number, so distinct labels stay distinct."""
+    shown = [_cut_middle(label) for label in labels]
+    seen: dict[str, int] = {}
+    for label in shown:
+        seen[label] = seen.get(label, 0) + 1
+    return [f"{s[:_LABEL_CHARS - 5]}… #{i + 1}" if seen[s] > 1 and s != full else s
+            for i, (s, full) in enumerate(zip(shown, labels))]
+
+
+def _text_px(label: str) -> float:
+    """A label's width in px at the charts' 11 px font, erring wide (wide East Asian
+    characters count double)."""
+    return sum(11.0 if unicodedata.east_asian_width(c) in "WF" else 7.0 for c in label)
+
+
 def bar_chart(items: Sequence[tuple[str, float]], title: str, colour: str = _BAR) -> str:
     """Horizontal bars, one per ``(label, value)``, scaled to the largest value and
-    labelled with it."""
+    labelled with it. The labels get the room they need (a long one is cut in its
+    middle, its full text in an SVG ``<title>`` tooltip): none is clipped."""
     if not items:
         return '<p class="none">none</p>'
     top = max((v for _, v in items), default=0) or 1
+    full = [_printable(label) for label, _ in items]
+    shown = _short_labels(full)
+    room = max(_LABEL, int(max(_text_px(s) for s in shown)) + 12)
     span = _WIDTH - _LABEL - 70
     rows = []
-    for i, (label, value) in enumerate(items):
+    for i, ((_, value), label, cut) in enumerate(zip(items, full, shown)):
         y = i * _ROW
         width = max(1.0, span * value / top) if value else 0
         rows.append(
-            f'<text x="{_LABEL - 6}" y="{y + 13}" text-anchor="end">{text(label, 28)}</text>'
-            f'<rect x="{_LABEL}" y="{y + 3}" width="{width:.1f}" height="{_ROW - 6}" fill="{colour}"/>'
-            f'<text x="{_LABEL + width + 4:.1f}" y="{y + 13}">{figure(value)}</text>')
-    return _svg(_WIDTH, len(items) * _ROW + 4, "".join(rows), title)
+            f'<text x="{room - 6}" y="{y + 13}" text-anchor="end"><title>{text(label, 2000)}</title>'
+            f'{text(cut, 10_000)}</text>'
+            f'<rect x="{room}" y="{y + 3}" width="{width:.1f}" height="{_ROW - 6}" fill="{colour}"/>'
+            f'<text x="{room + width + 4:.1f}" y="{y + 13}">{figure(value)}</text>')
+    return _svg(room + span + 70, len(items) * _ROW + 4, "".join(rows), title)
 
 
 def _scale(low: float, high: float, x0: float, x1: float):

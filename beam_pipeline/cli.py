@@ -457,7 +457,9 @@ def _run_inspect(argv: Sequence[str], prog: str) -> int:
 def _card_refused(p: argparse.ArgumentParser, args: argparse.Namespace, prog: str) -> bool:
     """Whether ``--html`` names a file the card may not go to, or ``--compare_to``
     no dataset (one line said), before anything is read."""
-    if args.compare_to and not args.html:
+    if args.html is not None and not args.html.strip():  # An unset shell variable.
+        p.error("--html is empty: name the card's file (--html card.html)")
+    if args.compare_to and args.html is None:
         p.error("--compare_to needs --html (the card shows the drift)")
     why = card_refusal(args.html, args.location) if args.html else ""
     compared = drift_manifest_path(args.compare_to, args.location) if args.compare_to else ""

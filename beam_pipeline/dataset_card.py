@@ -41,6 +41,7 @@ from beam_tfrecords.card_charts import (
     table,
     text,
 )
+from beam_tfrecords.card_snippets import loading_snippets, shown_path
 from beam_tfrecords.inspect import MAX_RECORD_BYTES, read_manifest, sample_records, thumbnail
 from beam_tfrecords.schemas.features import output_feature_name
 from beam_tfrecords.schemas.manifest import REPORT_NAME, parse_manifest
@@ -56,7 +57,11 @@ _LETTERS_PER_REASON = 3
 _LETTER_LINES = 10_000  # Dead-letter lines read per file at most (each file is bounded too).
 _LETTER_BYTES = 4 << 20
 _TOP = 10
-_TABLE_ROWS = 5  # Records of a table dataset shown per split.
+_TFDS_INFO = "dataset_info.json"
+_LABELS_SHOWN = 3  # Labels of a multi-label record in a caption, then "+N more".
+_TABLE_ROWS = 5
+_BOXLESS = {"masks": "semantic masks (--masks): a class per pixel, one mask PNG per image",
+            "multi_label": "several class labels per image"}  # Records of a table dataset shown per split.
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;max-width:1180px;color:#222;padding:0 16px}
 h1{font-size:24px;margin-bottom:4px}h2{border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:32px}
@@ -87,6 +92,8 @@ class CardFacts:
       samples: ``[(split, features)]``, the first records of each split.
       drift: the drift report against ``--compare_to`` (``None`` without it).
       parts: per incremental part, ``(path, its manifest or None)``.
+      tfds_folders: per folder (``''``: the dataset's; then each part's path),
+        whether it holds ``dataset_info.json`` (the TFDS snippet needs them all).
     """
 
     location: str
@@ -97,6 +104,7 @@ class CardFacts:
     samples: list = dataclasses.field(default_factory=list)
     drift: dict | None = None
     parts: list = dataclasses.field(default_factory=list)
+    tfds_folders: dict = dataclasses.field(default_factory=dict)
 
 
 # --- where the card may go ------------------------------------------------------------
@@ -206,10 +214,12 @@ def gather_facts(location: str, *, compare_to: str | None = None, per_split: int
     source, manifest = read_manifest(location)
     sha = hashlib.sha256(files.read_bytes(source)).hexdigest()
     parts, letters = [], _letters(location, source, manifest)
+    tfds = {"": files.exists(files.join(location, _TFDS_INFO))}
     for index, part in enumerate(manifest.get("parts", [])):
         folder, path, part_text = part_manifest(location, source, index, part)
         part_json = parse_manifest(part_text, path) if part_text else None
         parts.append((part["path"], part_json))
+        tfds[part["path"]] = files.exists(files.join(folder, _TFDS_INFO))
         for reason, found in (_letters(folder, path, part_json) if part_json else {}).items():
             letters[reason] = (letters.get(reason, []) + found)[:_LETTERS_PER_REASON]
     return CardFacts(
@@ -218,7 +228,7 @@ def gather_facts(location: str, *, compare_to: str | None = None, per_split: int
         letters=letters,
         samples=sample_records(location, per_split, max_record),
         drift=_drift(manifest, location, compare_to) if compare_to else None,
-        parts=parts)
+        parts=parts, tfds_folders=tfds)
 
 
 # --- the sections ---------------------------------------------------------------------
@@ -273,7 +283,10 @@ def _classes(facts: CardFacts) -> str:
         items = [(_class_name(vocabulary, label), n) for label, n in by_label.items()]
         charts += f"<div><h3>{text(split)}</h3>{bar_chart(items, f'classes of {split}')}</div>"
     out += f'<div class="feat">{charts}</div>' if charts else ""
-    for split, info in m["splits"].items():
+    annotated = m.get("annotations") if isinstance(m.get("annotations"), dict) else {}
+    if annotated.get("layout") in _BOXLESS:  # No boxes: no objects to count or draw as bars.
+        out += _boxless(annotated, any(counts.values()))
+    for split, info in m["splits"].items() if annotated.get("layout") not in _BOXLESS else ():
         annotations = (info.get("statistics") or {}).get("annotations")
         if annotations:
             out += _annotations(split, annotations)
@@ -299,6 +312,22 @@ def _class_name(vocabulary: list, label) -> str:
     except (TypeError, ValueError):
         return str(label)
     return f"{index} {vocabulary[index]}" if 0 <= index < len(vocabulary) else str(label)
+
+
+def _boxless(annotated: dict, counted: bool) -> str:
+    """What a dataset annotated without boxes (``--masks``, several labels) holds."""
+    layout = annotated["layout"]
+    names = [str(i.get("name")) for i in (annotated.get("label_map") or {}).get("items") or []
+             if isinstance(i, dict)]
+    out = (f"<h3>Annotations: {text(_BOXLESS[layout])}</h3><p>No boxes, so no objects per image "
+           f"or box areas. {figure(annotated.get('images_without_objects', 0))} images "
+           f"without {'a mask' if layout == 'masks' else 'labels'}. Label map: "
+           f"{figure(len(names))} classes: {text(', '.join(names), 600)}.</p>")
+    if not counted:
+        out += ('<p class="none">The manifest holds no per-class counts '
+                f"({'pixels or images per class' if layout == 'masks' else 'images per label'}) "
+                "for this layout: none are shown.</p>")
+    return out
 
 
 def _annotations(split: str, stats: dict) -> str:
@@ -397,10 +426,14 @@ def _duplicates(facts: CardFacts) -> str:
         return _section("duplicates", "Duplicates and leakage", body)
     across, within = dup.get("across_splits") or {}, dup.get("within_split") or {}
     leak = across.get("groups", 0)
+    # A group across splits may also hold two copies in one split: those repeat within it too.
+    both = sum(1 for g in across.get("list") or [] if isinstance(g, dict) and _repeats_in_a_split(g))
+    some = "" if across.get("listed", 0) >= leak else "at least "
     out = (f"<p>{figure(dup.get('groups', 0))} contents held by {figure(dup.get('images', 0))} "
            f"records. <span class=\"{'warn' if leak else 'ok'}\">Leakage: {figure(leak)} contents "
-           f"sit in more than one split</span>; {figure(within.get('groups', 0))} repeat within "
-           "a split.</p>")
+           f"sit in more than one split</span>; {some if both else ''}"
+           f"{figure(within.get('groups', 0) + both)} repeat within a split"
+           + (f" ({figure(both)} of them also sit in another split)" if both else "") + ".</p>")
     for title, part in (("Across splits (leakage)", across), ("Within a split", within)):
         rows = [[text(g.get("sha256", ""), 16), text("; ".join(
             f"{f.get('split')}: {f.get('filename')}" for f in (g.get("files") or [])[:6]), 400)]
@@ -408,6 +441,11 @@ def _duplicates(facts: CardFacts) -> str:
         if rows:
             out += f"<h3>{title}</h3>" + table(["content (sha256)", "records (split: file)"], rows)
     return _section("duplicates", "Duplicates and leakage", out)
+
+
+def _repeats_in_a_split(group: dict) -> bool:
+    splits = [f.get("split") for f in group.get("files") or [] if isinstance(f, dict)]
+    return len(splits) > len(set(splits))
 
 
 def _dead_letters(facts: CardFacts) -> str:
@@ -440,10 +478,13 @@ def _drift_section(facts: CardFacts) -> str:
         drift, source = facts.report["drift"], "the run's own gate (run_report.json)"
     if drift is None:
         return _section("drift", "Drift", '<p class="none">Not compared (give --compare_to).</p>')
-    status = str(drift.get("status", ""))
-    out = (f"<p>Against {text(drift.get('manifest') or drift.get('compare_to') or '')}, by "
+    status, against = str(drift.get("status", "")), str(drift.get("manifest") or drift.get("compare_to") or "")
+    shown = (shown_path(posixpath.dirname(against)) + "/" + posixpath.basename(against)
+             if os.path.isabs(against) else against)  # By its folder's name, as the snippets.
+    message = str(drift.get("message", "")).replace(against, shown) if against else drift.get("message", "")
+    out = (f"<p>Against {text(shown)}, by "
            f"{text(source)}: <span class=\"{'warn' if status == 'failed' else 'ok'}\">"
-           f"{text(status)}</span>. {text(drift.get('message', ''), 600)}</p>")
+           f"{text(status)}</span>. {text(message, 600)}</p>")
     checks = [c for c in drift.get("checks") or [] if isinstance(c, dict)]
     checks.sort(key=lambda c: (c.get("verdict") != "failed", c.get("verdict") != "not_compared"))
     rows = [[text(c.get("check", "")), text(c.get("split", "")),
@@ -478,14 +519,15 @@ def _enlarged(thumb: Image.Image) -> Image.Image:
     return thumb.resize((thumb.width * factor, thumb.height * factor), Image.Resampling.NEAREST)
 
 
-def _sample_figure(features: dict, inverse: dict, image_key: str) -> str:
+def _sample_figure(features: dict, inverse: dict, image_key: str, boxes: bool = True) -> str:
     canonical = {inverse.get(k, k): v for k, v in features.items()}
     name = (canonical.get("image/filename") or [b""])[0]
     name = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
-    label = (canonical.get("image/class/label") or [""])[0]
-    cls = (canonical.get("image/class/text") or [b""])[0]
-    cls = cls.decode("utf-8", "replace") if isinstance(cls, bytes) else str(cls)
-    if "image/object/bbox/xmin" in canonical or "image/object/class/label" in canonical:
+    cls = _listed([v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+                   for v in canonical.get("image/class/text") or []])
+    labels = [str(v) for v in canonical.get("image/class/label") or []]
+    label = _listed(labels)
+    if boxes and ("image/object/bbox/xmin" in canonical or "image/object/class/label" in canonical):
         objects = len(canonical.get("image/object/class/label") or canonical.get("image/object/bbox/xmin") or [])
         cls = f"{cls} {objects} object{'s' * (objects != 1)}".strip()
     try:
@@ -494,10 +536,17 @@ def _sample_figure(features: dict, inverse: dict, image_key: str) -> str:
     except (UnidentifiedImageError, OSError, KeyError, IndexError, ValueError,
             Image.DecompressionBombError):
         img = '<p class="warn">unreadable</p>'
-    caption = f"{cls} (label {label})" if cls and label != "" else f"{cls or label}"
-    return (f"<figure>{img}<figcaption>{text(caption.strip(), 40)}<br>"
+    caption = (f"{cls} (label{'s' * (len(labels) > 1)} {label})" if cls and label
+               else f"{cls or label}")
+    return (f"<figure>{img}<figcaption>{text(caption.strip(), 90)}<br>"
             f"<span class=\"sub\">{text(posixpath.basename(name) or name, 60)}</span>"
             "</figcaption></figure>")
+
+
+def _listed(values: list[str]) -> str:
+    """A record's labels (or class names) for a caption: the first few, then ``+N more``."""
+    shown = ", ".join(values[:_LABELS_SHOWN])
+    return shown + (f" +{len(values) - _LABELS_SHOWN} more" if len(values) > _LABELS_SHOWN else "")
 
 
 def _record_row(features: dict, names: list) -> list[str]:
@@ -514,12 +563,15 @@ def _record_row(features: dict, names: list) -> list[str]:
 def _samples(facts: CardFacts) -> str:
     image_key = output_feature_name(facts.manifest.get("feature_names"), "image/encoded")
     inverse = _inverse(facts.manifest)
+    # Semantic masks and multi-label records hold no boxes: no "0 objects" under them.
+    annotated = facts.manifest.get("annotations")
+    boxes = not isinstance(annotated, dict) or annotated.get("layout") not in _BOXLESS
     out = ""
     for split, group in itertools.groupby(facts.samples, key=lambda s: s[0]):
         records = [features for _, features in group]
         out += f"<h3>{text(split)}</h3>"
         if any(image_key in r for r in records):
-            out += ('<div class="grid">' + "".join(_sample_figure(r, inverse, image_key) for r in records)
+            out += ('<div class="grid">' + "".join(_sample_figure(r, inverse, image_key, boxes) for r in records)
                     + "</div>")
         else:
             names = sorted({k for r in records for k in r})[:12]
@@ -535,7 +587,8 @@ def _made(facts: CardFacts) -> str:
                   "manifest sha256": facts.manifest_sha256,
                   "format version": m.get("format_version", "")})
     out += "<h3>Input fingerprint</h3>" + _pairs(m.get("input") or {})
-    out += "<h3>Options</h3>" + _pairs(m.get("options") or {})
+    out += "<h3>Options</h3>" + _pairs({k: shown_path(v) if isinstance(v, str) else v
+                                        for k, v in (m.get("options") or {}).items()})
     report = facts.report
     if isinstance(report, dict):
         same = report.get("manifest_sha256") in (None, facts.manifest_sha256)
@@ -561,34 +614,11 @@ def _pairs(values: dict) -> str:
 
 
 def _loading(facts: CardFacts) -> str:
-    path = repr(facts.location.rstrip("/") or facts.location)
-    splits = list(facts.manifest["splits"])
-    split = repr("train" if "train" in splits or not splits else splits[0])
-    spec = facts.manifest.get("features") or {}
-    image_key = output_feature_name(facts.manifest.get("feature_names"), "image/encoded")
-    label_key = output_feature_name(facts.manifest.get("feature_names"), "image/class/label")
-    first = repr(image_key if image_key in spec else next(iter(spec), "feature"))
-    second = repr(label_key if label_key in spec else next(iter(list(spec)[1:]), "feature"))
-    snippets = {
-        "tf.data": ("import beam_tfrecords\n\n"
-                    f"ds = beam_tfrecords.tf_dataset({path}, {split}, decode_images=True)\n"
-                    f"for record in ds.take(1):\n    print(record[{first}])"),
-        "TFDS": ("import tensorflow_datasets as tfds\n\n"
-                 f"builder = tfds.builder_from_directory({path})\n"
-                 f"ds = builder.as_dataset(split={split})\nprint(builder.info)"),
-        "PyTorch": ("import beam_tfrecords\nfrom torch.utils.data import DataLoader\n\n"
-                    f"source = beam_tfrecords.DataSource({path}, {split}, decode_images=True)\n"
-                    "loader = DataLoader(source, batch_size=32, shuffle=True, num_workers=4, "
-                    "collate_fn=list)\nfor batch in loader:\n"
-                    f"    print(len(batch), batch[0][{first}])\n    break"),
-        "JAX (Grain)": ("import beam_tfrecords\nimport grain.python as grain\nimport numpy as np\n\n"
-                        f"source = beam_tfrecords.DataSource({path}, {split}, decode_images=True)\n"
-                        "ds = (grain.MapDataset.source(source).shuffle(seed=0)\n"
-                        f"      .map(lambda r: (np.asarray(r[{first}]), np.asarray(r[{second}]))))\n"
-                        "print(len(source), ds[0])"),
-    }
-    out = "".join(f"<h3>{text(name)}</h3><pre><code>{code(snippet)}</code></pre>"
-                  for name, snippet in snippets.items())
+    out = ""
+    for snippet in loading_snippets(facts.location, facts.manifest, facts.parts, facts.tfds_folders):
+        out += f"<h3>{text(snippet.reader)}</h3>" + (
+            f"<pre><code>{code(snippet.code)}</code></pre>" if snippet.code
+            else f'<p class="none">{text(snippet.reason, 400)}</p>')
     return _section("loading", "Loading it", out)
 
 
@@ -604,9 +634,9 @@ def card_html(facts: CardFacts) -> str:
                 _made, _loading)
     body = "".join(section(facts) for section in sections)
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"{CARD_MARKER}{_CSP}<title>Dataset card: {text(facts.location)}</title>"
+            f"{CARD_MARKER}{_CSP}<title>Dataset card: {text(shown_path(facts.location))}</title>"
             f"<style>{_STYLE}</style></head><body><h1>Dataset card</h1>"
-            f"<p class=\"sub\">{text(facts.location, 400)}</p><p>{summary}</p>{body}</body></html>\n")
+            f"<p class=\"sub\">{text(shown_path(facts.location), 400)}</p><p>{summary}</p>{body}</body></html>\n")
 
 
 def write_card(facts: CardFacts, out_path: str) -> int:

@@ -107,17 +107,32 @@ def sample_records(location: str, per_split: int = 8,
         more than ``max_record`` bytes, or more than the file holds, included).
     """
     source, manifest = read_manifest(location)
+    # The first run's shards, then each incremental part's (a split only a part holds too).
+    shards: dict[str, list[str]] = {}
+    for folder, path, held in [(location, source, manifest)] + _parts(location, source, manifest):
+        for entry in manifest_shards(held):
+            shards.setdefault(entry.split, []).append(dataset_path(folder, entry.path, entry.key, path))
     out = []
-    for split, entries in itertools.groupby(manifest_shards(manifest), key=lambda e: e.split):
+    for split, paths in shards.items():
         taken = 0
-        for entry in entries:
-            path = dataset_path(location, entry.path, entry.key, source)
+        for path in paths:
+            if taken >= per_split:
+                break
             for record in _records(path, per_split - taken, max_record):
                 out.append((split, example_to_dict(record)))
                 taken += 1
-            if taken >= per_split:
-                break
     return out
+
+
+def _parts(location: str, source: str, manifest: dict) -> list[tuple[str, str, dict]]:
+    """``(folder, manifest path, manifest)`` of each incremental part whose manifest
+    is there (a missing one is ``verify``'s to report)."""
+    found = []
+    for index, part in enumerate(manifest.get("parts", [])):
+        folder, path, text = part_manifest(location, source, index, part)
+        if text is not None:
+            found.append((folder, path, parse_manifest(text, path)))
+    return found
 
 
 def describe_record(features: dict) -> str:

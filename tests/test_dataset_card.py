@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import html as html_lib
 import io
 import json
 import os
@@ -25,7 +26,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from beam_tfrecords.card_charts import text
+from beam_tfrecords.card_charts import bar_chart, text
 from beam_tfrecords.cli import main
 from beam_tfrecords.dataset_card import CARD_MARKER, card_html, card_refusal, gather_facts
 from beam_tfrecords.samples import make_class_folder_sample
@@ -74,6 +75,22 @@ def _section(html: str, key: str) -> str:
     return html[start:html.index("</section>", start)]
 
 
+def _snippets(html: str) -> dict:
+    """The "Loading it" section: per reader, its code (unescaped) or why it is left out."""
+    loading = _section(html, "loading")
+    return {name: html_lib.unescape(body) for name, body in
+            re.findall(r"<h3>([^<]*)</h3>(?:<pre><code>|<p class=\"none\">)(.*?)</(?:code|p)>", loading, re.S)}
+
+
+def _run_source_line(snippet: str, where: Path, monkeypatch):
+    """Runs the snippet's ``DataSource(...)`` line as pasted, from ``where``; the source."""
+    monkeypatch.chdir(where)
+    line = next(line for line in snippet.splitlines() if "DataSource(" in line)
+    scope: dict = {}
+    exec("import beam_tfrecords\n" + line, scope)  # noqa: S102 - the card's own snippet.
+    return scope["source"]
+
+
 def _visible(fragment: str) -> str:
     """The text of a piece of the page, tags dropped, entities kept."""
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", fragment))
@@ -112,11 +129,22 @@ def test_image_card_holds_every_section_with_the_datasets_figures(image_card):
                   "max_bad_fraction 0.5"):
         assert value in made
     loading = _section(html, "loading")
-    out = repr(str(image_card["out"])).replace("'", "&#x27;")
+    out = "&#x27;out&#x27;"  # By its folder name (the card names no folder of this machine).
+    assert str(image_card["work"]) not in html and "output out" in made
     assert f"beam_tfrecords.tf_dataset({out}, &#x27;train&#x27;, decode_images=True)" in loading
     assert f"tfds.builder_from_directory({out})" in loading
     assert f"beam_tfrecords.DataSource({out}, &#x27;train&#x27;, decode_images=True)" in loading
     assert "grain.MapDataset.source(source)" in loading
+
+
+@pytest.mark.e2e
+def test_image_card_snippets_run_as_pasted(image_card, monkeypatch):
+    snippets = _snippets(image_card["html"])
+    assert list(snippets) == ["tf.data", "TFDS", "PyTorch", "JAX (Grain)"]
+    source = _run_source_line(snippets["PyTorch"], image_card["work"], monkeypatch)
+    record = source[0]
+    assert len(source) == 7 and record["image/encoded"].shape == (
+        int(record["image/height"][()]), int(record["image/width"][()]), 3)
 
 
 @pytest.mark.e2e
@@ -165,6 +193,9 @@ def test_card_goes_only_where_it_may(image_card, capsys):
     assert main(["inspect", out, "--html", str(notes)]) == 2
     assert notes.read_bytes() == b"<p>my notes</p>"
     assert "is not a dataset card this command wrote" in capsys.readouterr().err
+    assert main(["inspect", out, "--html", "", "--compare_to", out]) == 2  # An unset variable.
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--html is empty: name the card's file" in err
     inside = os.path.join(out, "card.html")
     assert main(["inspect", out, "--html", inside]) == 2
     assert not os.path.exists(inside) and "inside the dataset folder" in capsys.readouterr().err
@@ -204,7 +235,7 @@ def test_card_without_statistics(image_card):
 
 
 @pytest.mark.e2e
-def test_table_card(tmp_path, run_convert):
+def test_table_card(tmp_path, run_convert, monkeypatch):
     rows = ["age,city,split"] + [f"{'' if i % 4 == 0 else 20 + i},{'<b>' if i % 3 else 'Oslo'},"
                                  f"{'train' if i % 5 else 'test'}" for i in range(20)]
     (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
@@ -219,6 +250,10 @@ def test_table_card(tmp_path, run_convert):
     assert "&lt;b&gt; " in features and "<b>" not in _section(html, "samples").replace("<b>age", "")
     assert "Not checked" in _section(html, "duplicates") and "<img" not in html
     assert _visible(_section(html, "samples")).count(" test ") >= 4  # The split column's cells.
+    snippets = _snippets(html)
+    assert "decode_images" not in "".join(snippets.values())  # No image feature to decode.
+    source = _run_source_line(snippets["JAX (Grain)"], tmp_path, monkeypatch)
+    assert len(source) == manifest["splits"]["train"]["records"] and "age" in source[0]
 
 
 @pytest.mark.e2e
@@ -259,6 +294,9 @@ def test_incremental_card_counts_every_part(tmp_path, run_convert):
     assert "In all: train 6 records in 2 shards" in splits
     classes = _section(html, "classes")
     assert classes.count(">3</text>") == 2  # 2 of each class, then 1 more of each.
+    assert _section(html, "samples").count("<img ") == 6  # The part's 2 records too.
+    tfds = _snippets(html)["TFDS"]
+    assert "tfds.builder_from_directories([\n    'out',\n    'out/part-00001',\n])" in tfds
 
 
 @pytest.mark.unit
@@ -275,3 +313,77 @@ def test_card_follows_renamed_features(image_card):
     html = card_html(type(facts)(location=facts.location, manifest=manifest, samples=samples))
     assert _section(html, "samples").count('src="data:image/jpeg;base64,') == 4
     assert "r[&#x27;img&#x27;]), np.asarray(r[&#x27;label&#x27;])" in _section(html, "loading")
+
+
+def _with(facts, **changes):
+    """``facts`` with its manifest's keys changed (a deep copy)."""
+    manifest = copy.deepcopy(facts.manifest)
+    manifest.update(changes)
+    return manifest
+
+
+@pytest.mark.unit
+def test_snippets_left_out_where_their_reader_refuses(image_card):
+    """Gzip shards: no DataSource, no TFDS (no dataset_info.json); sequences: no
+    reader of ours; no dataset_info.json: no TFDS, saying why."""
+    facts = gather_facts(str(image_card["out"]), per_split=0)
+    assert facts.tfds_folders == {"": True}
+    gz = _with(facts)
+    for info in gz["splits"].values():
+        for shard in info["shards"]:
+            shard["path"] += ".gz"
+    snippets = _snippets(card_html(type(facts)(location="out", manifest=gz, tfds_folders={"": False})))
+    assert "tf_dataset('out', 'train', decode_images=True)" in snippets["tf.data"]
+    assert snippets["TFDS"].startswith("left out: out holds no dataset_info.json")
+    assert all("gzip-compressed, which beam_tfrecords.DataSource refuses" in snippets[r]
+               for r in ("PyTorch", "JAX (Grain)"))
+    sequences = _with(facts, sequence_features={"x": {"dtype": "float32"}})
+    snippets = _snippets(card_html(type(facts)(location="out", manifest=sequences, tfds_folders={"": True})))
+    assert "builder_from_directory('out')" in snippets["TFDS"]
+    assert all("SequenceExample records" in snippets[r] for r in ("tf.data", "PyTorch", "JAX (Grain)"))
+
+
+@pytest.mark.unit
+def test_bar_labels_stay_whole_distinct_and_escaped():
+    prefix = "a_very_long_class_name_shared_by_many_classes_"
+    labels = [prefix + "cat", prefix + "dog", '"><img src=x onerror=alert(1)>' + "x" * 40]
+    svg = bar_chart([(label, i + 1) for i, label in enumerate(labels)], "classes")
+    shown = re.findall(r"</title>([^<]*)</text>", svg)
+    assert len(set(shown)) == 3 and shown[0].endswith("_cat") and shown[1].endswith("_dog")
+    assert all(len(html_lib.unescape(s)) <= 40 for s in shown)
+    titles = [html_lib.unescape(t) for t in re.findall(r"<text[^>]*><title>([^<]*)</title>", svg)]
+    assert titles == labels and "<img" not in svg.replace("<title>", "")
+    anchor = float(re.search(r'<text x="([0-9.]+)"[^>]*text-anchor="end"', svg)[1])
+    assert anchor >= 7 * 40  # Room for the longest label shown: none starts left of the edge.
+
+
+@pytest.mark.unit
+def test_duplicates_within_a_split_counted_in_groups_across_splits(image_card):
+    facts = gather_facts(str(image_card["out"]), per_split=0)
+    duplicates = copy.deepcopy(facts.manifest["duplicates"])
+    duplicates["across_splits"]["list"][0]["files"].append({"split": "train", "filename": "train/x.jpg"})
+    html = card_html(type(facts)(location="out", manifest=_with(facts, duplicates=duplicates)))
+    assert ("1 repeat within a split (1 of them also sit in another split)"
+            in _visible(_section(html, "duplicates")))
+    assert "0 repeat within a split" in _visible(_section(card_html(facts), "duplicates"))
+
+
+@pytest.mark.unit
+def test_boxless_annotations_and_multi_label_captions(image_card):
+    """Semantic masks are not an empty detection set; a caption names every label,
+    past three as "+N more"."""
+    facts = gather_facts(str(image_card["out"]), per_split=1)
+    annotations = {"layout": "masks", "images_without_objects": 0,
+                   "label_map": {"items": [{"id": 1, "name": "road"}, {"id": 2, "name": "sky"}]}}
+    manifest = _with(facts, annotations=annotations)
+    for info in manifest["splits"].values():
+        info["statistics"]["annotations"] = {"objects": 0, "images": 3, "images_without_objects": 3}
+    split, record = facts.samples[0]
+    record = dict(record, **{"image/object/class/label": [], "image/class/text": [b"cat", b"dog", b"bird", b"fox", b"owl"],
+                             "image/class/label": [2, 3, 4, 5, 6]})
+    html = card_html(type(facts)(location="out", manifest=manifest, samples=[(split, record)]))
+    classes = _visible(_section(html, "classes"))
+    assert "semantic masks" in classes and "2 classes: road, sky" in classes
+    assert "objects on 3 images" not in classes and "Box areas (COCO ranges)" not in classes
+    samples = _visible(_section(html, "samples"))
+    assert "cat, dog, bird +2 more (labels 2, 3, 4 +2 more)" in samples and "object" not in samples
