@@ -20,10 +20,22 @@ CHANNELS_BY_MODE = {"L": 1, "LA": 2, "RGB": 3, "YCbCr": 3, "RGBA": 4, "CMYK": 4}
 
 
 TIERS = ("unit", "beam", "e2e", "emulator", "interop")  # Registered, with slow, in pytest.ini.
+# Modules of the longest tests (a minute and more on a busy machine: the crash matrix's
+# killed conversions), run first after the ``slow`` ones (the sdist's fresh-venv install),
+# so that no worker of ``make test`` starts one of them while the others finish.
+LONG_FIRST = ("test_crash_safety.py",)
+
+
+def _start_rank(item) -> int:
+    if item.get_closest_marker("slow"):
+        return 0
+    name = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    return 1 + LONG_FIRST.index(name) if name in LONG_FIRST else 1 + len(LONG_FIRST)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test has exactly one tier marker, or is ``slow``: none may go unmarked."""
+    """Every test has exactly one tier marker, or is ``slow``: none may go unmarked. The
+    longest tests go first (``_start_rank``; the order is otherwise kept)."""
     problems = []
     for item in items:
         tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
@@ -34,6 +46,7 @@ def pytest_collection_modifyitems(config, items):
             f"each test needs exactly one tier marker of {', '.join(TIERS)} (or slow); mark the "
             "module with pytestmark = pytest.mark.<tier> or the test with @pytest.mark.<tier>:\n"
             + "\n".join(problems))
+    items.sort(key=_start_rank)  # Stable: each module keeps its order.
 
 
 def read_dataset(output: str) -> dict[str, list[dict]]:

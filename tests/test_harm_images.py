@@ -26,7 +26,7 @@ from beam_tfrecords.transforms.plan.layouts import parse_labels_text
 from beam_tfrecords.transforms.plan.names import find_clash
 from beam_tfrecords.transforms.plan.shard_cuts import stable_key
 from tests.conftest import load_manifest, read_dataset
-from tests.harness.attack_table import cli
+from tests.harness.attack_table import TRACEBACK, cli
 
 EXIT_OK, EXIT_USAGE, EXIT_NOTHING_TO_DO = 0, 2, 99
 CLASSES = ("circles", "squares", "stripes", "triangles")
@@ -68,6 +68,22 @@ def _letters(out: Path, name: str | None = None) -> list[dict]:
     return letters
 
 
+def _clean(run) -> None:
+    """No traceback, and stderr holds only log records and the one-line verdict (the
+    attack table's rule for every run, tests/harness/attack_table.py ``Case.run``)."""
+    assert TRACEBACK not in run.stdout + run.stderr, run.stderr[-3000:]
+    assert not run.stray_stderr, run.stray_stderr
+
+
+def _whole(out: Path, names: list[str]) -> None:
+    """Exactly ``names`` are records (by name); the manifest counts them, and README.txt
+    as the one file ignored (the attack table's accounting, ``account_files``)."""
+    assert sorted(r["image/filename"][0].decode() for r in _records(out)) == sorted(names)
+    manifest = load_manifest(str(out))
+    assert sum(s["records"] for s in manifest["splits"].values()) == len(names)
+    assert manifest["input"]["ignored_files"] == 1
+
+
 def _convert(work: Path, src: Path | str, out: Path | str, *flags: str):
     return cli(work, "convert", "--input", str(src), "--output", str(out), "--progress", "off", *flags)
 
@@ -89,6 +105,7 @@ def test_links_out_of_the_input_are_followed_only_with_the_flag(tmp_path, follow
     run = _convert(tmp_path, root, out, *(["--follow_links_outside"] if follow else []))
     assert run.exit == EXIT_OK, run.stderr
     assert run.message == "status: ok"
+    _clean(run)
     assert _snapshot(outside) == before  # The outside files: read at most, never changed.
     manifest = load_manifest(str(out))
     skipped = {d["source"]: d["error"] for d in _letters(out, "skipped")}
@@ -97,9 +114,11 @@ def test_links_out_of_the_input_are_followed_only_with_the_flag(tmp_path, follow
         assert names == sorted(inside + ["dogs/circles_0000.jpg", "dogs/circles_0001.png",
                                          "stripes/far.jpg"])
         assert _per_class(out)["dogs"] == 2
+        _whole(out, names)
         assert "link_outside_input" not in manifest["input"].get("skipped", {}).get("by_reason", {})
     else:
         assert names == sorted(inside)
+        _whole(out, inside)
         assert skipped == {"dogs": "link_outside_input", "stripes/far.jpg": "link_outside_input"}
         assert manifest["input"]["skipped"]["by_reason"] == {"link_outside_input": 2}
         assert manifest["bad_records"]["total"] == 0  # Not inputs: no error budget spent.
@@ -135,7 +154,7 @@ def test_a_real_split_folder_keeps_its_images_from_a_link_in_another_split(tmp_p
     """A link met before the folder it leads to (here, whichever split is walked first
     holds one) must not take that folder's images into its own split."""
     root, out = tmp_path / "in", tmp_path / "out"
-    make_class_folder_sample(str(root), per_class=3, splits=("train", "test"))
+    images = make_class_folder_sample(str(root), per_class=3, splits=("train", "test"))
     shutil.rmtree(root / "test" / "circles")
     os.symlink("../train/circles", root / "test" / "circles")
     shutil.rmtree(root / "train" / "squares")
@@ -143,12 +162,14 @@ def test_a_real_split_folder_keeps_its_images_from_a_link_in_another_split(tmp_p
     run = _convert(tmp_path, root, out)
     assert run.exit == EXIT_OK, run.stderr
     assert run.message == "status: ok"
+    _clean(run)
     by_split = Counter((r["image/filename"][0].decode().split("/")[0], r["image/class/text"][0].decode())
                        for r in _records(out))
     assert by_split == {("train", "circles"): 3, ("train", "stripes"): 3, ("train", "triangles"): 3,
                         ("test", "squares"): 3, ("test", "stripes"): 3, ("test", "triangles"): 3}
     shards = sorted(read_dataset(str(out)))
     assert shards == ["test-00000-of-00001.tfrecord", "train-00000-of-00001.tfrecord"]
+    _whole(out, [i for i in images if not i.startswith(("test/circles/", "train/squares/"))])
     assert {d["source"]: d["error"] for d in _letters(out, "skipped")} == {
         "test/circles": "duplicate", "train/squares": "duplicate"}
 
@@ -163,11 +184,12 @@ def _outputs(out: Path) -> dict[str, tuple[int, str]]:
 @pytest.mark.parametrize("old_manifest", [False, True], ids=["new-manifest", "old-manifest"])
 def test_incremental_through_a_symlinked_root_converts_nothing_again(tmp_path, old_manifest):
     real, out = tmp_path / "data" / "photos", tmp_path / "out"
-    _tree(real)
+    inside = _tree(real)
     link = tmp_path / "photos_link"
     os.symlink(real, link)
     first = _convert(tmp_path, real, out, "--incremental")
     assert first.exit == EXIT_OK, first.stderr
+    _whole(out, inside)
     if old_manifest:  # As an earlier version wrote it: the absolute root, no root_id.
         manifest = load_manifest(str(out))
         for section in (manifest["input"], manifest["input"]["files_list"]):
@@ -180,6 +202,7 @@ def test_incremental_through_a_symlinked_root_converts_nothing_again(tmp_path, o
         assert again.exit == EXIT_NOTHING_TO_DO, again.stdout + again.stderr
         assert again.message.startswith("SKIPPED: input unchanged since"), again.message
         assert "0 new, 0 changed, 0 deleted, 8 unchanged" in again.message
+        _clean(again)
     assert _outputs(out) == before  # Nothing written, nothing touched.
     assert not list(out.glob("part-*"))
 
@@ -257,6 +280,7 @@ def test_drop_duplicates_with_incremental_keeps_what_the_dataset_holds(tmp_path)
     part = _convert(tmp_path, root, out, "--incremental", "--drop_duplicates")
     assert part.exit == EXIT_OK, part.stderr
     assert part.message == "status: ok"
+    _clean(part)
     report = json.loads((out / "run_report.json").read_text())
     assert report["update"]["inputs"] == {"new": 1, "changed": 0, "deleted": 0, "unchanged": 8,
                                           "touched": 0}
@@ -313,6 +337,7 @@ def test_names_that_differ_only_in_normalization_or_case_are_refused(tmp_path, l
     first, second = sorted(names)
     assert f"{ascii(first)} and {ascii(second)} differ only in" in run.message, run.message
     assert "normalization" in run.message if NFC in names else "letter case" in run.message
+    _clean(run)
     assert _snapshot(root) == before
     assert not out.exists()  # Refused before anything ran.
 
@@ -352,6 +377,7 @@ def test_a_blank_line_in_a_labels_file_is_refused_naming_the_line(tmp_path, wher
     assert run.exit == EXIT_USAGE, run.stdout + run.stderr
     assert run.message.startswith("beam-tfrecords convert: error: "), run.message
     assert "line 3 of the labels file is blank" in run.message
+    _clean(run)
     assert not out.exists()
     # The same file without the blank line converts, labels by line index.
     (root / "labels.txt" if where == "labels.txt" else tmp_path / "labels.txt").write_text(
@@ -376,7 +402,8 @@ def test_a_fifo_and_a_dev_zero_link_named_jpg_do_not_block_the_run(tmp_path):
     run = _convert(tmp_path, root, out)  # A hang would end at cli()'s time limit: exit None.
     assert run.exit == EXIT_OK, run.stdout + run.stderr
     assert run.message == "status: ok"
-    assert sorted(r["image/filename"][0].decode() for r in _records(out)) == sorted(inside)
+    _clean(run)
+    _whole(out, inside)
     assert {d["source"]: d["error"] for d in _letters(out, "skipped")} == {
         "circles/pipe.jpg": "not_a_regular_file", "squares/zero.jpg": "not_a_regular_file"}
     assert load_manifest(str(out))["input"]["skipped"]["by_reason"] == {"not_a_regular_file": 2}
@@ -397,7 +424,8 @@ def test_a_manifest_row_naming_a_fifo_or_dev_zero_is_dead_lettered_by_the_read(t
     assert refused.exit == 2 and "/dev (1 row)" in refused.stderr, refused.stdout + refused.stderr
     run = _convert(tmp_path, root / "list.csv", out, "--max_bad_fraction", "0.5", "--allow_paths_outside")
     assert run.exit == EXIT_OK, run.stdout + run.stderr
-    assert len(_records(out)) == len(inside)
+    _clean(run)
+    assert sorted(r["image/filename"][0].decode() for r in _records(out)) == sorted(inside)
     assert sorted((d["source"], d["stage"], d["error"]) for d in _letters(out)) == [
         ("pipe.jpg", "read", "not_a_regular_file"), ("zero.jpg", "read", "not_a_regular_file")]
 
@@ -413,6 +441,7 @@ def test_a_file_over_max_file_bytes_is_dead_lettered_unread(tmp_path):
     run = _convert(tmp_path, root, out, "--max_file_bytes", str(limit), "--max_bad_fraction", "0.3")
     assert run.exit == EXIT_OK, run.stderr
     assert run.message == "status: ok"
+    _clean(run)
     assert sorted(r["image/filename"][0].decode() for r in _records(out)) == sorted(set(inside) - set(large))
     letters = _letters(out)
     assert sorted((d["source"], d["error"]) for d in letters) == [(rel, "file_too_large") for rel in large]
@@ -460,7 +489,7 @@ def test_reads_take_regular_files_only_and_at_most_their_size_plus_one(tmp_path)
 @pytest.mark.e2e
 def test_a_text_file_named_jpg_is_named_by_kind_and_size_not_content(tmp_path):
     root, out = tmp_path / "in", tmp_path / "out"
-    _tree(root)
+    inside = _tree(root)
     bodies = {"circles/notes.jpg": f"{SECRET}\n".encode(),
               "squares/page.png": f"<!DOCTYPE html><html>{SECRET}</html>".encode(),
               "stripes/doc.jpg": b"%PDF-1.4\n" + SECRET.encode(),
@@ -469,6 +498,8 @@ def test_a_text_file_named_jpg_is_named_by_kind_and_size_not_content(tmp_path):
         (root / rel).write_bytes(body)
     run = _convert(tmp_path, root, out, "--max_bad_fraction", "0.5")
     assert run.exit == EXIT_OK, run.stderr
+    _clean(run)
+    _whole(out, inside)  # Every real image written beside the four refused files.
     letters = {d["source"]: d for d in _letters(out)}
     kinds = {"circles/notes.jpg": "text", "squares/page.png": "HTML", "stripes/doc.jpg": "PDF",
              "triangles/blob.gif": "unknown binary"}
@@ -498,6 +529,7 @@ def test_no_absolute_input_path_is_published(tmp_path, layout):
     os.symlink("circles" if layout == "class_folders" else "train", root / "again")  # Skipped.
     run = _convert(tmp_path, root, out, "--max_bad_fraction", "0.2", *flags)
     assert run.exit == EXIT_OK, run.stderr
+    _clean(run)
     published = sorted(p for p in out.rglob("*") if p.is_file() and ".tfrecord" not in p.name)
     names = {str(p.relative_to(out)) for p in published}
     assert {"manifest.json", "inputs.jsonl", "run_report.json", "dead_letter/skipped.jsonl"} <= names

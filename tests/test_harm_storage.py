@@ -44,7 +44,8 @@ from beam_tfrecords.schemas.shards import WORK_DIR
 from beam_tfrecords.transforms import image_listing
 from beam_tfrecords.transforms import image_steps as images
 from beam_tfrecords.transforms.plan.handoff import HandoffError, decode_listing
-from tests.harness.attack_table import Run, cli, cli_env, held_cli
+from tests.conftest import load_manifest, read_dataset
+from tests.harness.attack_table import TRACEBACK, Run, cli, cli_env, held_cli
 from tests.harness.fake_gcs import FakeGcs, binary, fake_gcs_fixture  # noqa: F401  (fixture)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -341,6 +342,7 @@ def test_a_shard_swapped_after_verification_is_not_published(tmp_path, images_in
                               *SMALL_SHARDS), "before_commit", swap)
     assert len(shards) >= 3 and run.exit == 1, run.stderr[-3000:]
     line = _one_line(run, r"^COMMIT FAILED: ")
+    assert not run.stray_stderr, run.stray_stderr  # Log records and the one line only.
     assert f"shard {shards[1].name} in the temporary folder was replaced or changed after it was " \
            "verified" in line and "nothing was published" in line, line
     after = _tree(out)
@@ -457,6 +459,7 @@ def test_two_concurrent_runs_into_one_gcs_output(tmp_path, fake_gcs, images_in):
     line = _one_line(second, r"^beam-tfrecords convert: error: --output gs://two-runs/dataset is being "
                              r"written by another run")
     assert f"run {holder['run_id']}, pid {seen['pid']}" in line, line
+    assert not second.stray_stderr, second.stray_stderr  # Log records and the one line only.
     assert seen["lock after"], "the refused run left the holder's lock alone"
     assert done.exit == 0, done.stderr[-3000:]
     manifest = json.loads(fake_gcs.download(f"{out}/manifest.json"))
@@ -704,6 +707,13 @@ def test_a_hold_point_without_the_test_switch_is_ignored_and_said_once(tmp_path,
     assert len(warnings) == 1 and " WARNING " in warnings[0] and "is set but ignored" in warnings[0]
     assert "BEAM_TFRECORDS_TEST_HOOKS=1" in warnings[0]
     assert not list(folder.iterdir())  # No hold file: the run never held.
+    assert TRACEBACK not in run.stdout + run.stderr and not run.stray_stderr, run.stray_stderr
+    # A whole run: each image one record, found by name; README.txt the one file ignored.
+    names = sorted(str(p.relative_to(images_in)) for p in images_in.rglob("*") if p.is_file()
+                   and p.name != "README.txt")
+    records = [r for rs in read_dataset(str(out)).values() for r in rs]
+    assert sorted(r["image/filename"][0].decode() for r in records) == names
+    assert load_manifest(str(out))["input"]["ignored_files"] == 1
 
 
 @pytest.mark.e2e

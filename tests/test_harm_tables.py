@@ -27,7 +27,7 @@ from beam_tfrecords.schemas.table_schema import TableSchema, dump_schema, load_s
 from beam_tfrecords.transforms.codec.table_rows import parse_column
 from beam_tfrecords.transforms.quality.drift import DriftGate, baseline_of, compare
 from tests.conftest import dead_letters, load_manifest
-from tests.harness.attack_table import EXIT_FAILED, EXIT_OK, EXIT_USAGE, cli, cli_env, tally
+from tests.harness.attack_table import EXIT_FAILED, EXIT_OK, EXIT_USAGE, TRACEBACK, cli, cli_env, tally
 
 EXIT_DRIFT = 3
 SECRET = "SECRET-7f3a9-hunter2@example.com"
@@ -38,6 +38,13 @@ SECRET = "SECRET-7f3a9-hunter2@example.com"
 
 def _convert(work: Path, src, out, *flags):
     return cli(work, "convert", "--input", str(src), "--output", str(out), *flags)
+
+
+def _clean(run) -> None:
+    """No traceback, and stderr holds only log records and the one-line verdict (the
+    attack table's rule for every run, tests/harness/attack_table.py ``Case.run``)."""
+    assert TRACEBACK not in run.stdout + run.stderr, run.stderr[-3000:]
+    assert not run.stray_stderr, run.stray_stderr
 
 
 def _schema(work: Path, text: str) -> str:
@@ -107,6 +114,7 @@ def test_non_finite_floats_publish_only_when_the_schema_allows_them(tmp_path, fm
     run = _convert(tmp_path, src, out, "--schema", schema, "--max_bad_fraction", "0.9")
     assert run.exit == EXIT_OK, run.stdout + run.stderr
     assert run.message == "status: ok"
+    _clean(run)
     assert {"manifest.json", "run_report.json", "train-00000-of-00001.tfrecord"} <= set(os.listdir(out))
     records = _by_id(out)
     non_finite = NAN | POS_INF | NEG_INF
@@ -229,6 +237,8 @@ def test_drift_gate_fails_a_feature_that_turned_98_percent_nan(tmp_path):
                       "--compare_to", "previous")
     assert second.exit == EXIT_DRIFT, second.stdout + second.stderr
     assert second.message == "status: drift_found"
+    _clean(first)
+    _clean(second)
     line = next(x for x in second.stdout.splitlines() if x.startswith("drift: "))
     assert line.startswith("drift: feature 'x' non-finite share moved 0.98 (0.00 -> 0.98; limit 0.1); "
                            "DRIFT FOUND, so nothing was published (exit 3")
@@ -293,6 +303,7 @@ def test_a_mixed_type_jsonl_sample_lands_whole(tmp_path):
     run = _convert(tmp_path, src, out)
     assert run.exit == EXIT_OK, run.stdout + run.stderr
     assert run.message == "status: ok"
+    _clean(run)
     notes = [x.strip() for x in run.stdout.splitlines() if x.strip().startswith("note: ")]
     assert "note: column 'a': its sampled rows hold values of several types (int64, string), so it is a " \
            "string list column" in notes
@@ -345,6 +356,7 @@ def test_split_column_spellings_that_differ_in_case_publish_nothing(tmp_path):
     out = tmp_path / "out"
     run = _convert(tmp_path, src, out, "--split_column", "split")
     assert run.exit == EXIT_FAILED, run.stdout + run.stderr
+    _clean(run)
     assert run.message == ("SPLIT NAMES CLASH: splits 'TRAIN' (10 records) and 'train' (10 records) differ "
                            "only in case: their shard files would be one file on a case-insensitive file "
                            "system, so nothing was published; give each split one spelling (a table: in "
@@ -363,6 +375,7 @@ def test_splits_flag_names_that_differ_in_case_are_refused(tmp_path):
     src.write_text("id\n1\n2\n")
     run = _convert(tmp_path, src, tmp_path / "out", "--splits", "train=0.5,Train=0.5")
     assert run.exit == EXIT_USAGE
+    _clean(run)
     assert run.message.startswith("beam-tfrecords convert: error: --splits names 'Train' and 'train', "
                                   "which differ only in case")
     assert not (tmp_path / "out").exists()
@@ -417,11 +430,15 @@ def test_a_secret_in_bad_rows_reaches_no_file_and_no_line(tmp_path):
     run = _convert(tmp_path, src, out, "--schema", schema, "--split_column", "split",
                    "--max_bad_fraction", "0.9")
     assert run.exit == EXIT_OK, run.stdout + run.stderr
+    _clean(run)
     assert _ids(out) == [1, 7]
     assert _reasons(out) == {3: "bad_value", 4: "bad_split", 5: "non_finite_value", 6: "bad_row",
                              7: "bad_quoting", 8: "bad_row", 10: "bad_row"}
     assert _grep_everything(out, run, s) == []
     assert _grep_everything(out, run, "hunter2") == []
+    # The summary accounts for every line, the stray quote's two included.
+    assert "rows: 9 in = 2 written + 7 dead-lettered (0 blank skipped); lines: 10 in the files, " \
+           "10 accounted for" in run.stdout.splitlines(), run.stdout
     assert all(set(d) == {"source", "stage", "error", "message"} for d in dead_letters(str(out)))
 
 
