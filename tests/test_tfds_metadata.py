@@ -137,6 +137,22 @@ def test_what_tfds_cannot_represent():
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("modes, channels, dtype", [
+    ({"L": 1, "RGB": 1}, "-1", "uint8"),  # Grey among RGB: TFDS refuses png with no channel count.
+    ({"L16": 2}, "1", "uint16"),  # The statistics' 16-bit modes: every image 16-bit is uint16,
+    ({"RGBA16": 1, "RGB16": 1}, "-1", "uint16"),
+    ({"L16": 1, "L": 1}, "1", "uint8"),  # with 8-bit ones uint8 (TensorFlow scales them down).
+])
+def test_png_channels_and_bit_depth(modes, channels, dtype):
+    manifest = _with()
+    for info in manifest["splits"].values():
+        info["statistics"]["images"]["modes"] = modes
+    image = _features(manifest)["image/encoded"]["image"]
+    assert image["shape"]["dimensions"] == ["-1", "-1", channels] and image["dtype"] == dtype
+    assert image.get("encodingFormat") == (None if channels == "-1" else "png")
+
+
+@pytest.mark.unit
 def test_detection_ids_index_the_labels_file():
     manifest = _with(annotations={"layout": "coco", "label_map": {"items": [{"id": 2, "name": "dog"},
                                                                             {"id": 4, "name": "cat"}]}})

@@ -17,8 +17,10 @@ output names, ``--feature_names`` renames included; roles are resolved with
 
 - the image bytes: ``Image`` with shape ``(None, None, C)``, C the one channel
   count of every image's mode in the statistics (``None`` when they differ: each
-  image then decodes to its own), ``uint16`` when every image is 16-bit, and the
-  encoding when every image is JPEG or PNG. A dataset holding a format TFDS's
+  image then decodes to its own), ``uint16`` when every image is 16-bit (modes
+  ``L16``, ``RGB16``, ...; a mix of 8- and 16-bit is ``uint8``: TensorFlow scales
+  the 16-bit ones down), and the encoding when every image is JPEG or PNG of one
+  channel count (TFDS checks it against the encoding). A dataset holding a format TFDS's
   decoder cannot give as one image (GIF, animated or not, and WebP:
   ``tf.image.decode_image`` gives frames; TIFF and others: not decoded) declares the bytes as a
   ``Tensor`` of ``string`` instead, and its description says why;
@@ -70,9 +72,8 @@ _TEXT, _SEQUENCE = _CLASSES + "text_feature.Text", _CLASSES + "sequence_feature.
 _DICT = _CLASSES + "features_dict.FeaturesDict"
 # What tf.image.decode_image decodes to one image (GIF and WebP give frames; TIFF it cannot read).
 _DECODED_FORMATS = {"jpeg", "png", "bmp"}
-_MODE_CHANNELS = {"1": 1, "L": 1, "I;16": 1, "I;16B": 1, "I;16L": 1, "I": 1, "LA": 2, "RGB": 3,
-                  "RGBA": 4}
-_SIXTEEN_BIT = {"I;16", "I;16B", "I;16L", "I"}
+# The statistics' modes (``codec.image_headers.ImageInfo.mode``): these, ``16`` appended when 16-bit.
+_MODE_CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}
 _PER_OBJECT = ("image/object/bbox/xmin", "image/object/bbox/ymin", "image/object/bbox/xmax",
                "image/object/bbox/ymax", "image/object/class/text", "image/object/is_crowd",
                "image/object/area", "image/object/difficult", "image/object/truncated")
@@ -135,10 +136,11 @@ def _image_feature(manifest: Mapping) -> tuple[dict, str]:
         return _tensor("string"), (f"images of format {', '.join(undecoded)} (TFDS's Image decodes "
                                    f"JPEG, PNG and BMP): the image feature is their bytes")
     modes = _image_counts(manifest, "modes")
-    counts = {_MODE_CHANNELS.get(m) for m in modes}
+    counts = {_MODE_CHANNELS.get(m.removesuffix("16")) for m in modes}
     channels = counts.pop() if len(counts) == 1 else None
-    dtype = "uint16" if modes and modes <= _SIXTEEN_BIT else "uint8"
-    encoding = formats.pop() if len(formats) == 1 and formats <= {"jpeg", "png"} else None
+    dtype = "uint16" if modes and all(m.endswith("16") for m in modes) else "uint8"
+    # TFDS checks a PNG's or JPEG's channel count: with several (or unknown), no encoding.
+    encoding = formats.pop() if len(formats) == 1 and formats <= {"jpeg", "png"} and channels else None
     if encoding == "jpeg" and (channels not in (1, 3) or dtype != "uint8"):
         encoding = None
     return _image(channels, dtype, encoding), ""
