@@ -171,8 +171,10 @@ def test_sixteen_bit_dataset(datasets):
 
 
 def test_the_metadata_files_are_beside_the_manifest(datasets):
-    for out, _ in datasets.values():
+    for out, manifest in datasets.values():
         assert {"dataset_info.json", "features.json"} <= set(os.listdir(out))
+        names = sorted(n for n in os.listdir(out) if n in ("dataset_info.json", "features.json") or n.endswith(".labels.txt"))
+        assert manifest["tfds"] == {"written": True, "files": names}
 
 
 def test_the_readme_snippet_runs(datasets, monkeypatch):

@@ -36,8 +36,11 @@ output names, ``--feature_names`` renames included; roles are resolved with
 - other scalars ``Scalar`` (numbers) or ``Text`` (strings); lists and fixed
   shapes ``Tensor``; ``bytes`` table columns ``Tensor`` of ``string``.
 
-Not written: gzip datasets (TFDS reads TFRecord files uncompressed only), and a
-dataset without shards. ``tfds_notes`` says in lines what the files leave out.
+Not written: gzip datasets (TFDS reads TFRecord files uncompressed only), a dataset
+with a split name holding ``.`` (TFDS's split parser refuses ``train.v2``), and a
+dataset without shards. The manifest records which (``tfds_entry``: the file names,
+or why none), so that ``verify`` tells a dataset whose files were deleted from one
+written before they existed. ``tfds_notes`` says in lines what the files leave out.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from beam_tfrecords.schemas.features import output_feature_name
 
@@ -56,7 +59,9 @@ __all__ = [
     "LABELS_SUFFIX",
     "is_tfds_file",
     "tfds_digests",
+    "tfds_entry",
     "tfds_metadata",
+    "tfds_not_written",
     "tfds_notes",
 ]
 
@@ -74,6 +79,8 @@ _DICT = _CLASSES + "features_dict.FeaturesDict"
 _DECODED_FORMATS = {"jpeg", "png", "bmp"}
 # The statistics' modes (``codec.image_headers.ImageInfo.mode``): these, ``16`` appended when 16-bit.
 _MODE_CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}
+# A split name TFDS's split parser reads (``train``, ``train[:10%]``): no '.'.
+_TFDS_SPLIT = re.compile(r"[\w-]+")
 _PER_OBJECT = ("image/object/bbox/xmin", "image/object/bbox/ymin", "image/object/bbox/xmax",
                "image/object/bbox/ymax", "image/object/class/text", "image/object/is_crowd",
                "image/object/area", "image/object/difficult", "image/object/truncated")
@@ -251,11 +258,28 @@ def _description(manifest: Mapping, notes: list[str]) -> str:
     return " ".join([text, *(f"Note: {n}." for n in notes)])
 
 
+def tfds_not_written(compression: object, split_names: Iterable[str]) -> str:
+    """Why a dataset of these shards and splits gets no TFDS metadata; ``''`` when it does
+    (the plan says it before the run, the manifest's ``tfds`` entry after)."""
+    if compression != "none":
+        return "gzip shards: TFDS reads TFRecord files uncompressed only"
+    dotted = sorted(s for s in split_names if not _TFDS_SPLIT.fullmatch(s))
+    if dotted:
+        shown = ", ".join(dotted[:5]) + (f" and {len(dotted) - 5} more" if len(dotted) > 5 else "")
+        return (f"split name{'s' if len(dotted) > 1 else ''} {shown}: TFDS cannot parse a split "
+                f"name holding '.'")
+    return ""
+
+
+def _why_none(manifest: Mapping) -> str:
+    return tfds_not_written((manifest.get("options") or {}).get("compression", "none"), manifest["splits"])
+
+
 def tfds_metadata(manifest: Mapping) -> dict[str, bytes]:
     """``{file name: bytes}`` of a dataset's TFDS metadata (see the module); ``{}`` for a
-    gzip dataset or one without shards. Deterministic: the same manifest gives the
-    same bytes (its time and run are not read)."""
-    if (manifest.get("options") or {}).get("compression", "none") != "none":
+    dataset ``tfds_not_written`` refuses or one without shards. Deterministic: the same
+    manifest gives the same bytes (its time and run are not read, nor its ``tfds`` entry)."""
+    if _why_none(manifest):
         return {}
     splits = [{"filepathTemplate": FILEPATH_TEMPLATE, "name": split, "numBytes": str(info["bytes"]),
                "shardLengths": [str(s["records"]) for s in info["shards"]]}
@@ -273,12 +297,21 @@ def tfds_metadata(manifest: Mapping) -> dict[str, bytes]:
 
 def tfds_notes(manifest: Mapping) -> list[str]:
     """What the TFDS metadata of a dataset leaves out, one line each (``[]``: nothing)."""
-    if (manifest.get("options") or {}).get("compression", "none") != "none":
-        return ["gzip shards: no TFDS metadata is written (TFDS reads TFRecord files uncompressed only)"]
+    if _why_none(manifest):
+        return [f"{_why_none(manifest)}; no TFDS metadata is written"]
     notes = _features(manifest)[2]
     if manifest.get("sequence_features"):
         notes.append("sequence records: features.json declares the context features only")
     return notes
+
+
+def tfds_entry(manifest: Mapping) -> dict:
+    """The manifest's ``tfds`` entry: ``{"written": true, "files": [file names]}``, or
+    ``{"written": false, "why": ...}`` (what ``verify`` holds the folder to)."""
+    made = tfds_metadata(manifest)
+    if made:
+        return {"written": True, "files": sorted(made)}
+    return {"written": False, "why": _why_none(manifest) or "the dataset has no shards"}
 
 
 def tfds_digests(manifest) -> dict[str, str]:
