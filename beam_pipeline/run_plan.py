@@ -14,6 +14,7 @@ from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.inputs import InputFile
 from beam_tfrecords.schemas.shards import ShardTarget
 from beam_tfrecords.schemas.table_schema import TableSchema
+from beam_tfrecords.transforms.codec.tfds_metadata import tfds_not_written
 from beam_tfrecords.transforms.image_steps import LISTING_NAME
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.ownership import OutputClaims
@@ -123,4 +124,8 @@ class RunPlan:
         # Issue 22: an uncompressed shard gets an index file beside it; say when none will.
         index = (["  index files: none (gzip shards cannot be read at an offset; --compression none "
                   "writes <shard>.idx beside each shard)"] if self.config.compression == "gzip" else [])
-        return [f"plan: {self.config.input} -> {self.config.output}", *self.inputs, *index, *claims]
+        # And when no TFDS metadata will be (split names from a column are known after the run:
+        # the manifest's tfds entry says it then).
+        why = tfds_not_written(self.config.compression, (name for name, _ in self.config.splits))
+        tfds = [f"  TFDS metadata: none ({why})"] if why else []
+        return [f"plan: {self.config.input} -> {self.config.output}", *self.inputs, *index, *tfds, *claims]

@@ -22,7 +22,11 @@ Each uncompressed shard has an index file beside it (issue 22; see
 ``transforms.codec.record_index``), listed with the shard as
 ``"index": {"path": "<shard path>.idx", "bytes": N, "sha256": ...}``; the top
 level says ``"index_files": {"format": "offset length", "written": true}``, or
-``"written": false`` with ``"why"`` for gzip shards, which have none.
+``"written": false`` with ``"why"`` for gzip shards, which have none. The TFDS
+metadata beside the manifest (``transforms.codec.tfds_metadata``, derived from the
+manifest) is named as ``"tfds": {"written": true, "files": ["dataset_info.json", ...]}``,
+or ``{"written": false, "why": ...}`` (gzip shards, a split name TFDS cannot parse);
+a manifest written before it has no ``tfds``.
 
 Each split carries ``statistics`` of the records written (dead letters left
 out), computed while writing (``transforms.quality.statistics``); ``--compare_to``
@@ -66,7 +70,7 @@ grouped into sequences, and ``WriteVerifiedShards`` datasets, get ``records`` on
 Reading a manifest (``parse_manifest``) checks the structure every reader of this
 package uses, and that every path it names (``splits.*.shards[].path``,
 ``parts[].path``, ``input.files_list.path``, ``input.skipped.file``,
-``bad_records.dead_letter_files[]``) stays inside the manifest's folder
+``bad_records.dead_letter_files[]``, ``tfds.files[]``) stays inside the manifest's folder
 (``outside_folder``: no ``..``, no absolute path, no scheme) and every split
 name can name a file; what is wrong is named in one line by its JSON path
 (``splits.train.shards[3].path: missing``). Links out of a local dataset folder
@@ -473,8 +477,24 @@ def _check_manifest(manifest: Mapping) -> None:
                                False, "object"):
         for name in ("records", "num_shards"):
             _value(info, name, key, "count")
+    _check_tfds(manifest)
     _check_input(manifest)
     _check_parts(manifest)
+
+
+def _check_tfds(manifest: Mapping) -> None:
+    """``tfds`` (issue 22): ``{"written": true, "files": [names beside the manifest]}`` or
+    ``{"written": false, "why": ...}``; absent in a manifest written before it."""
+    entry = _value(manifest, "tfds", "", "object", required=False)
+    if entry is None:
+        return
+    if not _value(entry, "written", "tfds", "flag"):
+        _value(entry, "why", "tfds", "text")
+        return
+    for key, i, name in _items(entry, "files", "tfds", "text"):
+        _inner_path(entry["files"], i, "tfds.files")
+        if "/" in name:
+            raise _Malformed(f"{key}: {shown_value(name)} is not a file name beside the manifest")
 
 
 def _check_input(manifest: Mapping) -> None:

@@ -1,13 +1,15 @@
 """TFDS reads our output as it is (issue 22, "Must show"): ``tfds.builder_from_directory``
-on an image dataset (class folders, JPEG and PNG, one grayscale image among RGB ones),
-a table dataset (CSV, ratio splits) and a detection dataset (COCO: category ids 3, 7
+on an image dataset (class folders, PNG only, one grayscale image among RGB ones: no
+encoding can be declared for two channel counts), a 16-bit grayscale PNG dataset, a
+table dataset (CSV, ratio splits) and a detection dataset (COCO: category ids 3, 7
 and 18, instance masks), each converted once for the module:
 
 - every split's record and shard counts equal the manifest's;
 - ``train[:10%]`` (``[:50%]`` of the four COCO images) gives the first records of the
   split's shards, in order, none else;
 - every decoded image has its record's height and width (and the grayscale one one
-  channel, the others three); every instance mask its image's size;
+  channel, the others three); every instance mask its image's size; the 16-bit
+  images decode as ``uint16``, each pixel its file's;
 - the class names equal the vocabulary (COCO: the name at each category id, and each
   object's decoded class name its ``image/object/class/text``);
 - the table's values equal the records parsed by protobuf, feature by feature;
@@ -62,19 +64,27 @@ def _records(out: Path, manifest: dict, split: str) -> list[dict]:
 def datasets(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
     work = tmp_path_factory.mktemp("tfds")
     images = work / "images"
-    make_class_folder_sample(str(images), per_class=5, splits=("train", "test"), seed=5)
+    make_class_folder_sample(str(images), per_class=5, splits=("train", "test"), formats=("png",), seed=5)
     Image.fromarray(np.arange(70 * 50, dtype=np.uint8).reshape(50, 70)).save(images / "train" / "circles" / "gray.png")
     table = work / "table" / "table.csv"
     table.parent.mkdir()
     table.write_text("id,flag,count,score,name\n" + "".join(
         f"{i},{'true' if i % 3 else 'false'},{i * 7 % 11},{i / 8:.3f},row {i}\n" for i in range(60)))
     coco = sets.make_coco(work / "coco")
+    for i, name in enumerate(("a", "b")):
+        (work / "sixteen" / name).mkdir(parents=True)
+        Image.fromarray(_sixteen_bit(i)).save(work / "sixteen" / name / f"{name}.png")
     return {
         "image": (work / "out-image", _convert(work / "out-image", "--input", str(images))),
         "table": (work / "out-table", _convert(work / "out-table", "--input", str(table),
                                                "--splits", "train=0.75,test=0.25", "--key_column", "id")),
         "detection": (work / "out-coco", _convert(work / "out-coco", *coco.flags)),
+        "sixteen": (work / "out-16", _convert(work / "out-16", "--input", str(work / "sixteen"))),
     }
+
+
+def _sixteen_bit(seed: int) -> np.ndarray:
+    return (np.arange(10 * 12, dtype=np.uint16).reshape(10, 12) * 547 + seed * 9).astype(np.uint16)
 
 
 def _counts_and_slice(out: Path, manifest: dict, key: str, percent: int) -> tuple:
@@ -147,9 +157,24 @@ def test_detection_dataset(datasets):
           f"{manifest['labels']['vocabulary']}")
 
 
+def test_sixteen_bit_dataset(datasets):
+    out, manifest = datasets["sixteen"]
+    builder = tfds.builder_from_directory(str(out))
+    assert (builder.info.features["image/encoded"].dtype, builder.info.features["image/encoded"].shape) \
+        == (np.uint16, (None, None, 1))
+    read = {r["image/filename"].decode(): r["image/encoded"] for r in tfds.as_numpy(builder.as_dataset(split="train"))}
+    assert sorted(read) == ["a/a.png", "b/b.png"]
+    for i, name in enumerate(("a", "b")):
+        image = read[f"{name}/{name}.png"]
+        assert image.dtype == np.uint16 and (image[..., 0] == _sixteen_bit(i)).all()
+    print(f"\n  TFDS 16-bit PNG dataset: {len(read)} images uint16 (None, None, 1), every pixel its file's")
+
+
 def test_the_metadata_files_are_beside_the_manifest(datasets):
-    for out, _ in datasets.values():
+    for out, manifest in datasets.values():
         assert {"dataset_info.json", "features.json"} <= set(os.listdir(out))
+        names = sorted(n for n in os.listdir(out) if n in ("dataset_info.json", "features.json") or n.endswith(".labels.txt"))
+        assert manifest["tfds"] == {"written": True, "files": names}
 
 
 def test_the_readme_snippet_runs(datasets, monkeypatch):

@@ -1,9 +1,11 @@
 """The TFDS metadata files (issue 22, item 1): the exact bytes ``tfds_metadata`` gives for a
 known manifest (TFDS 4.9's JSON: 64-bit integers as strings, keys sorted), the roles
 it reads through ``--feature_names`` renames, what it declares when TFDS cannot
-represent a dataset (gzip, GIF, several channel counts, class names a labels file
-cannot hold), and ``verify`` failing, with one line naming the file, a dataset whose
-``dataset_info.json`` was edited; the files are the run's own (removed by a gzip run
+represent a dataset (gzip, GIF, several channel counts, 16-bit images, class names a
+labels file cannot hold, a split name holding '.'), the manifest's ``tfds`` entry
+naming the files (or why none), and ``verify`` failing, with one line naming each
+file, a dataset whose ``dataset_info.json`` was edited, whose TFDS files were all
+deleted, or which holds one the manifest does not imply; the files are the run's own (removed by a gzip run
 over them, a user's file of such a name refused).
 """
 
@@ -19,9 +21,11 @@ from beam_tfrecords.cli import main
 from beam_tfrecords.pipeline import convert
 from beam_tfrecords.samples import make_cifar_sample
 from beam_tfrecords.schemas.config import ConvertConfig
+from beam_tfrecords.schemas.manifest import parse_manifest
 from beam_tfrecords.transforms.codec.tfds_metadata import (
     is_tfds_file,
     tfds_digests,
+    tfds_entry,
     tfds_metadata,
     tfds_notes,
 )
@@ -137,6 +141,44 @@ def test_what_tfds_cannot_represent():
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("modes, channels, dtype", [
+    ({"L": 1, "RGB": 1}, "-1", "uint8"),  # Grey among RGB: TFDS refuses png with no channel count.
+    ({"L16": 2}, "1", "uint16"),  # The statistics' 16-bit modes: every image 16-bit is uint16,
+    ({"RGBA16": 1, "RGB16": 1}, "-1", "uint16"),
+    ({"L16": 1, "L": 1}, "1", "uint8"),  # with 8-bit ones uint8 (TensorFlow scales them down).
+])
+def test_png_channels_and_bit_depth(modes, channels, dtype):
+    manifest = _with()
+    for info in manifest["splits"].values():
+        info["statistics"]["images"]["modes"] = modes
+    image = _features(manifest)["image/encoded"]["image"]
+    assert image["shape"]["dimensions"] == ["-1", "-1", channels] and image["dtype"] == dtype
+    assert image.get("encodingFormat") == (None if channels == "-1" else "png")
+
+
+@pytest.mark.unit
+def test_the_manifest_names_the_files_or_why_none():
+    assert tfds_entry(MANIFEST) == {"written": True, "files": sorted(tfds_metadata(MANIFEST))}
+    assert tfds_entry(_with(options={"compression": "gzip"})) == {
+        "written": False, "why": "gzip shards: TFDS reads TFRecord files uncompressed only"}
+    dotted = _with()  # TFDS's split parser refuses as_dataset(split="train.v2"): no metadata at all.
+    dotted["splits"]["train.v2"] = dotted["splits"].pop("train")
+    assert tfds_metadata(dotted) == {} and tfds_entry(dotted) == {
+        "written": False, "why": "split name train.v2: TFDS cannot parse a split name holding '.'"}
+    assert tfds_notes(dotted) == ["split name train.v2: TFDS cannot parse a split name holding '.'; "
+                                  "no TFDS metadata is written"]
+    base = {"format_version": 1, "created": "x", "splits": {}, "labels": {"vocabulary": []},
+            "bad_records": {"total": 0}}
+    for entry in ({"written": True, "files": ["features.json"]}, {"written": False, "why": "gzip"}):
+        assert parse_manifest(json.dumps({**base, "tfds": entry}))["tfds"] == entry
+    for entry, why in (({"written": True}, "tfds.files: missing"), ({"written": False}, "tfds.why: missing"),
+                       ({"written": True, "files": ["a/b.labels.txt"]}, "is not a file name beside"),
+                       ({"written": True, "files": ["../x.json"]}, "leads outside the dataset folder")):
+        with pytest.raises(ValueError, match=why):
+            parse_manifest(json.dumps({**base, "tfds": entry}))
+
+
+@pytest.mark.unit
 def test_detection_ids_index_the_labels_file():
     manifest = _with(annotations={"layout": "coco", "label_map": {"items": [{"id": 2, "name": "dog"},
                                                                             {"id": 4, "name": "cat"}]}})
@@ -167,9 +209,22 @@ def test_verify_fails_an_edited_dataset_info(tmp_path, capsys):
     failed = [line for line in capsys.readouterr().out.splitlines() if "FAIL" in line]
     assert failed == [f"  FAIL  {info}  TFDS metadata differs from what manifest.json gives "
                       f"({size} bytes, expected {size}; recomputed from it)"]
-    (out / "features.json").unlink()
+    made = sorted(json.loads((out / "manifest.json").read_text())["tfds"]["files"])
+    assert made == ["dataset_info.json", "features.json", "image.class.label.labels.txt"]
+    for name in made:  # All of them gone: the manifest says they were written.
+        (out / name).unlink()
+    (out / "image.class.text.labels.txt").write_text("x\n")  # One no manifest implies.
     assert main(["verify", str(out)]) == 1
-    assert "features.json  TFDS metadata file missing" in capsys.readouterr().out
+    failed = [line for line in capsys.readouterr().out.splitlines() if "FAIL" in line]
+    assert failed == [f"  FAIL  {out / name}  TFDS metadata file missing (manifest.json lists it in tfds.files)"
+                      for name in made] + [
+        f"  FAIL  {out / 'image.class.text.labels.txt'}  TFDS metadata file that manifest.json does not imply "
+        f"(its tfds.files: {', '.join(made)}); TFDS would read it: remove it"]
+    (out / "image.class.text.labels.txt").unlink()  # A manifest written before the entry: not checked.
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["tfds"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["verify", str(out)]) == 0
 
 
 @pytest.mark.beam
@@ -184,10 +239,31 @@ def test_the_files_are_the_runs_own_and_nothing_else(tmp_path, capsys):
     assert main([*flags, "--overwrite", "--compression", "gzip"]) == 0
     assert not [name for name in os.listdir(out) if is_tfds_file(name)]
     assert main(["verify", str(out)]) == 0
-    (out / "features.json").write_bytes(b"{}")  # A user's.
+    (out / "features.json").write_bytes(b"{}")  # A user's: TFDS would read it, verify fails it.
     capsys.readouterr()
+    assert main(["verify", str(out)]) == 1
+    assert [line for line in capsys.readouterr().out.splitlines() if "FAIL" in line] == [
+        f"  FAIL  {out / 'features.json'}  TFDS metadata file that manifest.json does not imply (no TFDS "
+        f"metadata was written: \"gzip shards: TFDS reads TFRecord files uncompressed only\"); TFDS would "
+        f"read it: remove it"]
     assert main([*flags, "--overwrite"]) == 2
     refusal = capsys.readouterr().err.strip().splitlines()[-1]
     assert "cannot prove it wrote" in refusal and refusal.endswith(
         "features.json; with or without --overwrite, move it out of the folder, or choose another --output")
     assert (out / "features.json").read_bytes() == b"{}"
+
+
+@pytest.mark.beam
+def test_a_split_name_holding_a_dot_gets_no_tfds_metadata(tmp_path, capsys):
+    """TFDS cannot parse ``train.v2`` (as_dataset refuses it): the run goes on (refusing would
+    break such names, valid since the first version), the plan and the manifest say why."""
+    table = tmp_path / "t.csv"
+    table.write_text("k,v\n" + "".join(f"{i},{i % 7}\n" for i in range(12)))
+    out = tmp_path / "out"
+    assert main(["convert", "--input", str(table), "--output", str(out), "--splits", "train.v2=0.5,test=0.5",
+                 "--encode_processes", "0"]) == 0
+    why = "split name train.v2: TFDS cannot parse a split name holding '.'"
+    assert f"  TFDS metadata: none ({why})" in capsys.readouterr().out.splitlines()
+    assert json.loads((out / "manifest.json").read_text())["tfds"] == {"written": False, "why": why}
+    assert not [name for name in os.listdir(out) if is_tfds_file(name)]
+    assert main(["verify", str(out)]) == 0

@@ -72,7 +72,7 @@ from beam_tfrecords.transforms.io.ownership import (
 )
 from beam_tfrecords.transforms.io.progress import split_totals
 from beam_tfrecords.transforms.io.storage_errors import STORAGE_ERRORS
-from beam_tfrecords.transforms.io.tfds_output import stage_tfds_files
+from beam_tfrecords.transforms.io.tfds_output import stage_tfds_files, with_tfds_entry
 from beam_tfrecords.transforms.plan.annotated_listing import annotation_parts
 from beam_tfrecords.transforms.quality.drift import DriftGate, statistics_and_drift
 from beam_tfrecords.transforms.result_totals import FoldedResults
@@ -479,7 +479,7 @@ def _run_manifest(settings: CommitSettings, run: RunSummary) -> dict:
         manifest["sequence_features"] = FeatureSpec(
             {name: (dtype, list(shape)) for name, dtype, shape in summary.sequence_features}
         ).to_json()
-    return manifest
+    return with_tfds_entry(manifest)  # Which TFDS files the commit publishes (verify holds it to them).
 
 
 def publish_run(settings: CommitSettings, run: RunSummary) -> RunReport:

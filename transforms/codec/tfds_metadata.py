@@ -17,8 +17,10 @@ output names, ``--feature_names`` renames included; roles are resolved with
 
 - the image bytes: ``Image`` with shape ``(None, None, C)``, C the one channel
   count of every image's mode in the statistics (``None`` when they differ: each
-  image then decodes to its own), ``uint16`` when every image is 16-bit, and the
-  encoding when every image is JPEG or PNG. A dataset holding a format TFDS's
+  image then decodes to its own), ``uint16`` when every image is 16-bit (modes
+  ``L16``, ``RGB16``, ...; a mix of 8- and 16-bit is ``uint8``: TensorFlow scales
+  the 16-bit ones down), and the encoding when every image is JPEG or PNG of one
+  channel count (TFDS checks it against the encoding). A dataset holding a format TFDS's
   decoder cannot give as one image (GIF, animated or not, and WebP:
   ``tf.image.decode_image`` gives frames; TIFF and others: not decoded) declares the bytes as a
   ``Tensor`` of ``string`` instead, and its description says why;
@@ -34,8 +36,11 @@ output names, ``--feature_names`` renames included; roles are resolved with
 - other scalars ``Scalar`` (numbers) or ``Text`` (strings); lists and fixed
   shapes ``Tensor``; ``bytes`` table columns ``Tensor`` of ``string``.
 
-Not written: gzip datasets (TFDS reads TFRecord files uncompressed only), and a
-dataset without shards. ``tfds_notes`` says in lines what the files leave out.
+Not written: gzip datasets (TFDS reads TFRecord files uncompressed only), a dataset
+with a split name holding ``.`` (TFDS's split parser refuses ``train.v2``), and a
+dataset without shards. The manifest records which (``tfds_entry``: the file names,
+or why none), so that ``verify`` tells a dataset whose files were deleted from one
+written before they existed. ``tfds_notes`` says in lines what the files leave out.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from beam_tfrecords.schemas.features import output_feature_name
 
@@ -54,7 +59,9 @@ __all__ = [
     "LABELS_SUFFIX",
     "is_tfds_file",
     "tfds_digests",
+    "tfds_entry",
     "tfds_metadata",
+    "tfds_not_written",
     "tfds_notes",
 ]
 
@@ -70,9 +77,10 @@ _TEXT, _SEQUENCE = _CLASSES + "text_feature.Text", _CLASSES + "sequence_feature.
 _DICT = _CLASSES + "features_dict.FeaturesDict"
 # What tf.image.decode_image decodes to one image (GIF and WebP give frames; TIFF it cannot read).
 _DECODED_FORMATS = {"jpeg", "png", "bmp"}
-_MODE_CHANNELS = {"1": 1, "L": 1, "I;16": 1, "I;16B": 1, "I;16L": 1, "I": 1, "LA": 2, "RGB": 3,
-                  "RGBA": 4}
-_SIXTEEN_BIT = {"I;16", "I;16B", "I;16L", "I"}
+# The statistics' modes (``codec.image_headers.ImageInfo.mode``): these, ``16`` appended when 16-bit.
+_MODE_CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}
+# A split name TFDS's split parser reads (``train``, ``train[:10%]``): no '.'.
+_TFDS_SPLIT = re.compile(r"[\w-]+")
 _PER_OBJECT = ("image/object/bbox/xmin", "image/object/bbox/ymin", "image/object/bbox/xmax",
                "image/object/bbox/ymax", "image/object/class/text", "image/object/is_crowd",
                "image/object/area", "image/object/difficult", "image/object/truncated")
@@ -135,10 +143,11 @@ def _image_feature(manifest: Mapping) -> tuple[dict, str]:
         return _tensor("string"), (f"images of format {', '.join(undecoded)} (TFDS's Image decodes "
                                    f"JPEG, PNG and BMP): the image feature is their bytes")
     modes = _image_counts(manifest, "modes")
-    counts = {_MODE_CHANNELS.get(m) for m in modes}
+    counts = {_MODE_CHANNELS.get(m.removesuffix("16")) for m in modes}
     channels = counts.pop() if len(counts) == 1 else None
-    dtype = "uint16" if modes and modes <= _SIXTEEN_BIT else "uint8"
-    encoding = formats.pop() if len(formats) == 1 and formats <= {"jpeg", "png"} else None
+    dtype = "uint16" if modes and all(m.endswith("16") for m in modes) else "uint8"
+    # TFDS checks a PNG's or JPEG's channel count: with several (or unknown), no encoding.
+    encoding = formats.pop() if len(formats) == 1 and formats <= {"jpeg", "png"} and channels else None
     if encoding == "jpeg" and (channels not in (1, 3) or dtype != "uint8"):
         encoding = None
     return _image(channels, dtype, encoding), ""
@@ -249,11 +258,28 @@ def _description(manifest: Mapping, notes: list[str]) -> str:
     return " ".join([text, *(f"Note: {n}." for n in notes)])
 
 
+def tfds_not_written(compression: object, split_names: Iterable[str]) -> str:
+    """Why a dataset of these shards and splits gets no TFDS metadata; ``''`` when it does
+    (the plan says it before the run, the manifest's ``tfds`` entry after)."""
+    if compression != "none":
+        return "gzip shards: TFDS reads TFRecord files uncompressed only"
+    dotted = sorted(s for s in split_names if not _TFDS_SPLIT.fullmatch(s))
+    if dotted:
+        shown = ", ".join(dotted[:5]) + (f" and {len(dotted) - 5} more" if len(dotted) > 5 else "")
+        return (f"split name{'s' if len(dotted) > 1 else ''} {shown}: TFDS cannot parse a split "
+                f"name holding '.'")
+    return ""
+
+
+def _why_none(manifest: Mapping) -> str:
+    return tfds_not_written((manifest.get("options") or {}).get("compression", "none"), manifest["splits"])
+
+
 def tfds_metadata(manifest: Mapping) -> dict[str, bytes]:
     """``{file name: bytes}`` of a dataset's TFDS metadata (see the module); ``{}`` for a
-    gzip dataset or one without shards. Deterministic: the same manifest gives the
-    same bytes (its time and run are not read)."""
-    if (manifest.get("options") or {}).get("compression", "none") != "none":
+    dataset ``tfds_not_written`` refuses or one without shards. Deterministic: the same
+    manifest gives the same bytes (its time and run are not read, nor its ``tfds`` entry)."""
+    if _why_none(manifest):
         return {}
     splits = [{"filepathTemplate": FILEPATH_TEMPLATE, "name": split, "numBytes": str(info["bytes"]),
                "shardLengths": [str(s["records"]) for s in info["shards"]]}
@@ -271,12 +297,21 @@ def tfds_metadata(manifest: Mapping) -> dict[str, bytes]:
 
 def tfds_notes(manifest: Mapping) -> list[str]:
     """What the TFDS metadata of a dataset leaves out, one line each (``[]``: nothing)."""
-    if (manifest.get("options") or {}).get("compression", "none") != "none":
-        return ["gzip shards: no TFDS metadata is written (TFDS reads TFRecord files uncompressed only)"]
+    if _why_none(manifest):
+        return [f"{_why_none(manifest)}; no TFDS metadata is written"]
     notes = _features(manifest)[2]
     if manifest.get("sequence_features"):
         notes.append("sequence records: features.json declares the context features only")
     return notes
+
+
+def tfds_entry(manifest: Mapping) -> dict:
+    """The manifest's ``tfds`` entry: ``{"written": true, "files": [file names]}``, or
+    ``{"written": false, "why": ...}`` (what ``verify`` holds the folder to)."""
+    made = tfds_metadata(manifest)
+    if made:
+        return {"written": True, "files": sorted(made)}
+    return {"written": False, "why": _why_none(manifest) or "the dataset has no shards"}
 
 
 def tfds_digests(manifest) -> dict[str, str]:
