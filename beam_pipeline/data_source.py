@@ -15,12 +15,17 @@ is decoded by the manifest's feature spec (``features``):
   record has no value.
 - ``string`` of shape ``[]``: ``bytes``; otherwise a list of ``bytes``.
 
+Variable-length features differ in length between records: batch them padded or
+ragged (a collate function of your own; ``tf_dataset(...).ragged_batch(n)``).
+
 A dataset written without a spec (``WriteVerifiedShards`` without ``features``)
 gives every feature of each record as a 1-D array or a list of ``bytes``.
 
 ``decode_images=True`` decodes the image feature (``image/encoded``, or its
 ``--feature_names`` name) with Pillow into a ``(height, width, channels)`` array:
-``uint8``, ``uint16`` for a 16-bit greyscale PNG; grey images keep one channel, a
+``uint8``, ``uint16`` for a 16-bit greyscale PNG (other 16-bit PNGs give ``uint8``,
+their high bytes, as ``tf.io.decode_image`` does; grey+alpha keeps its 2 channels);
+grey images keep one channel, a
 palette image becomes RGB (RGBA with transparency), an animated GIF gives its first
 frame.
 
@@ -341,8 +346,9 @@ def _values(feature, kind: str | None, shape: list, dims: tuple, size: int | Non
 
 def decode_image(data: bytes) -> np.ndarray:
     """An encoded image as a ``(height, width, channels)`` array with Pillow: ``uint8``,
-    ``uint16`` for 16-bit greyscale; a palette image as RGB (RGBA with transparency),
-    an animated image's first frame."""
+    ``uint16`` for 16-bit greyscale (other 16-bit PNGs: their high bytes, a grey+alpha
+    one in its 2 channels); a palette image as RGB (RGBA with transparency), an
+    animated image's first frame."""
     from PIL import Image  # pylint: disable=import-outside-toplevel
 
     with Image.open(io.BytesIO(data)) as image:
@@ -373,7 +379,8 @@ def tf_dataset(path: str, split: str, decode_images: bool = False):
     the manifest's feature spec: ``tf.io.FixedLenFeature`` for a fixed shape, a
     variable-length feature (``null`` in its shape) as a dense 1-D tensor (``[null,
     k]``: ``(n, k)``). The split's shards are read in manifest order, parts included,
-    gzip shards too.
+    gzip shards too. Variable-length features differ in length between records:
+    batch with ``ragged_batch`` or ``padded_batch`` (``batch`` fails on them).
 
     Imports TensorFlow when called (and only then): TensorFlow is not a dependency
     of this package.

@@ -28,6 +28,13 @@ def _fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
+def _read(source: DataSource, start: threading.Barrier, seed: int) -> None:
+    order = random.Random(seed)
+    start.wait()  # All at once: the first reads of each shard race.
+    for _ in range(60):
+        source.record_bytes(order.randrange(len(source)))
+
+
 @pytest.mark.e2e
 def test_threads_share_one_descriptor_per_shard_and_close_closes_them(images):
     shards = len(dataset_shards(images, "train"))
@@ -36,14 +43,7 @@ def test_threads_share_one_descriptor_per_shard_and_close_closes_them(images):
         before = _fds()
         source = DataSource(images, "train")
         start = threading.Barrier(8)
-
-        def read(seed: int) -> None:
-            order = random.Random(seed)
-            start.wait()
-            for _ in range(60):
-                source.record_bytes(order.randrange(len(source)))
-
-        threads = [threading.Thread(target=read, args=(seed,)) for seed in range(8)]
+        threads = [threading.Thread(target=_read, args=(source, start, seed)) for seed in range(8)]
         for thread in threads:
             thread.start()
         for thread in threads:

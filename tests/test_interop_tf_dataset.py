@@ -57,3 +57,17 @@ def test_decoded_images_agree(datasets):
             apart = np.abs(ours.astype(int) - theirs)
             assert apart.mean() < 2 and apart.max() <= 8, (i, apart.mean(), apart.max())
     assert formats == {b"jpeg", b"png"}
+
+
+def test_variable_length_columns_batch_with_ragged_batch_not_batch(datasets):
+    """README: ``.batch()`` cannot stack a table's variable-length columns; ``ragged_batch``
+    (or ``padded_batch``) does."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    table = tf_dataset(datasets["table"], "train")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Cannot add tensor to the batch"):
+        next(iter(table.batch(4)))
+    batch = next(iter(table.ragged_batch(4)))
+    source = DataSource(datasets["table"], "train")
+    assert isinstance(batch["ids"], tf.RaggedTensor) and batch["id"].shape == (4,)
+    assert batch["ids"].to_list() == [source[i]["ids"].tolist() for i in range(4)]
