@@ -1,6 +1,7 @@
 """What a stranger found in DataSource (issue 22): one source read from several
 threads opens each shard once and ``close()`` closes them all; a feature spec edited
-by hand is refused in one line naming the file and the key."""
+by hand is refused in one line naming the file and the key; a CMYK JPEG kept as it
+is (``--image_bytes original``) is recorded with the 3 channels it decodes to."""
 
 from __future__ import annotations
 
@@ -10,11 +11,25 @@ import random
 import shutil
 import threading
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from beam_tfrecords import DataSource
+from beam_tfrecords.cli import main
 from beam_tfrecords.verify import dataset_shards
-from tests.test_data_source import make_image_dataset
+from tests.test_data_source import QUIET, make_image_dataset
+
+
+def make_cmyk_dataset(root, out) -> None:
+    """Two CMYK JPEGs (10x8 and 7x5), kept as they are (``--image_bytes original``)."""
+    rng = np.random.default_rng(3)
+    for label, (width, height) in (("a", (10, 8)), ("b", (7, 5))):
+        os.makedirs(root / label)
+        rgb = Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8))
+        rgb.convert("CMYK").save(root / label / "cmyk.jpg", quality=95)
+    assert main(["convert", "--input", str(root), "--output", str(out), "--image_bytes", "original",
+                 *QUIET]) == 0
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +85,12 @@ def test_a_malformed_feature_spec_is_refused_naming_the_file_and_key(images, tmp
         DataSource(out, "train")
     assert str(raised.value) == f'{path}: features["image/height"].{key}: {said}' + (
         " (null, a variable length, first at most)" if isinstance(value, list) else "")
+
+
+@pytest.mark.e2e
+def test_a_cmyk_jpeg_kept_as_it_is_says_the_channels_it_decodes_to(tmp_path):
+    make_cmyk_dataset(tmp_path / "in", tmp_path / "out")
+    source = DataSource(str(tmp_path / "out"), "train", decode_images=True)
+    shapes = sorted((int(r["image/height"]), int(r["image/width"]), int(r["image/channels"]),
+                     r["image/encoded"].shape) for r in (source[0], source[1]))
+    assert shapes == [(5, 7, 3, (5, 7, 3)), (8, 10, 3, (8, 10, 3))]
