@@ -1,7 +1,8 @@
 """What a stranger found in DataSource (issue 22): one source read from several
 threads opens each shard once and ``close()`` closes them all; a feature spec edited
 by hand is refused in one line naming the file and the key; a CMYK JPEG kept as it
-is (``--image_bytes original``) is recorded with the 3 channels it decodes to."""
+is (``--image_bytes original``) is recorded with the 3 channels it decodes to; a
+semantic-mask dataset's manifest counts the classes its masks hold."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from PIL import Image
 from beam_tfrecords import DataSource
 from beam_tfrecords.cli import main
 from beam_tfrecords.verify import dataset_shards
+from tests.harness import annotated_sets as sets
 from tests.test_data_source import QUIET, make_image_dataset
 
 
@@ -94,3 +96,22 @@ def test_a_cmyk_jpeg_kept_as_it_is_says_the_channels_it_decodes_to(tmp_path):
     shapes = sorted((int(r["image/height"]), int(r["image/width"]), int(r["image/channels"]),
                      r["image/encoded"].shape) for r in (source[0], source[1]))
     assert shapes == [(5, 7, 3, (5, 7, 3)), (8, 10, 3, (8, 10, 3))]
+
+
+@pytest.mark.e2e
+def test_a_semantic_mask_manifest_counts_the_classes_its_masks_hold(tmp_path):
+    """Issue 22 finding 6: ``annotations.images_without_objects`` said 0 and its
+    ``statistics`` 3 (no boxes); ``labels.counts`` was empty."""
+    made = sets.make_semantic_masks(tmp_path / "set")
+    Image.fromarray(np.zeros((32, 48), np.uint8)).save(tmp_path / "set" / "masks" / "a.png")  # Background only.
+    assert main(["convert", *made.flags, "--output", str(tmp_path / "out"), *QUIET]) == 0
+    manifest = json.load(open(tmp_path / "out" / "manifest.json"))
+    annotations = manifest["annotations"]
+    statistics = annotations["statistics"]
+    assert annotations["images_without_objects"] == statistics["images_without_objects"] == 1
+    names = dict(made.label_map)
+    expected = {names[label]: sum(label in np.unique(r.segmentation) for rel, r in made.records.items()
+                                  if rel != "a.png") for label in names if label}
+    assert manifest["labels"]["counts"] == {"train": expected} and sum(expected.values()) == 4
+    assert [(c["text"], c["objects"]) for c in statistics["classes"]] == sorted(expected.items())
+    assert statistics["objects"] == 4 and statistics["images"] == 3
