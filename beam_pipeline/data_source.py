@@ -15,12 +15,17 @@ is decoded by the manifest's feature spec (``features``):
   record has no value.
 - ``string`` of shape ``[]``: ``bytes``; otherwise a list of ``bytes``.
 
+Variable-length features differ in length between records: batch them padded or
+ragged (a collate function of your own; ``tf_dataset(...).ragged_batch(n)``).
+
 A dataset written without a spec (``WriteVerifiedShards`` without ``features``)
 gives every feature of each record as a 1-D array or a list of ``bytes``.
 
 ``decode_images=True`` decodes the image feature (``image/encoded``, or its
 ``--feature_names`` name) with Pillow into a ``(height, width, channels)`` array:
-``uint8``, ``uint16`` for a 16-bit greyscale PNG; grey images keep one channel, a
+``uint8``, ``uint16`` for a 16-bit greyscale PNG (other 16-bit PNGs give ``uint8``,
+their high bytes, as ``tf.io.decode_image`` does; grey+alpha keeps its 2 channels);
+grey images keep one channel, a
 palette image becomes RGB (RGBA with transparency), an animated GIF gives its first
 frame.
 
@@ -41,6 +46,7 @@ import io
 import operator
 import os
 import posixpath
+import threading
 import warnings
 
 import numpy as np
@@ -60,6 +66,18 @@ from beam_tfrecords.transforms.io.shard_reads import ShardChanged, ShardFile, re
 __all__ = ["DataSource", "RecordUnreadable", "tf_dataset"]
 
 _LISTS = {"string": "bytes_list", "int64": "int64_list", "float32": "float_list"}
+# Guards a source's first use in a forked process (renewed in each child: a thread of
+# the parent may have held it at the fork).
+_FORKED = threading.Lock()
+
+
+def _renew_fork_lock() -> None:
+    global _FORKED  # pylint: disable=global-statement
+    _FORKED = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_fork_lock)
 
 
 class RecordUnreadable(ValueError):
@@ -167,12 +185,18 @@ class DataSource:
                              f"image feature ({self._image_key!r} is not in its feature spec)")
         self._shards = shards
         self._ends = np.cumsum([s["records"] for s in shards]).tolist()
-        self._local: dict = {}
+        self._local: dict = {"pid": os.getpid()}
+        self._lock = threading.Lock()  # Threads of one process open each shard once.
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_local"] = {}  # Open files and found offsets stay in their process.
+        del state["_local"], state["_lock"]  # Open files and found offsets stay in their process.
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._local = {"pid": os.getpid()}
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
@@ -201,11 +225,13 @@ class DataSource:
         return self._read(*self._locate(i))
 
     def close(self) -> None:
-        """Closes the shards this process opened (a later read opens them again)."""
-        for key, found in list(self._local.items()):
-            if key != "pid":
-                found[0].close()
-        self._local.clear()
+        """Closes the shards this process opened (a later read opens them again).
+        Not to be called while another thread reads."""
+        with self._lock:
+            for key, found in list(self._local.items()):
+                if key != "pid":
+                    found[0].close()
+            self._local = {"pid": os.getpid()}
 
     def _locate(self, i) -> tuple[int, int]:
         """``(shard number, record number in the shard)`` of record ``i`` of the split."""
@@ -232,16 +258,24 @@ class DataSource:
                                 f"(record {first + within} of split {self.split!r}): {why}")
 
     def _opened(self, shard_no: int) -> tuple[ShardFile, RecordOffsets]:
-        """The shard's file and offsets, opened and found once in this process."""
-        local = self._local
-        if local.get("pid") != os.getpid():  # A forked worker opens its own files.
-            local.clear()
-            local["pid"] = os.getpid()
-        found = local.get(shard_no)
-        if found is None:
-            shard = self._shards[shard_no]
-            handle = ShardFile(shard["path"], shard["bytes"], shard["crc32c"])
-            found = local[shard_no] = (handle, self._offsets(shard_no, handle))
+        """The shard's file and offsets, opened and found once in this process (under
+        a lock: threads reading at once share one descriptor per shard)."""
+        if self._local.get("pid") != os.getpid():  # A forked worker opens its own files,
+            with _FORKED:  # with a lock no thread of its parent holds.
+                if self._local.get("pid") != os.getpid():
+                    self._lock = threading.Lock()
+                    self._local = {"pid": os.getpid()}
+        found = self._local.get(shard_no)
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._local.get(shard_no)
+            if found is None:
+                shard = self._shards[shard_no]
+                handle = ShardFile(shard["path"], shard["bytes"], shard["crc32c"])
+                offsets = self._offsets(shard_no, handle)
+                handle.open()  # Opened here, under the lock, not by the first read.
+                found = self._local[shard_no] = (handle, offsets)
         return found
 
     def _offsets(self, shard_no: int, handle: ShardFile) -> RecordOffsets:
@@ -312,12 +346,16 @@ def _values(feature, kind: str | None, shape: list, dims: tuple, size: int | Non
 
 def decode_image(data: bytes) -> np.ndarray:
     """An encoded image as a ``(height, width, channels)`` array with Pillow: ``uint8``,
-    ``uint16`` for 16-bit greyscale; a palette image as RGB (RGBA with transparency),
-    an animated image's first frame."""
+    ``uint16`` for 16-bit greyscale (other 16-bit PNGs: their high bytes, a grey+alpha
+    one in its 2 channels); a palette image as RGB (RGBA with transparency), an
+    animated image's first frame."""
     from PIL import Image  # pylint: disable=import-outside-toplevel
 
     with Image.open(io.BytesIO(data)) as image:
         mode = image.mode
+        # Pillow reads a 16-bit grey+alpha PNG as RGBA at 8 bits (grey in R, G and B):
+        # its two channels are R and A, the high bytes, as tf.io.decode_image gives them.
+        grey_alpha = mode == "RGBA" and any(t[3] == "LA;16B" for t in image.tile)
         if mode in ("I;16", "I;16B", "I;16L", "I"):
             array = np.asarray(image, dtype=np.uint16) if mode != "I" else \
                 np.asarray(image).astype(np.uint16)
@@ -331,6 +369,8 @@ def decode_image(data: bytes) -> np.ndarray:
             elif mode not in ("L", "LA", "RGB", "RGBA"):
                 image = image.convert("RGB")
             array = np.asarray(image, dtype=np.uint8)
+    if grey_alpha:
+        array = array[:, :, [0, 3]]
     return array[:, :, None] if array.ndim == 2 else array
 
 
@@ -339,7 +379,8 @@ def tf_dataset(path: str, split: str, decode_images: bool = False):
     the manifest's feature spec: ``tf.io.FixedLenFeature`` for a fixed shape, a
     variable-length feature (``null`` in its shape) as a dense 1-D tensor (``[null,
     k]``: ``(n, k)``). The split's shards are read in manifest order, parts included,
-    gzip shards too.
+    gzip shards too. Variable-length features differ in length between records:
+    batch with ``ragged_batch`` or ``padded_batch`` (``batch`` fails on them).
 
     Imports TensorFlow when called (and only then): TensorFlow is not a dependency
     of this package.

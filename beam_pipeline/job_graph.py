@@ -65,7 +65,8 @@ def annotated_attach(plan: RunPlan, attach: Callable | None) -> tuple[Callable |
     if annotated is not None and attach is None:
         options = AnnotationOptions(instance_masks=annotated.instance_masks,
                                     images_root=annotated.images_root, mask_root=annotated.mask_root,
-                                    several_labels=annotated.layout == "multi_label")
+                                    several_labels=annotated.layout == "multi_label",
+                                    mask_classes=annotated.layout == "masks")
         attach = AnnotationAttach(None, annotated.label_map, options,
                                   render_mask if annotated.instance_masks else None)
     elif annotated is None and isinstance(getattr(attach, "label_map", None), LabelMap):

@@ -87,7 +87,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from beam_tfrecords.schemas.elements import ShardResult
-from beam_tfrecords.schemas.features import FeatureSpec
+from beam_tfrecords.schemas.features import DTYPES, FeatureSpec
 from beam_tfrecords.schemas.shards import INDEX_SUFFIX, ShardBand, is_valid_split_name
 
 __all__ = [
@@ -470,8 +470,9 @@ def _check_manifest(manifest: Mapping) -> None:
         _inner_path(bad["dead_letter_files"], i, "bad_records.dead_letter_files")
     for name in ("options", "features", "dataset"):
         _value(manifest, name, "", "object", required=False)
-    for key, _, spec in _items(manifest, "features", "", "object", False, "object"):
-        _value(spec, "dtype", key, "text", required=False)
+    for section in ("features", "sequence_features"):
+        for key, _, spec in _items(manifest, section, "", "object", False, "object"):
+            _check_feature_spec(spec, key)
     _items(manifest, "feature_names", "", "text", False, "object")  # --feature_names (issue 22).
     for key, _, info in _items(manifest.get("dataset") or {}, "splits", "dataset", "object",
                                False, "object"):
@@ -495,6 +496,20 @@ def _check_tfds(manifest: Mapping) -> None:
         _inner_path(entry["files"], i, "tfds.files")
         if "/" in name:
             raise _Malformed(f"{key}: {shown_value(name)} is not a file name beside the manifest")
+
+
+def _check_feature_spec(spec: Mapping, key: str) -> None:
+    """One feature's ``dtype`` (one of ``DTYPES``) and ``shape`` (a list of whole
+    numbers, ``null`` first at most: what the readers reshape to)."""
+    dtype = _value(spec, "dtype", key, "text", required=False)
+    if dtype is not None and dtype not in DTYPES:
+        raise _Malformed(f"{_key(key, 'dtype')}: {shown_value(dtype)} is not one of "
+                         f"{', '.join(DTYPES)}")
+    shape = _value(spec, "shape", key, "list", required=False)
+    if shape is not None and not (all(d is None or _is_count(d) for d in shape)
+                                  and None not in shape[1:]):
+        raise _Malformed(f"{_key(key, 'shape')}: {shown_value(shape)} is not a list of whole "
+                         "numbers >= 0 (null, a variable length, first at most)")
 
 
 def _check_input(manifest: Mapping) -> None:

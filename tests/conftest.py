@@ -16,7 +16,7 @@ from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.transforms.codec.example import example_to_dict
 from beam_tfrecords.transforms.codec.tfrecord import iter_records
 
-CHANNELS_BY_MODE = {"L": 1, "LA": 2, "RGB": 3, "YCbCr": 3, "RGBA": 4, "CMYK": 4}
+CHANNELS_BY_MODE = {"L": 1, "LA": 2, "RGB": 3, "YCbCr": 3, "RGBA": 4, "CMYK": 3}  # CMYK decodes to RGB.
 
 
 TIERS = ("unit", "beam", "e2e", "emulator", "interop")  # Registered, with slow, in pytest.ini.

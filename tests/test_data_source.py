@@ -16,9 +16,11 @@ import os
 import pickle
 import random
 import shutil
+import struct
 import subprocess
 import sys
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -52,12 +54,29 @@ SCHEMA = """columns:
 """
 
 
+def la16_samples(width: int, height: int) -> np.ndarray:
+    """``(height, width, 2)`` grey and alpha ramps whose high and low bytes differ."""
+    return (np.arange(width * 2 * height, dtype=np.uint32) * 2777 + 300).astype(np.uint16).reshape(height, width, 2)
+
+
+def la16_png(width: int, height: int) -> bytes:
+    """``la16_samples`` as a 16-bit grey+alpha PNG (colour type 4; Pillow cannot write one)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    samples = la16_samples(width, height).astype(">u2").reshape(height, -1)
+    rows = b"".join(b"\x00" + row.tobytes() for row in samples)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 16, 4, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
 def make_image_dataset(root, out) -> None:
-    """Class folders (JPEG and PNG), a grey PNG and a 16-bit grey PNG, in two shards."""
+    """Class folders (JPEG and PNG), a grey PNG, a 16-bit grey PNG and a 16-bit
+    grey+alpha PNG, in two shards."""
     make_class_folder_sample(str(root), per_class=6, splits=None, formats=("jpeg", "png"), seed=5)
     rng = np.random.default_rng(1)
     Image.fromarray(rng.integers(0, 255, (21, 34), dtype=np.uint8)).save(root / "circles" / "grey.png")
     Image.fromarray(rng.integers(0, 65535, (17, 23), dtype=np.uint16)).save(root / "squares" / "deep.png")
+    (root / "squares" / "la16.png").write_bytes(la16_png(6, 4))
     assert main(["convert", "--input", str(root), "--output", str(out), "--shard_min_mb", "0.1",
                  "--shard_max_mb", "0.15", *QUIET]) == 0
 
@@ -180,7 +199,11 @@ def test_decode_images_gives_height_width_channels(images):
             assert pixels.dtype == np.uint8
         if name.endswith(b"grey.png"):
             assert pixels.shape == (21, 34, 1)
-    assert deep == 1
+        if name.endswith(b"la16.png"):  # 16-bit grey+alpha: two channels, the high bytes.
+            deep += 1
+            assert pixels.dtype == np.uint8
+            assert np.array_equal(pixels, (la16_samples(6, 4) >> 8).astype(np.uint8))
+    assert deep == 2
 
 
 @pytest.mark.e2e

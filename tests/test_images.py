@@ -70,7 +70,7 @@ def _gif():
 GOOD_IMAGES = {
     "jpeg-L": (lambda: _encode(_rgb().convert("L"), "JPEG"), "jpeg", 1),
     "jpeg-RGB": (lambda: _encode(_rgb(), "JPEG"), "jpeg", 3),
-    "jpeg-CMYK": (lambda: _encode(_rgb().convert("CMYK"), "JPEG"), "jpeg", 4),
+    "jpeg-CMYK": (lambda: _encode(_rgb().convert("CMYK"), "JPEG"), "jpeg", 3),  # Decoded to RGB.
     "jpeg-progressive": (lambda: _encode(_rgb(), "JPEG", progressive=True), "jpeg", 3),
     "png-L": (lambda: _encode(_rgb().convert("L"), "PNG"), "png", 1),
     "png-LA": (lambda: _encode(_rgba().convert("LA"), "PNG"), "png", 2),
@@ -100,7 +100,7 @@ GOOD_IMAGES = {
     "webp-lossless": (lambda: _encode(_rgb(), "WEBP", lossless=True), "webp", 3),
     "tiff-RGB": (lambda: _encode(_rgb(), "TIFF"), "tiff", 3),
     "tiff-RGBA": (lambda: _encode(_rgba(), "TIFF"), "tiff", 4),
-    "tiff-CMYK": (lambda: _encode(_rgb().convert("CMYK"), "TIFF"), "tiff", 4),
+    "tiff-CMYK": (lambda: _encode(_rgb().convert("CMYK"), "TIFF"), "tiff", 3),  # Decoded to RGB.
     "tiff-I;16": (lambda: _encode(_gray16(), "TIFF"), "tiff", 1),
     "tiff-deflate": (lambda: _encode(_rgb(), "TIFF", compression="tiff_adobe_deflate"), "tiff", 3),
 }

@@ -8,6 +8,7 @@ import pytest
 
 from beam_tfrecords import DataSource, tf_dataset
 from tests.test_data_source import as_lists, make_image_dataset, make_table_dataset
+from tests.test_data_source_fixes import make_cmyk_dataset
 
 pytestmark = pytest.mark.interop
 
@@ -17,7 +18,9 @@ def datasets(tmp_path_factory) -> dict[str, str]:
     base = tmp_path_factory.mktemp("interop")
     make_image_dataset(base / "images", base / "images_out")
     make_table_dataset(base / "table", base / "table_out")
-    return {"images": str(base / "images_out"), "table": str(base / "table_out")}
+    make_cmyk_dataset(base / "cmyk", base / "cmyk_out")
+    return {"images": str(base / "images_out"), "table": str(base / "table_out"),
+            "cmyk": str(base / "cmyk_out")}
 
 
 def _numpy(record: dict) -> dict:
@@ -57,3 +60,27 @@ def test_decoded_images_agree(datasets):
             apart = np.abs(ours.astype(int) - theirs)
             assert apart.mean() < 2 and apart.max() <= 8, (i, apart.mean(), apart.max())
     assert formats == {b"jpeg", b"png"}
+
+
+def test_variable_length_columns_batch_with_ragged_batch_not_batch(datasets):
+    """README: ``.batch()`` cannot stack a table's variable-length columns; ``ragged_batch``
+    (or ``padded_batch``) does."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    table = tf_dataset(datasets["table"], "train")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Cannot add tensor to the batch"):
+        next(iter(table.batch(4)))
+    batch = next(iter(table.ragged_batch(4)))
+    source = DataSource(datasets["table"], "train")
+    assert isinstance(batch["ids"], tf.RaggedTensor) and batch["id"].shape == (4,)
+    assert batch["ids"].to_list() == [source[i]["ids"].tolist() for i in range(4)]
+
+
+def test_a_cmyk_jpeg_decodes_to_the_records_channels_in_both_readers(datasets):
+    """``--image_bytes original`` keeps a CMYK JPEG; TensorFlow and Pillow both give RGB."""
+    source = DataSource(datasets["cmyk"], "train", decode_images=True)
+    for i, record in enumerate(tf_dataset(datasets["cmyk"], "train", decode_images=True)):
+        theirs, ours = record["image/encoded"].numpy(), source[i]["image/encoded"]
+        stated = (record["image/height"].numpy(), record["image/width"].numpy(), record["image/channels"].numpy())
+        assert theirs.shape == ours.shape == stated and stated[2] == 3, i
+        assert np.abs(ours.astype(int) - theirs).mean() < 4, i  # Two JPEG decoders.

@@ -74,7 +74,8 @@ class ImageInfo:
         height: Height in pixels.
         width: Width in pixels.
         channels: The channel count ``tf.io.decode_image`` gives: 1 grey,
-            2 grey+alpha, 3 colour, 4 colour+alpha (or CMYK); palette PNGs
+            2 grey+alpha, 3 colour (a CMYK/YCCK JPEG too: TensorFlow and Pillow
+            decode it to RGB), 4 colour+alpha; palette PNGs
             count 4 when they carry transparency, else 3; GIFs 3 (TensorFlow
             decodes them to RGB).
         bit_depth: Bits per sample (16 for 16-bit PNGs, which TensorFlow decodes
@@ -94,7 +95,7 @@ class ImageInfo:
     @property
     def mode(self) -> str:
         """The channel layout ``tf.io.decode_image`` gives, named as Pillow names
-        modes: ``L``, ``LA``, ``RGB``, ``RGBA`` (4 channels: CMYK too), with ``16``
+        modes: ``L``, ``LA``, ``RGB`` (CMYK too, decoded to RGB), ``RGBA``, with ``16``
         appended for 16-bit samples (``L16``, ``RGB16``, ...)."""
         name = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}.get(self.channels, f"{self.channels}ch")
         return name + ("16" if self.bit_depth == 16 else "")
@@ -125,7 +126,8 @@ def inspect_jpeg(data: bytes, n: int) -> ImageInfo:
     # Huffman coding; grey or YCbCr/RGB.
     unreadable = ("cmyk_jpeg" if components == 4 else "jpeg_12_bit" if precision != 8
                   else "" if sof_marker in (0xC0, 0xC1, 0xC2) else "jpeg_uncommon_coding")
-    return ImageInfo("jpeg", height, width, components, precision, unreadable)
+    # Four components (CMYK/YCCK) decode to RGB (tf.io.decode_image, Pillow's convert).
+    return ImageInfo("jpeg", height, width, 3 if components == 4 else components, precision, unreadable)
 
 
 def _jpeg_frame(data: bytes, n: int) -> tuple[tuple | None, int, int]:

@@ -107,7 +107,8 @@ _MODE_CHANNELS = {
     "I;16": 1, "I;16L": 1, "I;16B": 1, "I;16N": 1,
     "LA": 2, "La": 2,
     "RGB": 3, "YCbCr": 3, "LAB": 3, "HSV": 3, "RGBX": 3,
-    "RGBA": 4, "RGBa": 4, "CMYK": 4, "PA": 4,
+    "RGBA": 4, "RGBa": 4, "PA": 4,
+    "CMYK": 3,  # Decoded to RGB (tf.io.decode_image for JPEG, Pillow's convert).
 }  # fmt: skip
 
 # Each format's Pillow class, used instead of Image.open: Image.open applies Pillow's

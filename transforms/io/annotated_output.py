@@ -66,7 +66,7 @@ _SEGMENTATION_KEYS = ("image/segmentation/class/encoded", "image/segmentation/cl
 _CLASS_KEYS = ("image/class/label", "image/class/text")
 
 
-_BOXLESS = ("masks", "multi_label")  # Layouts whose records hold no boxes.
+_BOXLESS = ("multi_label",)  # Layouts whose objects the statistics do not count.
 
 
 def report_counts(report: AttachReport) -> tuple[tuple[str, int], ...]:
@@ -190,9 +190,11 @@ def annotations_json(annotated: AnnotatedRun, per_split: Mapping[str, Annotation
     not be contiguous; else 1, 2, ... in the label map's order; 0 is the
     background). ``problems``: by reason, the launcher's (reading the annotations)
     and the workers' (each image against its annotations) added up.
-    ``images_without_objects``: written with no object (negative examples; for the
-    layouts without boxes, ``masks`` and ``multi_label``, the images without a mask or
-    labels, as the launcher counted them);
+    ``images_without_objects``: written with no object (negative examples; for
+    ``masks``, an image's objects are the classes its written mask holds, 0 the
+    background left out: images without a mask or with background only; for
+    ``multi_label``, the images without labels, as the launcher counted them), as
+    ``statistics.images_without_objects`` says but for ``multi_label``;
     ``listed_without_objects``: the images without objects the launcher's listing
     found (before any image was read), kept or left out by ``--drop_empty``;
     ``dropped_empty``: those left out (so ``listed_without_objects - dropped_empty``
@@ -208,8 +210,9 @@ def annotations_json(annotated: AnnotatedRun, per_split: Mapping[str, Annotation
     problems.update(total.problems)
     return {
         "dropped_empty": annotated.dropped_empty,
-        # Without boxes (semantic masks, several labels) an image's objects are its mask or
-        # labels, which the launcher saw: its count, not the statistics' (no boxes at all).
+        # Several labels: an image's objects are its labels, which the launcher saw: its
+        # count, not the statistics' (no boxes at all). Semantic masks: the classes each
+        # written mask holds, in the statistics (AnnotationOptions.mask_classes).
         "images_without_objects": (annotated.images_without_objects if annotated.layout in _BOXLESS
                                    else total.per_image.get(0, 0)),
         "listed_without_objects": annotated.images_without_objects + annotated.dropped_empty,

@@ -87,6 +87,10 @@ class AnnotationOptions:
       several_labels: several labels per image (``multi_label``): records hold
         ``image/class/label`` and ``text`` (empty lists for an image without labels)
         and no per-object key.
+      mask_classes: semantic masks without boxes (``masks``): an image's objects are
+        the classes (of the label map, 0 the background left out) its written mask
+        holds, one each, its area the class's pixels (the annotation statistics),
+        and their names its labels (``labels.counts``: records holding each class).
     """
 
     instance_masks: bool = False
@@ -95,6 +99,7 @@ class AnnotationOptions:
     mask_pad: int = 0
     max_mask_bytes: int = DEFAULT_MAX_FILE_BYTES
     several_labels: bool = False
+    mask_classes: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +198,12 @@ class AnnotationAttach:
         counts = found.counts
         if resolved.orienting.count:
             counts = tuple(sorted(counts + ((resolved.orienting.count, 1),)))
-        return Followed(found.features, AttachReport(counts, found.problems, found.objects, resolved.labels))
+        objects, labels = found.objects, resolved.labels
+        if options.mask_classes:
+            names = dict(self.label_map.items)
+            objects = tuple((label, float(pixels)) for label, pixels in found.mask_classes)
+            labels = tuple(names[label] for label, _ in found.mask_classes)
+        return Followed(found.features, AttachReport(counts, found.problems, objects, labels))
 
     def _mask(self, annotations: ImageAnnotations) -> bytes:
         path = annotations.mask

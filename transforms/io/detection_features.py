@@ -84,6 +84,8 @@ class DetectionFeatures:
         is empty.
       objects: per object written, ``(class id, its box's area in output pixels)``
         (the box's, not COCO's ``area``: the statistics' size ranges).
+      mask_classes: per class of the label map (0, the background, left out) the
+        written semantic mask holds, ``(class id, its pixels)``, in id order.
     """
 
     features: tuple[Feature, ...] = ()
@@ -91,6 +93,7 @@ class DetectionFeatures:
     problems: tuple[AnnotationProblem, ...] = ()
     refused: AnnotationProblem | None = None
     objects: tuple[tuple[int, float], ...] = ()
+    mask_classes: tuple[tuple[int, int], ...] = ()
 
 
 def source_point(geometry: Geometry, x, y):
@@ -330,21 +333,22 @@ def _mask_size(data: bytes) -> tuple[int, int] | None:
 
 
 def _semantic(annotations: ImageAnnotations, data: bytes, geometry: Geometry, frame: Geometry,
-              label_map: LabelMap, pad: int) -> tuple[tuple[Feature, ...], dict, AnnotationProblem | None]:
-    """The semantic mask's features and counts, or the problem that refuses the image."""
+              label_map: LabelMap, pad: int) -> tuple[tuple[Feature, ...], dict, AnnotationProblem | None, tuple]:
+    """The semantic mask's features, counts and classes (``DetectionFeatures.mask_classes``),
+    or the problem that refuses the image."""
     size, where = _mask_size(data), annotations.mask or annotations.path
     if size is not None and size != tuple(frame.output):
         return (), {}, AnnotationProblem(
             where, "mask_size_mismatch",
             f"the mask is {size[0]}x{size[1]}, the image {frame.output[0]}x{frame.output[1]}",
-            annotations.path, "nothing")
+            annotations.path, "nothing"), ()
     try:
         if size is None:
             raise ValueError("not an image Pillow can open")
         mask = _mask_array(data)
     except (ValueError, OSError, SyntaxError) as err:
         return (), {}, AnnotationProblem(where, "bad_mask", f"the mask ({len(data):,} bytes) is {err}",
-                                         annotations.path, "nothing")
+                                         annotations.path, "nothing"), ()
     classes = np.array(sorted({0, *(label for label, _ in label_map.items)}), dtype=np.int64)
     known = np.isin(mask, classes)
     ignore = int(np.count_nonzero(mask == _IGNORE)) if _IGNORE not in classes else 0
@@ -355,7 +359,10 @@ def _semantic(annotations: ImageAnnotations, data: bytes, geometry: Geometry, fr
     moved = moved_mask(mask, geometry, frame, fill=pad)
     features = (("image/segmentation/class/encoded", "string", (png_bytes(moved),)),
                 ("image/segmentation/class/format", "string", ("png",)))
-    return features, counts, None
+    values, pixels = np.unique(moved, return_counts=True)
+    named = {label for label, _ in label_map.items} - {0}
+    present = tuple((int(v), int(n)) for v, n in zip(values, pixels) if int(v) in named)
+    return features, counts, None, present
 
 
 def detection_features(annotations: ImageAnnotations, geometry: Geometry, label_map: LabelMap, *,
@@ -387,10 +394,12 @@ def detection_features(annotations: ImageAnnotations, geometry: Geometry, label_
         raise ValueError("instance masks need a mask renderer")
     frame = frame_geometry(geometry.source, orienting)
     counts: dict[str, int] = {}
+    mask_classes: tuple = ()
     source_id = annotations.source_id or annotations.path  # Model Garden's decoder needs one.
     features: tuple[Feature, ...] = (("image/source_id", "string", (source_id,)),)
     if semantic is not None:
-        mask_features, counts, refused = _semantic(annotations, semantic, geometry, frame, label_map, mask_pad)
+        mask_features, counts, refused, mask_classes = _semantic(annotations, semantic, geometry, frame,
+                                                                 label_map, mask_pad)
         if refused is not None:
             return DetectionFeatures(refused=refused)
         features += mask_features
@@ -409,4 +418,5 @@ def detection_features(annotations: ImageAnnotations, geometry: Geometry, label_
         features += (("image/object/mask", "string", pngs),)
     return DetectionFeatures(features, tuple((k, n) for k, n in sorted(counts.items()) if n),
                              tuple(boxes.problems),
-                             objects=tuple((o.label, area) for o, area in zip(boxes.kept, boxes.box_area)))
+                             objects=tuple((o.label, area) for o, area in zip(boxes.kept, boxes.box_area)),
+                             mask_classes=mask_classes)

@@ -57,6 +57,17 @@ class ShardFile:
         self._fd: int | None = None
         self._generation = 0
 
+    def open(self) -> None:
+        """Opens and proves the shard now (``read`` does it on first use otherwise);
+        nothing when it is open already.
+
+        Raises:
+          ShardChanged: when the shard is not the one listed.
+          FileNotFoundError: when it is missing.
+        """
+        if self._fd is None and not self._generation:
+            self._open()
+
     def _open(self) -> None:
         if gcs.is_gcs(self.path):
             info = gcs.object_info(self.path)
