@@ -213,12 +213,13 @@ def test_reruns_are_byte_identical_and_shards_inside_the_band(five_mb_csv, tmp_p
         assert main(["convert", "--input", five_mb_csv, "--output", out, "--shard_min_mb", "1",
                      "--shard_max_mb", "2", "--encode_processes", processes]) == 0
         outs.append(out)
-    shards = sorted(n for n in os.listdir(outs[0]) if ".tfrecord" in n)
+    shards = sorted(n for n in os.listdir(outs[0]) if n.endswith(".tfrecord"))
     assert len(shards) >= 3
     for name in shards:
         size = os.path.getsize(os.path.join(outs[0], name))
         assert 1_000_000 <= size <= 2_000_000, (name, size)
-        assert sha256_file(os.path.join(outs[0], name)) == sha256_file(os.path.join(outs[1], name))
+        for file in (name, name + ".idx"):  # The shard, and its index file (issue 22).
+            assert sha256_file(os.path.join(outs[0], file)) == sha256_file(os.path.join(outs[1], file))
     ids = [r["id"][0] for r in _records(outs[0])]
     assert ids == list(range(40_000))
     assert main(["verify", outs[0]]) == 0
