@@ -34,6 +34,7 @@ from beam_tfrecords.schemas.elements import (
     ImageSpool,
     InputSummary,
     ListingPart,
+    RefColumns,
     ShardSpec,
     SpoolSegments,
 )
@@ -59,11 +60,12 @@ from beam_tfrecords.transforms.image_listing import (
     write_listing,
 )
 from beam_tfrecords.transforms.io import files, progress
-from beam_tfrecords.transforms.io.annotated_output import image_bad_counts, image_facts, object_letters
+from beam_tfrecords.transforms.io.annotated_output import image_bad_counts
 from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.helpers import SMALL_FILE_BYTES, helper_pool, ordered_map, ready_helper_pool
+from beam_tfrecords.transforms.io.image_batches import ImageBatchTask, batch_bounds
 from beam_tfrecords.transforms.io.image_records import (
     Attachment,
     ImageRecordBuilder,
@@ -153,7 +155,7 @@ class _ListImagesFn(beam.DoFn):
             self._contents_on_workers)
         if self._processes > 0 and count and total_bytes < SMALL_FILE_BYTES * count:
             # Small files: start the shard writers' helper processes while planning runs.
-            helper_pool(self._processes)
+            helper_pool(self._processes, ("beam_tfrecords.transforms.io.image_batches",))
         _, root, _ = resolve_input(self._input, self._layout)
         dead_path = write_dead_letters(self._output, "listing", listing.dead_letters)
         skipped_path = write_dead_letters(self._output, "skipped", listing.skipped)
@@ -189,8 +191,10 @@ class _ListImagesFn(beam.DoFn):
         elif self._part_rows:
             for number, refs in enumerate(listing_parts(listing.refs, self._part_rows)):
                 yield ListingPart(number, len(refs), refs=pack_refs(refs))
-        else:
+        elif isinstance(listing.refs, RefTable):
             yield pack_refs(listing.refs)
+        else:  # As columns: no object per reference pickled, nor made to plan.
+            yield ImageRefs.pack_columns(listing.refs)
 
 
 class ListImages(beam.PTransform):
@@ -270,8 +274,13 @@ def image_shards(images: ImageRefs, band: ShardBand, compression: str) -> Iterat
     refs = images.unpack()
     start = time.monotonic()
     count = shards = 0
-    for spec in (_table_specs(refs, band, compression) if isinstance(refs, RefTable)
-                 else _ref_specs(refs, band, compression)):
+    if isinstance(refs, RefTable):
+        specs = _table_specs(refs, band, compression)
+    elif isinstance(refs, RefColumns):
+        specs = _column_specs(refs, band, compression)
+    else:
+        specs = _ref_specs(refs, band, compression)
+    for spec in specs:
         yield spec
         count += spec.records.count
         shards += 1
@@ -288,6 +297,44 @@ def _ref_specs(refs: Sequence[ImageRef], band: ShardBand, compression: str) -> I
         items = sorted(by_split[split], key=lambda r: (r.key, r.filename))
         yield from split_specs(split, [estimated_record_size(r) for r in items], band, compression,
                                lambda a, b, items=items: ImageRefs.pack(items[a:b]))
+
+
+def _column_specs(refs: RefColumns, band: ShardBand, compression: str) -> Iterator[ShardSpec]:
+    """``_ref_specs`` of references held as columns, planned on the columns: each
+    spec's references are columns of their own (no ``ImageRef`` is made here)."""
+    if not len(refs):
+        return
+    splits = refs.column("split")
+    split_of = np.array(splits)
+    keys = np.array(refs.column("key"))
+    names = np.array(refs.column("filename"))
+    planned = np.array(_planned_sizes(refs), dtype=np.int64)
+    for split in sorted(set(splits)):
+        members = np.flatnonzero(split_of == split)
+        # Key order, then name (as ``sorted(key=(key, filename))``: lexsort is stable).
+        order = members[np.lexsort((names[members], keys[members]))].tolist()
+        yield from split_specs(split, planned[order], band, compression,
+                               lambda a, b, order=order: ImageRefs.pack_columns(refs.take(order[a:b])))
+
+
+def _planned_sizes(refs: RefColumns) -> list[int]:
+    """``estimated_record_size`` of each reference, from its columns: the part that
+    depends on the label, its text and the extra features is worked out once for
+    each of their combinations."""
+    overheads: dict = {}
+
+    def overhead(label: int, text: str, extra: tuple) -> int:
+        found = overheads.get((label, text, extra))
+        if found is None:
+            found = overheads[label, text, extra] = estimated_record_size(
+                ImageRef("", "", "", "", 0, label, text, extra))
+        return found
+
+    names = refs.column("filename")
+    return [overhead(label, text, extra) + size + len(name.encode("utf-8")) + len(note)
+            for label, text, extra, size, name, note in zip(
+                refs.column("label"), refs.column("label_text"), refs.column("extra"),
+                refs.column("size"), names, refs.column("annotation"))]
 
 
 def _table_specs(table: RefTable, band: ShardBand, compression: str) -> Iterator[ShardSpec]:
@@ -316,17 +363,20 @@ class PlanImageShards(beam.PTransform):
         )
 
 
-def _chunks(items: Sequence[ImageRef]) -> Iterator[list[ImageRef]]:
-    """Consecutive runs of at most _CHUNK_FILES files and about _CHUNK_BYTES bytes."""
-    chunk, size = [], 0
-    for item in items:
-        if chunk and (len(chunk) >= _CHUNK_FILES or size + item.size > _CHUNK_BYTES):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(item)
-        size += item.size
-    if chunk:
-        yield chunk
+def _batches(refs: Sequence[ImageRef]) -> list[Sequence[ImageRef]]:
+    """Consecutive runs of at most _CHUNK_FILES files and about _CHUNK_BYTES bytes,
+    each as compact as its references allow: columns of their own for
+    ``RefColumns``, a table of its own for a ``RefTable`` (no ``ImageRef`` made),
+    else a tuple of the references."""
+    if isinstance(refs, RefColumns):
+        sizes, cut = refs.column("size"), refs.span
+    elif isinstance(refs, RefTable):
+        sizes, cut = refs.sizes.tolist(), refs.span
+    else:
+        refs = tuple(refs)
+        sizes, cut = [ref.size for ref in refs], lambda a, b: refs[a:b]
+    bounds = batch_bounds(sizes, _CHUNK_FILES, _CHUNK_BYTES)
+    return [cut(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
 class ImageRecords(RecordSource):
@@ -386,27 +436,11 @@ class ImageRecords(RecordSource):
 
     def chunks(self, spec: ShardSpec) -> Iterator[Chunk]:
         pool, workers = self._pool_for(spec)
-        chunks = list(_chunks(spec.records.unpack()))
-        encoded = ordered_map(pool, self._builder.chunk, chunks, workers + 2)
-        for chunk, (framed, outcomes) in zip(chunks, encoded):
-            progress.add(inputs=len(chunk), input_bytes=sum(ref.size for ref in chunk))
-            dead, labels, notes, contents, images, facts = [], [], [], [], [], []
-            for ref, outcome in zip(chunk, outcomes):
-                if isinstance(outcome, DeadLetter):
-                    dead.append(outcome)
-                else:
-                    several = outcome.report.labels if outcome.report is not None else ()
-                    # Several labels per image: the record counts once under each.
-                    labels.append(several or ref.label_text or ("" if ref.label == -1 else str(ref.label)))
-                    contents.append((outcome.sha256, ref.filename,
-                                     outcome.source_sha256 if outcome.source_sha256 != outcome.sha256 else ""))
-                    notes.append(outcome.note)
-                    images.append(outcome.image)
-                    if outcome.report is not None:  # Annotated: its facts; its objects dropped.
-                        dead += object_letters(ref.filename, outcome.report)
-                    facts.append(image_facts(outcome))
-            yield Chunk(framed, len(labels), tuple(dead), tuple(labels), len(chunk), tuple(notes),
-                        tuple(contents), tuple(images), tuple(facts) if any(facts) else ())
+        # Each batch is one task; what it hands back is the chunk's fields already.
+        task = ImageBatchTask(self._builder)
+        for batch in ordered_map(pool, task, _batches(spec.records.unpack()), workers + 2):
+            progress.add(inputs=batch.inputs, input_bytes=batch.input_bytes)
+            yield Chunk(*batch[:9])
 
 
 class _ImageToExampleFn(beam.DoFn):

@@ -233,6 +233,22 @@ class RefTable(Sequence):
             return np.arange(n, dtype=np.int64)
         return np.argsort(names, kind="stable")
 
+    def span(self, start: int, stop: int) -> RefTable:
+        """Rows ``start:stop`` as a table of their own, its columns slices of these
+        (what a helper process is handed a batch of images as)."""
+        start, stop, _ = slice(start, stop).indices(len(self))
+        stop = max(start, stop)
+        begin, end = int(self.offsets[start]), int(self.offsets[stop])
+        notes = None
+        if self.annotations is not None:
+            blob, offsets = self.annotations
+            first, last = int(offsets[start]), int(offsets[stop])
+            notes = blob[first:last], offsets[start:stop + 1] - first
+        return RefTable(self.root, self.blob[begin:end], self.offsets[start:stop + 1] - begin,
+                        self.sizes[start:stop], self.split_codes[start:stop], self.split_names,
+                        self.labels[start:stop], self.vocabulary, self.keys[start:stop],
+                        self.stamps[start:stop], self.crcs[start:stop], notes)
+
 
 def _gather(blob: bytes, offsets: np.ndarray, indices: np.ndarray) -> tuple[bytes, np.ndarray]:
     """The values at ``indices`` of a blob with offsets, as a blob and offsets of their own."""

@@ -1,0 +1,130 @@
+"""A batch of images encoded in one task (a helper process's, or a thread's), handed
+back in the shape the shard writer takes it.
+
+The shard writer's record source (``image_steps.ImageRecords``) cuts a shard's
+references into batches of a few dozen files and hands each to a helper as one
+task. A batch travels as columns (``schemas.elements.RefColumns``) or a slice of a
+``plan.ref_table.RefTable``: plain lists or arrays, pickled at C speed, never an
+object per file. The helper makes each file's ``ImageRef`` there, builds its
+record (``ImageRecordBuilder.framed``) and returns an ``EncodedBatch``: the framed
+records and, per record, the tuples ``shard_engine.Chunk`` holds (labels, notes,
+contents, image facts, annotation facts) plus the batch's dead letters, so the
+process that writes the shard does a constant amount of Python work per batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
+from beam_tfrecords.transforms.io.image_records import ImageRecordBuilder
+
+__all__ = ["EncodedBatch", "ImageBatchTask", "batch_bounds", "encode_batch"]
+
+
+class EncodedBatch(NamedTuple):
+    """A batch of images encoded: the first nine fields are ``shard_engine.Chunk``'s,
+    in its order (``Chunk(*batch[:9])``).
+
+    Attributes:
+      framed: the framed records of the good files, concatenated in order.
+      records: how many records ``framed`` holds.
+      dead: the batch's dead letters: files refused, then (annotated images) the
+        objects a kept image dropped, in file order.
+      labels, notes, contents, images: per record, as ``Chunk`` has them.
+      inputs: files the batch held.
+      annotations: per record its annotation facts (``None`` for one without), or
+        ``()`` when no record had any.
+      input_bytes: the listed bytes of the batch's files (for progress).
+    """
+
+    framed: bytes
+    records: int
+    dead: tuple[DeadLetter, ...]
+    labels: tuple
+    inputs: int
+    notes: tuple[str, ...]
+    contents: tuple[tuple[str, str, str], ...]
+    images: tuple[tuple[str, str, int, int], ...]
+    annotations: tuple
+    input_bytes: int
+
+
+def encode_batch(builder: ImageRecordBuilder, refs: Sequence[ImageRef]) -> EncodedBatch:
+    """Encodes ``refs`` in order with ``builder`` (``framed`` per file).
+
+    Equal values among the per-record tuples (labels, image facts, notes) are
+    handed back as one object, so they pickle once a batch.
+    """
+    pieces: list[bytes] = []
+    dead: list[DeadLetter] = []
+    labels, notes, contents, images, facts = [], [], [], [], []
+    same: dict = {}
+    inputs = input_bytes = 0
+    for ref in refs:
+        inputs += 1
+        input_bytes += ref.size
+        built = builder.framed(ref)
+        if isinstance(built, DeadLetter):
+            dead.append(built)
+            continue
+        pieces += built[0]
+        outcome = built[1]
+        report = outcome.report
+        several = report.labels if report is not None else ()
+        # Several labels per image: the record counts once under each.
+        label = several or ref.label_text or ("" if ref.label == -1 else str(ref.label))
+        labels.append(same.setdefault(label, label))
+        source = outcome.source_sha256 if outcome.source_sha256 != outcome.sha256 else ""
+        contents.append((outcome.sha256, ref.filename, source))
+        notes.append(same.setdefault(outcome.note, outcome.note))
+        images.append(same.setdefault(outcome.image, outcome.image))
+        if report is None:
+            facts.append(None)
+        else:  # Annotated: its facts; its objects dropped.
+            dropped, fact = _annotated(ref.filename, outcome)
+            dead += dropped
+            facts.append(fact)
+    return EncodedBatch(b"".join(pieces), len(labels), tuple(dead), tuple(labels), inputs, tuple(notes),
+                        tuple(contents), tuple(images), tuple(facts) if any(facts) else (), input_bytes)
+
+
+def _annotated(filename: str, outcome) -> tuple[list[DeadLetter], tuple]:
+    """An annotated image's dropped objects (dead letters) and its facts.
+
+    ``io.annotated_output`` is imported here, on the first annotated image: it
+    imports Beam's file systems, which a helper encoding plain images never needs.
+    """
+    from beam_tfrecords.transforms.io.annotated_output import (  # pylint: disable=import-outside-toplevel
+        image_facts,
+        object_letters,
+    )
+
+    return object_letters(filename, outcome.report), image_facts(outcome)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageBatchTask:
+    """``encode_batch`` with one builder: the picklable task a pool runs per batch."""
+
+    builder: ImageRecordBuilder
+
+    def __call__(self, refs: Sequence[ImageRef]) -> EncodedBatch:
+        return encode_batch(self.builder, refs)
+
+
+def batch_bounds(sizes: Sequence[int], most_files: int, most_bytes: int) -> list[int]:
+    """Where consecutive runs of files begin, and the end (``[0, ..., len(sizes)]``):
+    each run holds at most ``most_files`` files and about ``most_bytes`` bytes (a
+    file that alone exceeds it is a run of its own)."""
+    bounds, size, start = [0], 0, 0
+    for index, item in enumerate(sizes):
+        if index > start and (index - start >= most_files or size + item > most_bytes):
+            bounds.append(index)
+            start, size = index, 0
+        size += item
+    if len(sizes):
+        bounds.append(len(sizes))
+    return bounds
