@@ -135,6 +135,11 @@ def _ref_of(values: tuple) -> ImageRef:
     return ref
 
 
+def _ref_columns(blobs: tuple[bytes | None, ...], count: int) -> RefColumns:
+    """A ``RefColumns`` unpickled (see ``RefColumns.__reduce__``)."""
+    return RefColumns(tuple(None if blob is None else pickle.loads(blob) for blob in blobs), count)
+
+
 class RefColumns(Sequence):
     """Image references as columns: one list per ``ImageRef`` field (``None`` for a
     field every reference leaves at its default). A sequence of ``ImageRef``:
@@ -164,7 +169,11 @@ class RefColumns(Sequence):
         return cls(tuple(columns), count)
 
     def __reduce__(self):
-        return RefColumns, (self._columns, self._count)
+        # Each column pickled on its own: one pickle's memo of every string is
+        # slower to keep than a few small ones (~2x for tens of thousands).
+        blobs = tuple(None if values is None else pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+                      for values in self._columns)
+        return _ref_columns, (blobs, self._count)
 
     def __len__(self) -> int:
         return self._count
