@@ -124,7 +124,16 @@ class ImageRefs:
 _REF_FIELDS = tuple(field.name for field in dataclasses.fields(ImageRef))
 # Fields whose column is left out (``None``) when every reference holds the default.
 _REF_DEFAULTS = {"extra": (), "generation": 0, "crc32c": -1, "annotation": b""}
+_PATH = _REF_FIELDS.index("path")
 _new_object = object.__new__
+
+
+def _common_prefix(paths: list[str], names: list[str]) -> str | None:
+    """The prefix every path is of its file name (``path == prefix + name``), if one is."""
+    if not paths or not paths[0].endswith(names[0]):
+        return None
+    prefix = paths[0][:len(paths[0]) - len(names[0])]
+    return prefix if list(map(prefix.__add__, names)) == paths else None
 
 
 def _ref_of(values: tuple) -> ImageRef:
@@ -135,9 +144,10 @@ def _ref_of(values: tuple) -> ImageRef:
     return ref
 
 
-def _ref_columns(blobs: tuple[bytes | None, ...], count: int) -> RefColumns:
+def _ref_columns(blobs: tuple[bytes | None, ...], count: int, path_prefix: str | None = None) -> RefColumns:
     """A ``RefColumns`` unpickled (see ``RefColumns.__reduce__``)."""
-    return RefColumns(tuple(None if blob is None else pickle.loads(blob) for blob in blobs), count)
+    return RefColumns(tuple(None if blob is None else pickle.loads(blob) for blob in blobs), count,
+                      path_prefix)
 
 
 class RefColumns(Sequence):
@@ -145,15 +155,20 @@ class RefColumns(Sequence):
     field every reference leaves at its default). A sequence of ``ImageRef``:
     indexing or iterating makes the objects; ``column``, ``take`` and ``span`` work
     on the lists, so planning and handing references to helper processes make no
-    object per reference, and pickling is of plain lists (C speed)."""
+    object per reference, and pickling is of plain lists (C speed). When every
+    path is one prefix plus the file name (a folder's images), the paths are
+    held as that prefix (``path_prefix``; the path column is then ``None``)."""
 
-    __slots__ = ("_columns", "_count")
+    __slots__ = ("_columns", "_count", "_path_prefix")
 
-    def __init__(self, columns: tuple[list | None, ...], count: int):
+    def __init__(self, columns: tuple[list | None, ...], count: int, path_prefix: str | None = None):
         if len(columns) != len(_REF_FIELDS):
             raise ValueError(f"{len(columns)} columns for {len(_REF_FIELDS)} fields")
+        if (columns[_PATH] is None) == (path_prefix is None):
+            raise ValueError("the paths are held either as a column or as a prefix")
         self._columns = tuple(columns)
         self._count = count
+        self._path_prefix = path_prefix
 
     @classmethod
     def of(cls, refs: Sequence[ImageRef]) -> RefColumns:
@@ -166,37 +181,44 @@ class RefColumns(Sequence):
             if name in _REF_DEFAULTS and values.count(_REF_DEFAULTS[name]) == count:
                 values = None
             columns.append(values)
-        return cls(tuple(columns), count)
+        prefix = _common_prefix(columns[_PATH], columns[_REF_FIELDS.index("filename")])
+        if prefix is not None:
+            columns[_PATH] = None
+        return cls(tuple(columns), count, prefix)
 
     def __reduce__(self):
         # Each column pickled on its own: one pickle's memo of every string is
         # slower to keep than a few small ones (~2x for tens of thousands).
         blobs = tuple(None if values is None else pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
                       for values in self._columns)
-        return _ref_columns, (blobs, self._count)
+        return _ref_columns, (blobs, self._count, self._path_prefix)
 
     def __len__(self) -> int:
         return self._count
 
     def column(self, name: str) -> list:
         """The values of field ``name``, one a reference (a list; do not change it)."""
-        values = self._columns[_REF_FIELDS.index(name)]
+        index = _REF_FIELDS.index(name)
+        values = self._columns[index]
+        if values is None and index == _PATH:
+            return list(map(self._path_prefix.__add__, self._columns[_REF_FIELDS.index("filename")]))
         return [_REF_DEFAULTS[name]] * self._count if values is None else values
 
     def take(self, indices: Sequence[int]) -> RefColumns:
         """The references at ``indices`` (ints), in that order, as columns."""
         indices = list(indices)
         return RefColumns(tuple(None if values is None else list(map(values.__getitem__, indices))
-                                for values in self._columns), len(indices))
+                                for values in self._columns), len(indices), self._path_prefix)
 
     def span(self, start: int, stop: int) -> RefColumns:
         """References ``start:stop``, as columns."""
         start, stop, _ = slice(start, stop).indices(self._count)
         return RefColumns(tuple(None if values is None else values[start:stop]
-                                for values in self._columns), max(0, stop - start))
+                                for values in self._columns), max(0, stop - start), self._path_prefix)
 
     def __iter__(self) -> Iterator[ImageRef]:
-        columns = [itertools.repeat(_REF_DEFAULTS[name], self._count) if values is None else values
+        columns = [values if values is not None else self.column(name) if name == "path"
+                   else itertools.repeat(_REF_DEFAULTS[name], self._count)
                    for name, values in zip(_REF_FIELDS, self._columns)]
         return map(_ref_of, zip(*columns))
 
