@@ -127,6 +127,8 @@ def test_batches_hand_back_what_each_file_alone_gives(tmp_path, monkeypatch):
     for start, stop in ((0, 16), (37, 90), (140, 200)):  # What a helper process is handed.
         span = pickle.loads(pickle.dumps(noted.span(start, stop)))
         assert list(span) == list(noted)[start:stop] and list(table.span(start, stop)) == refs[start:stop]
+        assert list(span.ref_columns()) == list(span) and list(table.span(start, stop).ref_columns()) == list(
+            table.span(start, stop))
     for chunks in got:
         assert [c.inputs for c in chunks] == [16] * 9 + [6]
         assert b"".join(c.framed for c in chunks) == b"".join(expected_framed)
@@ -139,6 +141,21 @@ def test_batches_hand_back_what_each_file_alone_gives(tmp_path, monkeypatch):
         assert all(len(c.labels) == len(c.notes) == len(c.contents) == len(c.images) == c.records
                    for c in chunks)
     assert got[0] == got[1] == got[2]
+
+
+def test_a_table_makes_the_references_take_makes():
+    files = [(f"gs://b/in/{split}/c{i % 3}/{i:04d}{'é' if i % 5 == 0 else ''}.jpg", 100 + i, 7 * i, i)
+             for i, split in enumerate(["train", "val"] * 40)]
+    table = list_class_folders("gs://b/in", iter(files), compact=True).refs
+    assert len(table) == 80 and any(r.generation for r in table) and any(r.crc32c > 0 for r in table)
+    assert list(table.ref_columns()) == list(table)
+    assert list(table.span(10, 30).ref_columns()) == list(table)[10:30]
+    noted = table.with_annotations([b"n" * (i % 4) for i in range(80)])
+    for picked in ([], [5], [79, 0, 3, 3, 41], list(range(80))[::-1]):
+        for t in (table, noted):
+            got, want = t.gather(picked), t.rows(picked)
+            assert (got.blob, got.offsets.tolist()) == (want.blob, want.offsets.tolist())
+            assert list(got) == list(want) and (got.annotations is None) == (t.annotations is None)
 
 
 def test_batch_bounds_cut_by_files_and_bytes():

@@ -343,7 +343,7 @@ def _table_specs(table: RefTable, band: ShardBand, compression: str) -> Iterator
                   + table.annotation_lengths())
     for split, order in split_orders(table):
         yield from split_specs(split, planned[order], band, compression,
-                               lambda a, b, order=order: pack_refs(table.rows(order[a:b])))
+                               lambda a, b, order=order: pack_refs(table.gather(order[a:b])))
 
 
 class PlanImageShards(beam.PTransform):

@@ -58,6 +58,9 @@ def encode_batch(builder: ImageRecordBuilder, refs: Sequence[ImageRef]) -> Encod
     Equal values among the per-record tuples (labels, image facts, notes) are
     handed back as one object, so they pickle once a batch.
     """
+    as_columns = getattr(refs, "ref_columns", None)
+    if as_columns is not None:  # A ``RefTable``: its references made from its arrays at once.
+        refs = as_columns()
     pieces: list[bytes] = []
     dead: list[DeadLetter] = []
     labels, notes, contents, images, facts = [], [], [], [], []

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
+from beam_tfrecords.schemas.elements import DeadLetter, ImageRef, RefColumns
 from beam_tfrecords.schemas.shards import is_valid_split_name
 from beam_tfrecords.transforms.codec.image_inspection import is_image_filename
 from beam_tfrecords.transforms.plan.names import check_names
@@ -249,6 +249,38 @@ class RefTable(Sequence):
                         self.labels[start:stop], self.vocabulary, self.keys[start:stop],
                         self.stamps[start:stop], self.crcs[start:stop], notes)
 
+    def ref_columns(self) -> RefColumns:
+        """Every reference, in order, as ``RefColumns``: the references ``take``
+        makes, with a list per field made from the arrays at once (what a helper
+        process makes its batch's references from)."""
+        count = len(self)
+        ends = self.offsets.tolist()
+        if self.blob.isascii():  # Byte offsets are character offsets.
+            text = self.blob.decode("ascii")
+            names = [text[b:e] for b, e in zip(ends, ends[1:])]
+        else:
+            view = memoryview(self.blob)
+            names = [str(view[b:e], "utf-8") for b, e in zip(ends, ends[1:])]
+        hexed = self.keys.astype(">u8").tobytes().hex()
+        keys = [hexed[i:i + 32] for i in range(0, 32 * count, 32)]
+        on_gcs = self._prefix.startswith("gs://")  # See ``take``: a local file's stamp is no generation.
+        notes = self._annotations(np.arange(count)) if self.annotations is not None else None
+        columns = (list(map(self.split_names.__getitem__, self.split_codes.tolist())), keys, names, None,
+                   self.sizes.tolist(), self.labels.tolist(),
+                   list(map(self.vocabulary.__getitem__, self.labels.tolist())), None,
+                   self.stamps.tolist() if on_gcs else None, self.crcs.tolist() if on_gcs else None,
+                   notes if notes is not None and any(notes) else None)
+        return RefColumns(columns, count, self._prefix)
+
+    def gather(self, indices) -> RefTable:
+        """``rows(indices)``, its paths (and annotations) copied by numpy at once, not
+        a path at a time: what a plan hands each shard (tens of thousands of rows)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        notes = None if self.annotations is None else _gathered(*self.annotations, indices)
+        return RefTable(self.root, *_gathered(self.blob, self.offsets, indices), self.sizes[indices],
+                        self.split_codes[indices], self.split_names, self.labels[indices], self.vocabulary,
+                        self.keys[indices], self.stamps[indices], self.crcs[indices], notes)
+
 
 def _gather(blob: bytes, offsets: np.ndarray, indices: np.ndarray) -> tuple[bytes, np.ndarray]:
     """The values at ``indices`` of a blob with offsets, as a blob and offsets of their own."""
@@ -256,6 +288,15 @@ def _gather(blob: bytes, offsets: np.ndarray, indices: np.ndarray) -> tuple[byte
     gathered = np.concatenate(([0], np.cumsum(ends - starts))).astype(np.int64)  # O(rows), not O(table)
     view = memoryview(blob)
     return b"".join(view[b:e] for b, e in zip(starts.tolist(), ends.tolist())), gathered
+
+
+def _gathered(blob: bytes, offsets: np.ndarray, indices: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """``_gather`` in numpy: each value's bytes picked by a position array."""
+    starts = offsets[indices]
+    lengths = offsets[indices + 1] - starts
+    gathered = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    positions = np.arange(int(gathered[-1]), dtype=np.int64) + np.repeat(starts - gathered[:-1], lengths)
+    return np.frombuffer(blob, np.uint8)[positions].tobytes(), gathered
 
 
 def _keys(blob: bytes, offsets: np.ndarray, codes: np.ndarray, split_names: Sequence[str]) -> np.ndarray:
