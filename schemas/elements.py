@@ -196,6 +196,15 @@ class RefColumns(Sequence):
     def __len__(self) -> int:
         return self._count
 
+    @property
+    def path_prefix(self) -> str | None:
+        """The prefix every path is of its file name, when the paths are held so."""
+        return self._path_prefix
+
+    def is_default(self, name: str) -> bool:
+        """Whether every reference leaves field ``name`` at its default."""
+        return name in _REF_DEFAULTS and self._columns[_REF_FIELDS.index(name)] is None
+
     def column(self, name: str) -> list:
         """The values of field ``name``, one a reference (a list; do not change it)."""
         index = _REF_FIELDS.index(name)

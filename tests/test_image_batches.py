@@ -8,6 +8,7 @@ The oracle is the way of before: a tuple of ``ImageRef`` packed by
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 
@@ -22,6 +23,7 @@ from beam_tfrecords.transforms.image_steps import ImageRecords, image_shards
 from beam_tfrecords.transforms.io.image_batches import batch_bounds
 from beam_tfrecords.transforms.io.image_records import ImageRecordBuilder
 from beam_tfrecords.transforms.plan.layouts import list_class_folders
+from beam_tfrecords.transforms.plan.ref_table import RefTable
 from beam_tfrecords.transforms.plan.shard_cuts import shard_spec, stable_key
 
 pytestmark = pytest.mark.unit
@@ -156,6 +158,24 @@ def test_a_table_makes_the_references_take_makes():
             got, want = t.gather(picked), t.rows(picked)
             assert (got.blob, got.offsets.tolist()) == (want.blob, want.offsets.tolist())
             assert list(got) == list(want) and (got.annotations is None) == (t.annotations is None)
+
+
+def test_references_a_table_can_hold_become_one_and_others_not():
+    files = [(f"/in/{split}/c{i % 3}/{i:04d}{'é' if i % 5 == 0 else ''}.jpg", 100 + i)
+             for i, split in enumerate(["train", "val", "test"] * 30)]
+    refs = list(list_class_folders("/in", iter(files), compact=True).refs)
+    for form in (refs, [dataclasses.replace(r, annotation=b"{}" * (i % 3)) for i, r in enumerate(refs)]):
+        table = RefTable.from_columns(RefColumns.of(form))
+        assert isinstance(table, RefTable) and list(table) == form
+        assert [s.records.unpack() for s in image_shards(pack_refs(table), ShardBand(4000, 8000), "none")] == [
+            s.records.unpack() for s in image_shards(ImageRefs.pack(form), ShardBand(4000, 8000), "none")]
+    odd = [dataclasses.replace(refs[0], path="/elsewhere/x.jpg"), dataclasses.replace(refs[0], label=-1),
+           dataclasses.replace(refs[0], extra=(("a", "int64", 1),)), dataclasses.replace(refs[0], generation=3),
+           dataclasses.replace(refs[0], key=refs[0].key.upper()), dataclasses.replace(refs[0], key="k"),
+           dataclasses.replace(refs[0], label_text="other")]
+    for ref in odd:  # Each one a table cannot hold as it is: kept as columns.
+        assert RefTable.from_columns(RefColumns.of(refs + [ref])) is None
+    assert RefTable.from_columns(RefColumns.of([])) is None
 
 
 def test_batch_bounds_cut_by_files_and_bytes():

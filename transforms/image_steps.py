@@ -193,8 +193,10 @@ class _ListImagesFn(beam.DoFn):
                 yield ListingPart(number, len(refs), refs=pack_refs(refs))
         elif isinstance(listing.refs, RefTable):
             yield pack_refs(listing.refs)
-        else:  # As columns: no object per reference pickled, nor made to plan.
-            yield ImageRefs.pack_columns(listing.refs)
+        else:  # As a table, or else columns: no object per reference pickled, nor made to plan.
+            columns = RefColumns.of(listing.refs)
+            table = RefTable.from_columns(columns)
+            yield pack_refs(table) if table is not None else ImageRefs.pack_columns(columns)
 
 
 class ListImages(beam.PTransform):

@@ -272,6 +272,43 @@ class RefTable(Sequence):
                    notes if notes is not None and any(notes) else None)
         return RefColumns(columns, count, self._prefix)
 
+    @classmethod
+    def from_columns(cls, refs: RefColumns) -> RefTable | None:
+        """The same references as a table (iterating it makes references equal to
+        ``refs``'), when a table can hold them: every path the root plus the file
+        name, no extra features, no generation or CRC-32C, keys of 32 lowercase hex
+        digits, one class text a label; else ``None``."""
+        count, prefix = len(refs), refs.path_prefix
+        if (not count or prefix is None or prefix.rstrip("/") + "/" != prefix
+                or not all(refs.is_default(name) for name in ("extra", "generation", "crc32c"))):
+            return None
+        joined = "".join(refs.column("key"))
+        try:
+            raw = bytes.fromhex(joined) if len(joined) == 32 * count else b""
+        except ValueError:
+            return None
+        labels, texts = refs.column("label"), refs.column("label_text")
+        vocabulary = dict(zip(labels, texts))
+        if raw.hex() != joined or min(labels) < 0 or len(set(zip(labels, texts))) != len(vocabulary):
+            return None
+        names = refs.column("filename")
+        try:
+            encoded = [name.encode("utf-8") for name in names] if not "".join(names).isascii() else names
+        except UnicodeEncodeError:
+            return None
+        blob = b"".join(encoded) if encoded is not names else "".join(names).encode("ascii")
+        lengths = np.fromiter(map(len, encoded), np.int64, count)
+        splits = refs.column("split")
+        split_names = tuple(dict.fromkeys(splits))
+        codes = {name: code for code, name in enumerate(split_names)}
+        table = cls(prefix[:-1] or "/", blob, np.concatenate(([0], np.cumsum(lengths))).astype(np.int64),
+                    np.array(refs.column("size"), np.int64),
+                    np.fromiter(map(codes.__getitem__, splits), np.int32, count), split_names,
+                    np.array(labels, np.int32),
+                    tuple(vocabulary.get(label, "") for label in range(max(labels) + 1)),
+                    np.frombuffer(raw, ">u8").astype(np.uint64).reshape(-1, 2))
+        return table if refs.is_default("annotation") else table.with_annotations(refs.column("annotation"))
+
     def gather(self, indices) -> RefTable:
         """``rows(indices)``, its paths (and annotations) copied by numpy at once, not
         a path at a time: what a plan hands each shard (tens of thousands of rows)."""
