@@ -83,9 +83,11 @@ def _chunks(source: ImageRecords, records) -> list:
     return list(source.chunks(spec))
 
 
-def test_batches_hand_back_what_each_file_alone_gives(tmp_path, monkeypatch):
+@pytest.mark.parametrize("workers", [1, 3])  # Two batches a task, then one.
+def test_batches_hand_back_what_each_file_alone_gives(tmp_path, monkeypatch, workers):
     """Every record form (objects, columns, a table) gives the same chunks, equal to
-    ``framed`` file by file: bytes, labels, notes, contents, image facts, dead letters."""
+    ``framed`` file by file: bytes, labels, notes, contents, image facts, dead letters;
+    however many batches a task holds."""
     root = tmp_path / "in"
     for split in ("train",):
         for name in ("cat", "dog"):
@@ -117,7 +119,7 @@ def test_batches_hand_back_what_each_file_alone_gives(tmp_path, monkeypatch):
     assert [(d.source, d.stage) for d in expected_dead] == [("train/cat/040.png", "validate"),
                                                             ("train/cat/090.png", "read")]
     monkeypatch.setattr("beam_tfrecords.transforms.image_steps._CHUNK_FILES", 16)
-    source = ImageRecords(read_threads=2)
+    source = ImageRecords(read_threads=workers)
     source.setup()
     try:
         forms = [ImageRefs.pack(refs), ImageRefs.pack_columns(refs), pack_refs(table)]

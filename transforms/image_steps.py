@@ -65,7 +65,7 @@ from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.helpers import SMALL_FILE_BYTES, helper_pool, ordered_map, ready_helper_pool
-from beam_tfrecords.transforms.io.image_batches import ImageBatchTask, batch_bounds
+from beam_tfrecords.transforms.io.image_batches import ImageBatchTask, batch_bounds, planned_sizes
 from beam_tfrecords.transforms.io.image_records import (
     Attachment,
     ImageRecordBuilder,
@@ -115,6 +115,7 @@ DEAD_LETTER_TAG = "dead_letter"
 _log = logging.getLogger(__name__)
 _CHUNK_FILES = 64
 _CHUNK_BYTES = 4 << 20
+_TASK_BATCHES = 4  # Chunks a helper's task makes at most: fewer hand-offs a file.
 class _ListImagesFn(beam.DoFn):
     """Impulse → one ``ImageRefs`` of all images, or with ``part_rows`` one
     ``ListingPart`` per part of at most that many (main); and one ``InputSummary``
@@ -310,33 +311,13 @@ def _column_specs(refs: RefColumns, band: ShardBand, compression: str) -> Iterat
     split_of = np.array(splits)
     keys = np.array(refs.column("key"))
     names = np.array(refs.column("filename"))
-    planned = np.array(_planned_sizes(refs), dtype=np.int64)
+    planned = np.array(planned_sizes(refs), dtype=np.int64)
     for split in sorted(set(splits)):
         members = np.flatnonzero(split_of == split)
         # Key order, then name (as ``sorted(key=(key, filename))``: lexsort is stable).
         order = members[np.lexsort((names[members], keys[members]))].tolist()
         yield from split_specs(split, planned[order], band, compression,
                                lambda a, b, order=order: ImageRefs.pack_columns(refs.take(order[a:b])))
-
-
-def _planned_sizes(refs: RefColumns) -> list[int]:
-    """``estimated_record_size`` of each reference, from its columns: the part that
-    depends on the label, its text and the extra features is worked out once for
-    each of their combinations."""
-    overheads: dict = {}
-
-    def overhead(label: int, text: str, extra: tuple) -> int:
-        found = overheads.get((label, text, extra))
-        if found is None:
-            found = overheads[label, text, extra] = estimated_record_size(
-                ImageRef("", "", "", "", 0, label, text, extra))
-        return found
-
-    names = refs.column("filename")
-    return [overhead(label, text, extra) + size + len(name.encode("utf-8")) + len(note)
-            for label, text, extra, size, name, note in zip(
-                refs.column("label"), refs.column("label_text"), refs.column("extra"),
-                refs.column("size"), names, refs.column("annotation"))]
 
 
 def _table_specs(table: RefTable, band: ShardBand, compression: str) -> Iterator[ShardSpec]:
@@ -365,11 +346,13 @@ class PlanImageShards(beam.PTransform):
         )
 
 
-def _batches(refs: Sequence[ImageRef]) -> list[Sequence[ImageRef]]:
-    """Consecutive runs of at most _CHUNK_FILES files and about _CHUNK_BYTES bytes,
-    each as compact as its references allow: columns of their own for
-    ``RefColumns``, a table of its own for a ``RefTable`` (no ``ImageRef`` made),
-    else a tuple of the references."""
+def _tasks(refs: Sequence[ImageRef], workers: int) -> list[tuple[Sequence[ImageRef], list[int]]]:
+    """A shard's references as tasks ``(refs, bounds)``: consecutive runs (batches,
+    one chunk each) of at most _CHUNK_FILES files and about _CHUNK_BYTES bytes, up
+    to _TASK_BATCHES of them a task while that leaves each of ``workers`` several
+    tasks. Each task's references are as compact as they allow: columns of their
+    own for ``RefColumns``, a table of its own for a ``RefTable`` (no ``ImageRef``
+    made), else a tuple of the references."""
     if isinstance(refs, RefColumns):
         sizes, cut = refs.column("size"), refs.span
     elif isinstance(refs, RefTable):
@@ -378,7 +361,12 @@ def _batches(refs: Sequence[ImageRef]) -> list[Sequence[ImageRef]]:
         refs = tuple(refs)
         sizes, cut = [ref.size for ref in refs], lambda a, b: refs[a:b]
     bounds = batch_bounds(sizes, _CHUNK_FILES, _CHUNK_BYTES)
-    return [cut(a, b) for a, b in zip(bounds, bounds[1:])]
+    step = max(1, min(_TASK_BATCHES, (len(bounds) - 1) // (4 * max(1, workers))))
+    tasks = []
+    for first in range(0, len(bounds) - 1, step):
+        cuts = bounds[first:first + step + 1]
+        tasks.append((cut(cuts[0], cuts[-1]), [b - cuts[0] for b in cuts]))
+    return tasks
 
 
 class ImageRecords(RecordSource):
@@ -440,9 +428,10 @@ class ImageRecords(RecordSource):
         pool, workers = self._pool_for(spec)
         # Each batch is one task; what it hands back is the chunk's fields already.
         task = ImageBatchTask(self._builder)
-        for batch in ordered_map(pool, task, _batches(spec.records.unpack()), workers + 2):
-            progress.add(inputs=batch.inputs, input_bytes=batch.input_bytes)
-            yield Chunk(*batch[:9])
+        for batches in ordered_map(pool, task, _tasks(spec.records.unpack(), workers), workers + 2):
+            progress.add(inputs=sum(b.inputs for b in batches), input_bytes=sum(b.input_bytes for b in batches))
+            for batch in batches:
+                yield Chunk(*batch[:9])
 
 
 class _ImageToExampleFn(beam.DoFn):

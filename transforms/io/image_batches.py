@@ -2,8 +2,8 @@
 back in the shape the shard writer takes it.
 
 The shard writer's record source (``image_steps.ImageRecords``) cuts a shard's
-references into batches of a few dozen files and hands each to a helper as one
-task. A batch travels as columns (``schemas.elements.RefColumns``) or a slice of a
+references into batches of a few dozen files (each one ``Chunk``) and hands a
+few consecutive batches to a helper as one task. A batch travels as columns (``schemas.elements.RefColumns``) or a slice of a
 ``plan.ref_table.RefTable``: plain lists or arrays, pickled at C speed, never an
 object per file. The helper makes each file's ``ImageRef`` there, builds its
 record (``ImageRecordBuilder.framed``) and returns an ``EncodedBatch``: the framed
@@ -18,10 +18,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
-from beam_tfrecords.transforms.io.image_records import ImageRecordBuilder
+from beam_tfrecords.schemas.elements import DeadLetter, ImageRef, RefColumns
+from beam_tfrecords.transforms.io.image_records import ImageRecordBuilder, estimated_record_size
 
-__all__ = ["EncodedBatch", "ImageBatchTask", "batch_bounds", "encode_batch"]
+__all__ = ["EncodedBatch", "ImageBatchTask", "batch_bounds", "encode_batch", "encode_batches", "planned_sizes"]
 
 
 class EncodedBatch(NamedTuple):
@@ -58,9 +58,6 @@ def encode_batch(builder: ImageRecordBuilder, refs: Sequence[ImageRef]) -> Encod
     Equal values among the per-record tuples (labels, image facts, notes) are
     handed back as one object, so they pickle once a batch.
     """
-    as_columns = getattr(refs, "ref_columns", None)
-    if as_columns is not None:  # A ``RefTable``: its references made from its arrays at once.
-        refs = as_columns()
     pieces: list[bytes] = []
     dead: list[DeadLetter] = []
     labels, notes, contents, images, facts = [], [], [], [], []
@@ -108,14 +105,26 @@ def _annotated(filename: str, outcome) -> tuple[list[DeadLetter], tuple]:
     return object_letters(filename, outcome.report), image_facts(outcome)
 
 
+def encode_batches(builder: ImageRecordBuilder, refs: Sequence[ImageRef],
+                   bounds: Sequence[int]) -> tuple[EncodedBatch, ...]:
+    """``encode_batch`` of each run ``refs[bounds[i]:bounds[i + 1]]``, in order: a
+    few batches in one task, each handed back as its own chunk."""
+    as_columns = getattr(refs, "ref_columns", None)
+    if as_columns is not None:  # A ``RefTable``: its references made from its arrays at once.
+        refs = as_columns()
+    cut = getattr(refs, "span", None) or (lambda a, b: refs[a:b])
+    return tuple(encode_batch(builder, cut(a, b)) for a, b in zip(bounds, bounds[1:]))
+
+
 @dataclasses.dataclass(frozen=True)
 class ImageBatchTask:
-    """``encode_batch`` with one builder: the picklable task a pool runs per batch."""
+    """``encode_batches`` with one builder: the picklable task a pool runs, on
+    ``(refs, bounds)``."""
 
     builder: ImageRecordBuilder
 
-    def __call__(self, refs: Sequence[ImageRef]) -> EncodedBatch:
-        return encode_batch(self.builder, refs)
+    def __call__(self, item: tuple[Sequence[ImageRef], Sequence[int]]) -> tuple[EncodedBatch, ...]:
+        return encode_batches(self.builder, *item)
 
 
 def batch_bounds(sizes: Sequence[int], most_files: int, most_bytes: int) -> list[int]:
@@ -131,3 +140,23 @@ def batch_bounds(sizes: Sequence[int], most_files: int, most_bytes: int) -> list
     if len(sizes):
         bounds.append(len(sizes))
     return bounds
+
+
+def planned_sizes(refs: RefColumns) -> list[int]:
+    """``estimated_record_size`` of each reference, from its columns: the part that
+    depends on the label, its text and the extra features is worked out once for
+    each of their combinations."""
+    overheads: dict = {}
+
+    def overhead(label: int, text: str, extra: tuple) -> int:
+        found = overheads.get((label, text, extra))
+        if found is None:
+            found = overheads[label, text, extra] = estimated_record_size(
+                ImageRef("", "", "", "", 0, label, text, extra))
+        return found
+
+    names = refs.column("filename")
+    return [overhead(label, text, extra) + size + len(name.encode("utf-8")) + len(note)
+            for label, text, extra, size, name, note in zip(
+                refs.column("label"), refs.column("label_text"), refs.column("extra"),
+                refs.column("size"), names, refs.column("annotation"))]
