@@ -350,16 +350,14 @@ def _tasks(refs: Sequence[ImageRef], workers: int) -> list[tuple[Sequence[ImageR
     """A shard's references as tasks ``(refs, bounds)``: consecutive runs (batches,
     one chunk each) of at most _CHUNK_FILES files and about _CHUNK_BYTES bytes, up
     to _TASK_BATCHES of them a task while that leaves each of ``workers`` several
-    tasks. Each task's references are as compact as they allow: columns of their
-    own for ``RefColumns``, a table of its own for a ``RefTable`` (no ``ImageRef``
-    made), else a tuple of the references."""
-    if isinstance(refs, RefColumns):
-        sizes, cut = refs.column("size"), refs.span
-    elif isinstance(refs, RefTable):
-        sizes, cut = refs.sizes.tolist(), refs.span
+    tasks. Each task's references are a table of its own for a ``RefTable``, else
+    columns of their own (no ``ImageRef`` pickled)."""
+    if isinstance(refs, RefTable):
+        sizes = refs.sizes.tolist()
     else:
-        refs = tuple(refs)
-        sizes, cut = [ref.size for ref in refs], lambda a, b: refs[a:b]
+        refs = refs if isinstance(refs, RefColumns) else RefColumns.of(refs)
+        sizes = refs.column("size")
+    cut = refs.span
     bounds = batch_bounds(sizes, _CHUNK_FILES, _CHUNK_BYTES)
     step = max(1, min(_TASK_BATCHES, (len(bounds) - 1) // (4 * max(1, workers))))
     tasks = []
@@ -549,12 +547,12 @@ def _units(images: ImageRefs) -> Iterator[tuple[str, int, ImageRefs]]:
         unit, size, index = [], 0, 0
         for ref in sorted(by_split[split], key=lambda r: r.key):
             if unit and (len(unit) >= _UNIT_FILES or size + ref.size > _UNIT_BYTES):
-                yield split, index, ImageRefs.pack(unit)
+                yield split, index, ImageRefs.pack_columns(unit)
                 unit, size, index = [], 0, index + 1
             unit.append(ref)
             size += ref.size
         if unit:
-            yield split, index, ImageRefs.pack(unit)
+            yield split, index, ImageRefs.pack_columns(unit)
 
 
 def _framed_sizes(framed: bytes) -> list[int]:
