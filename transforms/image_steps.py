@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import itertools
 import logging
 import time
 from collections import Counter
@@ -349,8 +350,8 @@ class PlanImageShards(beam.PTransform):
 def _tasks(refs: Sequence[ImageRef], workers: int) -> list[tuple[Sequence[ImageRef], list[int]]]:
     """A shard's references as tasks ``(refs, bounds)``: consecutive runs (batches,
     one chunk each) of at most _CHUNK_FILES files and about _CHUNK_BYTES bytes, up
-    to _TASK_BATCHES of them a task while that leaves each of ``workers`` several
-    tasks. Each task's references are a table of its own for a ``RefTable``, else
+    to _TASK_BATCHES of them a task (and no more than _CHUNK_BYTES bytes, so no more
+    is in flight than before) while that leaves each of ``workers`` several tasks. Each task's references are a table of its own for a ``RefTable``, else
     columns of their own (no ``ImageRef`` pickled)."""
     if isinstance(refs, RefTable):
         sizes = refs.sizes.tolist()
@@ -360,10 +361,16 @@ def _tasks(refs: Sequence[ImageRef], workers: int) -> list[tuple[Sequence[ImageR
     cut = refs.span
     bounds = batch_bounds(sizes, _CHUNK_FILES, _CHUNK_BYTES)
     step = max(1, min(_TASK_BATCHES, (len(bounds) - 1) // (4 * max(1, workers))))
-    tasks = []
-    for first in range(0, len(bounds) - 1, step):
-        cuts = bounds[first:first + step + 1]
+    ends = [0, *itertools.accumulate(sizes)]
+    tasks, first = [], 0
+    while first < len(bounds) - 1:
+        last = first + 1  # Batches first..last-1; no more bytes a task than a batch may hold.
+        while (last < len(bounds) - 1 and last - first < step
+               and ends[bounds[last + 1]] - ends[bounds[first]] <= _CHUNK_BYTES):
+            last += 1
+        cuts = bounds[first:last + 1]
         tasks.append((cut(cuts[0], cuts[-1]), [b - cuts[0] for b in cuts]))
+        first = last
     return tasks
 
 
