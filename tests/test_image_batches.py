@@ -184,3 +184,29 @@ def test_batch_bounds_cut_by_files_and_bytes():
     assert batch_bounds([], 4, 100) == [0]
     assert batch_bounds([1] * 9, 4, 100) == [0, 4, 8, 9]
     assert batch_bounds([60, 60, 10, 200, 5], 4, 100) == [0, 1, 3, 4, 5]
+
+
+def test_annotated_images_dropped_objects_follow_the_files_refused_before_them(tmp_path):
+    """Per annotated image the writer's process adds its facts and its dropped objects,
+    in file order among the batch's refused files (as when it did it file by file)."""
+    from beam_tfrecords.transforms.io.annotation_attach import AnnotationAttach
+    from beam_tfrecords.transforms.io.image_batches import chunk_fields, encode_batch
+    from tests.test_annotated_records import LABELS, OBJECTS
+    from tests.test_annotated_records import _png as annotated_png
+    from tests.test_annotated_records import _ref as annotated_ref
+
+    data = annotated_png(str(tmp_path / "a.png"))
+    gone = [ImageRef("train", f"g{i}", f"g{i}.png", str(tmp_path / f"gone{i}.png"), 10, -1, "") for i in range(3)]
+    refs = [gone[0], annotated_ref(str(tmp_path / "a.png"), "a.png", data), gone[1],
+            annotated_ref(str(tmp_path / "a.png"), "b.png", data, objects=OBJECTS[:2]), gone[2],
+            annotated_ref(str(tmp_path / "a.png"), "c.png", data)]
+    batch = encode_batch(ImageRecordBuilder(attach=AnnotationAttach(None, LABELS)), RefColumns.of(refs))
+    fields = chunk_fields(pickle.loads(pickle.dumps(batch)))
+    dead = fields[2]
+    assert [(d.source.rsplit(":", 1)[0] if d.stage == "object" else d.source, d.stage) for d in dead] == [
+        ("g0.png", "read"), ("a.json", "object"), ("a.json", "object"), ("g1.png", "read"),
+        ("g2.png", "read"), ("a.json", "object"), ("a.json", "object")]
+    assert [d.message.rsplit(" of ", 1)[-1] for d in dead if d.stage == "object"] == [
+        "a.png, the image kept", "a.png, the image kept", "c.png, the image kept", "c.png, the image kept"]
+    facts = fields[8]
+    assert fields[1] == 3 and [len(objects) for _, _, objects, _ in facts] == [2, 2, 2]

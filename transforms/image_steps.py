@@ -66,7 +66,12 @@ from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.helpers import SMALL_FILE_BYTES, helper_pool, ordered_map, ready_helper_pool
-from beam_tfrecords.transforms.io.image_batches import ImageBatchTask, batch_bounds, planned_sizes
+from beam_tfrecords.transforms.io.image_batches import (
+    ImageBatchTask,
+    batch_bounds,
+    chunk_fields,
+    planned_sizes,
+)
 from beam_tfrecords.transforms.io.image_records import (
     Attachment,
     ImageRecordBuilder,
@@ -436,7 +441,7 @@ class ImageRecords(RecordSource):
         for batches in ordered_map(pool, task, _tasks(spec.records.unpack(), workers), workers + 2):
             progress.add(inputs=sum(b.inputs for b in batches), input_bytes=sum(b.input_bytes for b in batches))
             for batch in batches:
-                yield Chunk(*batch[:9])
+                yield Chunk(*chunk_fields(batch))
 
 
 class _ImageToExampleFn(beam.DoFn):

@@ -8,8 +8,9 @@ few consecutive batches to a helper as one task. A batch travels as columns (``s
 object per file. The helper makes each file's ``ImageRef`` there, builds its
 record (``ImageRecordBuilder.framed``) and returns an ``EncodedBatch``: the framed
 records and, per record, the tuples ``shard_engine.Chunk`` holds (labels, notes,
-contents, image facts, annotation facts) plus the batch's dead letters, so the
-process that writes the shard does a constant amount of Python work per batch.
+contents, image facts) plus the batch's dead letters, so the process that writes
+the shard does a constant amount of Python work per batch (plus, per annotated
+image, its facts and dropped objects).
 """
 
 from __future__ import annotations
@@ -21,23 +22,26 @@ from typing import NamedTuple
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef, RefColumns
 from beam_tfrecords.transforms.io.image_records import ImageRecordBuilder, estimated_record_size
 
-__all__ = ["EncodedBatch", "ImageBatchTask", "batch_bounds", "encode_batch", "encode_batches", "planned_sizes"]
+__all__ = ["EncodedBatch", "ImageBatchTask", "batch_bounds", "chunk_fields", "encode_batch", "encode_batches",
+           "planned_sizes"]
 
 
 class EncodedBatch(NamedTuple):
     """A batch of images encoded: the first nine fields are ``shard_engine.Chunk``'s,
-    in its order (``Chunk(*batch[:9])``).
+    in its order (``chunk_fields`` completes them for annotated images).
 
     Attributes:
       framed: the framed records of the good files, concatenated in order.
       records: how many records ``framed`` holds.
-      dead: the batch's dead letters: files refused, then (annotated images) the
-        objects a kept image dropped, in file order.
+      dead: the files the batch refused (dead letters), in file order.
       labels, notes, contents, images: per record, as ``Chunk`` has them.
       inputs: files the batch held.
-      annotations: per record its annotation facts (``None`` for one without), or
-        ``()`` when no record had any.
+      annotations: ``()``: an annotated image's facts are made from ``reports``.
       input_bytes: the listed bytes of the batch's files (for progress).
+      reports: per annotated image, ``(dead letters before it, its record's index,
+        image/filename, its ImageOutcome)``: the writer's process adds its facts and
+        the objects it dropped (``io.annotated_output``, which imports Beam's file
+        systems: a helper does not import it).
     """
 
     framed: bytes
@@ -50,6 +54,7 @@ class EncodedBatch(NamedTuple):
     images: tuple[tuple[str, str, int, int], ...]
     annotations: tuple
     input_bytes: int
+    reports: tuple = ()
 
 
 def encode_batch(builder: ImageRecordBuilder, refs: Sequence[ImageRef]) -> EncodedBatch:
@@ -60,7 +65,7 @@ def encode_batch(builder: ImageRecordBuilder, refs: Sequence[ImageRef]) -> Encod
     """
     pieces: list[bytes] = []
     dead: list[DeadLetter] = []
-    labels, notes, contents, images, facts = [], [], [], [], []
+    labels, notes, contents, images, reports = [], [], [], [], []
     same: dict = {}
     inputs = input_bytes = 0
     for ref in refs:
@@ -81,28 +86,31 @@ def encode_batch(builder: ImageRecordBuilder, refs: Sequence[ImageRef]) -> Encod
         contents.append((outcome.sha256, ref.filename, source))
         notes.append(same.setdefault(outcome.note, outcome.note))
         images.append(same.setdefault(outcome.image, outcome.image))
-        if report is None:
-            facts.append(None)
-        else:  # Annotated: its facts; its objects dropped.
-            dropped, fact = _annotated(ref.filename, outcome)
-            dead += dropped
-            facts.append(fact)
+        if report is not None:  # Annotated: its facts and dropped objects are the writer's to add.
+            reports.append((len(dead), len(labels) - 1, ref.filename, outcome))
     return EncodedBatch(b"".join(pieces), len(labels), tuple(dead), tuple(labels), inputs, tuple(notes),
-                        tuple(contents), tuple(images), tuple(facts) if any(facts) else (), input_bytes)
+                        tuple(contents), tuple(images), (), input_bytes, tuple(reports))
 
 
-def _annotated(filename: str, outcome) -> tuple[list[DeadLetter], tuple]:
-    """An annotated image's dropped objects (dead letters) and its facts.
-
-    ``io.annotated_output`` is imported here, on the first annotated image: it
-    imports Beam's file systems, which a helper encoding plain images never needs.
-    """
+def chunk_fields(batch: EncodedBatch) -> tuple:
+    """The fields of the ``shard_engine.Chunk`` a batch makes, in its order: an
+    annotated image's facts and the objects it dropped (dead letters after the
+    files refused before it) added here, in the writer's process."""
+    if not batch.reports:
+        return batch[:9]
     from beam_tfrecords.transforms.io.annotated_output import (  # pylint: disable=import-outside-toplevel
         image_facts,
         object_letters,
     )
 
-    return object_letters(filename, outcome.report), image_facts(outcome)
+    dead, facts, added = list(batch.dead), [None] * batch.records, 0
+    for before, record, filename, outcome in batch.reports:
+        dropped = object_letters(filename, outcome.report)
+        dead[before + added:before + added] = dropped
+        added += len(dropped)
+        facts[record] = image_facts(outcome)
+    return (batch.framed, batch.records, tuple(dead), batch.labels, batch.inputs, batch.notes,
+            batch.contents, batch.images, tuple(facts) if any(facts) else ())
 
 
 def encode_batches(builder: ImageRecordBuilder, refs: Sequence[ImageRef],
