@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import itertools
 import logging
 import time
 from collections import Counter
@@ -34,6 +35,7 @@ from beam_tfrecords.schemas.elements import (
     ImageSpool,
     InputSummary,
     ListingPart,
+    RefColumns,
     ShardSpec,
     SpoolSegments,
 )
@@ -59,11 +61,17 @@ from beam_tfrecords.transforms.image_listing import (
     write_listing,
 )
 from beam_tfrecords.transforms.io import files, progress
-from beam_tfrecords.transforms.io.annotated_output import image_bad_counts, image_facts, object_letters
+from beam_tfrecords.transforms.io.annotated_output import image_bad_counts
 from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
 from beam_tfrecords.transforms.io.helpers import SMALL_FILE_BYTES, helper_pool, ordered_map, ready_helper_pool
+from beam_tfrecords.transforms.io.image_batches import (
+    ImageBatchTask,
+    batch_bounds,
+    chunk_fields,
+    planned_sizes,
+)
 from beam_tfrecords.transforms.io.image_records import (
     Attachment,
     ImageRecordBuilder,
@@ -113,6 +121,7 @@ DEAD_LETTER_TAG = "dead_letter"
 _log = logging.getLogger(__name__)
 _CHUNK_FILES = 64
 _CHUNK_BYTES = 4 << 20
+_TASK_BATCHES = 4  # Chunks a helper's task makes at most: fewer hand-offs a file.
 class _ListImagesFn(beam.DoFn):
     """Impulse → one ``ImageRefs`` of all images, or with ``part_rows`` one
     ``ListingPart`` per part of at most that many (main); and one ``InputSummary``
@@ -153,7 +162,7 @@ class _ListImagesFn(beam.DoFn):
             self._contents_on_workers)
         if self._processes > 0 and count and total_bytes < SMALL_FILE_BYTES * count:
             # Small files: start the shard writers' helper processes while planning runs.
-            helper_pool(self._processes)
+            helper_pool(self._processes, ("beam_tfrecords.transforms.io.image_batches",))
         _, root, _ = resolve_input(self._input, self._layout)
         dead_path = write_dead_letters(self._output, "listing", listing.dead_letters)
         skipped_path = write_dead_letters(self._output, "skipped", listing.skipped)
@@ -189,8 +198,12 @@ class _ListImagesFn(beam.DoFn):
         elif self._part_rows:
             for number, refs in enumerate(listing_parts(listing.refs, self._part_rows)):
                 yield ListingPart(number, len(refs), refs=pack_refs(refs))
-        else:
+        elif isinstance(listing.refs, RefTable):
             yield pack_refs(listing.refs)
+        else:  # As a table, or else columns: no object per reference pickled, nor made to plan.
+            columns = RefColumns.of(listing.refs)
+            table = RefTable.from_columns(columns)
+            yield pack_refs(table) if table is not None else ImageRefs.pack_columns(columns)
 
 
 class ListImages(beam.PTransform):
@@ -270,8 +283,13 @@ def image_shards(images: ImageRefs, band: ShardBand, compression: str) -> Iterat
     refs = images.unpack()
     start = time.monotonic()
     count = shards = 0
-    for spec in (_table_specs(refs, band, compression) if isinstance(refs, RefTable)
-                 else _ref_specs(refs, band, compression)):
+    if isinstance(refs, RefTable):
+        specs = _table_specs(refs, band, compression)
+    elif isinstance(refs, RefColumns):
+        specs = _column_specs(refs, band, compression)
+    else:
+        specs = _ref_specs(refs, band, compression)
+    for spec in specs:
         yield spec
         count += spec.records.count
         shards += 1
@@ -290,13 +308,31 @@ def _ref_specs(refs: Sequence[ImageRef], band: ShardBand, compression: str) -> I
                                lambda a, b, items=items: ImageRefs.pack(items[a:b]))
 
 
+def _column_specs(refs: RefColumns, band: ShardBand, compression: str) -> Iterator[ShardSpec]:
+    """``_ref_specs`` of references held as columns, planned on the columns: each
+    spec's references are columns of their own (no ``ImageRef`` is made here)."""
+    if not len(refs):
+        return
+    splits = refs.column("split")
+    split_of = np.array(splits)
+    keys = np.array(refs.column("key"))
+    names = np.array(refs.column("filename"))
+    planned = np.array(planned_sizes(refs), dtype=np.int64)
+    for split in sorted(set(splits)):
+        members = np.flatnonzero(split_of == split)
+        # Key order, then name (as ``sorted(key=(key, filename))``: lexsort is stable).
+        order = members[np.lexsort((names[members], keys[members]))].tolist()
+        yield from split_specs(split, planned[order], band, compression,
+                               lambda a, b, order=order: ImageRefs.pack_columns(refs.take(order[a:b])))
+
+
 def _table_specs(table: RefTable, band: ShardBand, compression: str) -> Iterator[ShardSpec]:
     """The specs of a table, split by split (each spec's rows a table of their own)."""
     planned = (record_overheads(table.vocabulary)[table.labels] + table.sizes + table.name_lengths()
                   + table.annotation_lengths())
     for split, order in split_orders(table):
         yield from split_specs(split, planned[order], band, compression,
-                               lambda a, b, order=order: pack_refs(table.rows(order[a:b])))
+                               lambda a, b, order=order: pack_refs(table.gather(order[a:b])))
 
 
 class PlanImageShards(beam.PTransform):
@@ -316,17 +352,31 @@ class PlanImageShards(beam.PTransform):
         )
 
 
-def _chunks(items: Sequence[ImageRef]) -> Iterator[list[ImageRef]]:
-    """Consecutive runs of at most _CHUNK_FILES files and about _CHUNK_BYTES bytes."""
-    chunk, size = [], 0
-    for item in items:
-        if chunk and (len(chunk) >= _CHUNK_FILES or size + item.size > _CHUNK_BYTES):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(item)
-        size += item.size
-    if chunk:
-        yield chunk
+def _tasks(refs: Sequence[ImageRef], workers: int) -> list[tuple[Sequence[ImageRef], list[int]]]:
+    """A shard's references as tasks ``(refs, bounds)``: consecutive runs (batches,
+    one chunk each) of at most _CHUNK_FILES files and about _CHUNK_BYTES bytes, up
+    to _TASK_BATCHES of them a task (and no more than _CHUNK_BYTES bytes, so no more
+    is in flight than before) while that leaves each of ``workers`` several tasks. Each task's references are a table of its own for a ``RefTable``, else
+    columns of their own (no ``ImageRef`` pickled)."""
+    if isinstance(refs, RefTable):
+        sizes = refs.sizes.tolist()
+    else:
+        refs = refs if isinstance(refs, RefColumns) else RefColumns.of(refs)
+        sizes = refs.column("size")
+    cut = refs.span
+    bounds = batch_bounds(sizes, _CHUNK_FILES, _CHUNK_BYTES)
+    step = max(1, min(_TASK_BATCHES, (len(bounds) - 1) // (4 * max(1, workers))))
+    ends = [0, *itertools.accumulate(sizes)]
+    tasks, first = [], 0
+    while first < len(bounds) - 1:
+        last = first + 1  # Batches first..last-1; no more bytes a task than a batch may hold.
+        while (last < len(bounds) - 1 and last - first < step
+               and ends[bounds[last + 1]] - ends[bounds[first]] <= _CHUNK_BYTES):
+            last += 1
+        cuts = bounds[first:last + 1]
+        tasks.append((cut(cuts[0], cuts[-1]), [b - cuts[0] for b in cuts]))
+        first = last
+    return tasks
 
 
 class ImageRecords(RecordSource):
@@ -386,27 +436,12 @@ class ImageRecords(RecordSource):
 
     def chunks(self, spec: ShardSpec) -> Iterator[Chunk]:
         pool, workers = self._pool_for(spec)
-        chunks = list(_chunks(spec.records.unpack()))
-        encoded = ordered_map(pool, self._builder.chunk, chunks, workers + 2)
-        for chunk, (framed, outcomes) in zip(chunks, encoded):
-            progress.add(inputs=len(chunk), input_bytes=sum(ref.size for ref in chunk))
-            dead, labels, notes, contents, images, facts = [], [], [], [], [], []
-            for ref, outcome in zip(chunk, outcomes):
-                if isinstance(outcome, DeadLetter):
-                    dead.append(outcome)
-                else:
-                    several = outcome.report.labels if outcome.report is not None else ()
-                    # Several labels per image: the record counts once under each.
-                    labels.append(several or ref.label_text or ("" if ref.label == -1 else str(ref.label)))
-                    contents.append((outcome.sha256, ref.filename,
-                                     outcome.source_sha256 if outcome.source_sha256 != outcome.sha256 else ""))
-                    notes.append(outcome.note)
-                    images.append(outcome.image)
-                    if outcome.report is not None:  # Annotated: its facts; its objects dropped.
-                        dead += object_letters(ref.filename, outcome.report)
-                    facts.append(image_facts(outcome))
-            yield Chunk(framed, len(labels), tuple(dead), tuple(labels), len(chunk), tuple(notes),
-                        tuple(contents), tuple(images), tuple(facts) if any(facts) else ())
+        # Each batch is one task; what it hands back is the chunk's fields already.
+        task = ImageBatchTask(self._builder)
+        for batches in ordered_map(pool, task, _tasks(spec.records.unpack(), workers), workers + 2):
+            progress.add(inputs=sum(b.inputs for b in batches), input_bytes=sum(b.input_bytes for b in batches))
+            for batch in batches:
+                yield Chunk(*chunk_fields(batch))
 
 
 class _ImageToExampleFn(beam.DoFn):
@@ -524,12 +559,12 @@ def _units(images: ImageRefs) -> Iterator[tuple[str, int, ImageRefs]]:
         unit, size, index = [], 0, 0
         for ref in sorted(by_split[split], key=lambda r: r.key):
             if unit and (len(unit) >= _UNIT_FILES or size + ref.size > _UNIT_BYTES):
-                yield split, index, ImageRefs.pack(unit)
+                yield split, index, ImageRefs.pack_columns(unit)
                 unit, size, index = [], 0, index + 1
             unit.append(ref)
             size += ref.size
         if unit:
-            yield split, index, ImageRefs.pack(unit)
+            yield split, index, ImageRefs.pack_columns(unit)
 
 
 def _framed_sizes(framed: bytes) -> list[int]:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from beam_tfrecords.schemas.elements import DeadLetter, ImageRef
+from beam_tfrecords.schemas.elements import DeadLetter, ImageRef, RefColumns
 from beam_tfrecords.schemas.shards import is_valid_split_name
 from beam_tfrecords.transforms.codec.image_inspection import is_image_filename
 from beam_tfrecords.transforms.plan.names import check_names
@@ -233,6 +233,91 @@ class RefTable(Sequence):
             return np.arange(n, dtype=np.int64)
         return np.argsort(names, kind="stable")
 
+    def span(self, start: int, stop: int) -> RefTable:
+        """Rows ``start:stop`` as a table of their own, its columns slices of these
+        (what a helper process is handed a batch of images as)."""
+        start, stop, _ = slice(start, stop).indices(len(self))
+        stop = max(start, stop)
+        begin, end = int(self.offsets[start]), int(self.offsets[stop])
+        notes = None
+        if self.annotations is not None:
+            blob, offsets = self.annotations
+            first, last = int(offsets[start]), int(offsets[stop])
+            notes = blob[first:last], offsets[start:stop + 1] - first
+        return RefTable(self.root, self.blob[begin:end], self.offsets[start:stop + 1] - begin,
+                        self.sizes[start:stop], self.split_codes[start:stop], self.split_names,
+                        self.labels[start:stop], self.vocabulary, self.keys[start:stop],
+                        self.stamps[start:stop], self.crcs[start:stop], notes)
+
+    def ref_columns(self) -> RefColumns:
+        """Every reference, in order, as ``RefColumns``: the references ``take``
+        makes, with a list per field made from the arrays at once (what a helper
+        process makes its batch's references from)."""
+        count = len(self)
+        ends = self.offsets.tolist()
+        if self.blob.isascii():  # Byte offsets are character offsets.
+            text = self.blob.decode("ascii")
+            names = [text[b:e] for b, e in zip(ends, ends[1:])]
+        else:
+            view = memoryview(self.blob)
+            names = [str(view[b:e], "utf-8") for b, e in zip(ends, ends[1:])]
+        hexed = self.keys.astype(">u8").tobytes().hex()
+        keys = [hexed[i:i + 32] for i in range(0, 32 * count, 32)]
+        on_gcs = self._prefix.startswith("gs://")  # See ``take``: a local file's stamp is no generation.
+        notes = self._annotations(np.arange(count)) if self.annotations is not None else None
+        columns = (list(map(self.split_names.__getitem__, self.split_codes.tolist())), keys, names, None,
+                   self.sizes.tolist(), self.labels.tolist(),
+                   list(map(self.vocabulary.__getitem__, self.labels.tolist())), None,
+                   self.stamps.tolist() if on_gcs else None, self.crcs.tolist() if on_gcs else None,
+                   notes if notes is not None and any(notes) else None)
+        return RefColumns(columns, count, self._prefix)
+
+    @classmethod
+    def from_columns(cls, refs: RefColumns) -> RefTable | None:
+        """The same references as a table (iterating it makes references equal to
+        ``refs``'), when a table can hold them: every path the root plus the file
+        name, no extra features, no generation or CRC-32C, keys of 32 lowercase hex
+        digits, one class text a label; else ``None``."""
+        count, prefix = len(refs), refs.path_prefix
+        if (not count or prefix is None or prefix.rstrip("/") + "/" != prefix
+                or not all(refs.is_default(name) for name in ("extra", "generation", "crc32c"))):
+            return None
+        joined = "".join(refs.column("key"))
+        try:
+            raw = bytes.fromhex(joined) if len(joined) == 32 * count else b""
+        except ValueError:
+            return None
+        labels, texts = refs.column("label"), refs.column("label_text")
+        vocabulary = dict(zip(labels, texts))
+        if raw.hex() != joined or min(labels) < 0 or len(set(zip(labels, texts))) != len(vocabulary):
+            return None
+        names = refs.column("filename")
+        try:
+            encoded = [name.encode("utf-8") for name in names] if not "".join(names).isascii() else names
+        except UnicodeEncodeError:
+            return None
+        blob = b"".join(encoded) if encoded is not names else "".join(names).encode("ascii")
+        lengths = np.fromiter(map(len, encoded), np.int64, count)
+        splits = refs.column("split")
+        split_names = tuple(dict.fromkeys(splits))
+        codes = {name: code for code, name in enumerate(split_names)}
+        table = cls(prefix[:-1] or "/", blob, np.concatenate(([0], np.cumsum(lengths))).astype(np.int64),
+                    np.array(refs.column("size"), np.int64),
+                    np.fromiter(map(codes.__getitem__, splits), np.int32, count), split_names,
+                    np.array(labels, np.int32),
+                    tuple(vocabulary.get(label, "") for label in range(max(labels) + 1)),
+                    np.frombuffer(raw, ">u8").astype(np.uint64).reshape(-1, 2))
+        return table if refs.is_default("annotation") else table.with_annotations(refs.column("annotation"))
+
+    def gather(self, indices) -> RefTable:
+        """``rows(indices)``, its paths (and annotations) copied by numpy at once, not
+        a path at a time: what a plan hands each shard (tens of thousands of rows)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        notes = None if self.annotations is None else _gathered(*self.annotations, indices)
+        return RefTable(self.root, *_gathered(self.blob, self.offsets, indices), self.sizes[indices],
+                        self.split_codes[indices], self.split_names, self.labels[indices], self.vocabulary,
+                        self.keys[indices], self.stamps[indices], self.crcs[indices], notes)
+
 
 def _gather(blob: bytes, offsets: np.ndarray, indices: np.ndarray) -> tuple[bytes, np.ndarray]:
     """The values at ``indices`` of a blob with offsets, as a blob and offsets of their own."""
@@ -240,6 +325,15 @@ def _gather(blob: bytes, offsets: np.ndarray, indices: np.ndarray) -> tuple[byte
     gathered = np.concatenate(([0], np.cumsum(ends - starts))).astype(np.int64)  # O(rows), not O(table)
     view = memoryview(blob)
     return b"".join(view[b:e] for b, e in zip(starts.tolist(), ends.tolist())), gathered
+
+
+def _gathered(blob: bytes, offsets: np.ndarray, indices: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """``_gather`` in numpy: each value's bytes picked by a position array."""
+    starts = offsets[indices]
+    lengths = offsets[indices + 1] - starts
+    gathered = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    positions = np.arange(int(gathered[-1]), dtype=np.int64) + np.repeat(starts - gathered[:-1], lengths)
+    return np.frombuffer(blob, np.uint8)[positions].tobytes(), gathered
 
 
 def _keys(blob: bytes, offsets: np.ndarray, codes: np.ndarray, split_names: Sequence[str]) -> np.ndarray:
