@@ -22,7 +22,6 @@ workers, a table per folder, joined with ``concat_tables`` (``docs/scaling.md``)
 from __future__ import annotations
 
 import hashlib
-import itertools
 import re
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -108,29 +107,26 @@ class RefTable(Sequence):
     def filename(self, i: int) -> str:
         return self.blob[self.offsets[i]:self.offsets[i + 1]].decode("utf-8")
 
-    def _ref(self, i: int, begins, ends, sizes, splits, labels, keys, stamps, crcs, notes) -> ImageRef:
-        rel = self.blob[begins[i]:ends[i]].decode("utf-8")
-        split = self.split_names[splits[i]]
-        label = labels[i]
-        return ImageRef(split, "%016x%016x" % keys[i], rel, self._prefix + rel, sizes[i], label,
-                        self.vocabulary[label], (), stamps[i], crcs[i], notes[i])
-
     def take(self, indices) -> list[ImageRef]:
         """The references at ``indices``, as objects, in that order."""
         indices = np.asarray(indices, dtype=np.int64)
         begins = self.offsets[indices].tolist()
         ends = self.offsets[indices + 1].tolist()
-        sizes = self.sizes[indices].tolist()
-        splits = self.split_codes[indices].tolist()
+        blob = self.blob
+        rels = [blob[b:e].decode("utf-8") for b, e in zip(begins, ends)]
+        splits = [self.split_names[code] for code in self.split_codes[indices].tolist()]
         labels = self.labels[indices].tolist()
-        keys = [tuple(k) for k in self.keys[indices].tolist()]
+        keys = self.keys[indices].astype(">u8").tobytes().hex()  # Each key: 32 hex digits.
         if self._prefix.startswith("gs://"):  # The generation an object is read at, and its CRC-32C.
             stamps, crcs = self.stamps[indices].tolist(), self.crcs[indices].tolist()
         else:  # A local file's stamp is its modification time, not a generation.
             stamps, crcs = [0] * len(indices), [-1] * len(indices)
         notes = self._annotations(indices)
-        rows = range(len(indices))
-        return [self._ref(i, begins, ends, sizes, splits, labels, keys, stamps, crcs, notes) for i in rows]
+        prefix, vocabulary = self._prefix, self.vocabulary
+        return [ImageRef(split, keys[32 * i:32 * i + 32], rel, prefix + rel, size, label, vocabulary[label], (),
+                         stamp, crc, note)
+                for i, (rel, split, size, label, stamp, crc, note)
+                in enumerate(zip(rels, splits, self.sizes[indices].tolist(), labels, stamps, crcs, notes))]
 
     def __getitem__(self, index):
         if isinstance(index, slice):
@@ -302,9 +298,9 @@ class _Columns:
         self.root = root
         self.blobs: list[bytes] = []
         self.lengths: list[np.ndarray] = []
-        self.sizes: list[list[int]] = []
-        self.stamps: list[list[int]] = []
-        self.crcs: list[list[int]] = []
+        self.sizes = array("q")
+        self.stamps = array("q")
+        self.crcs: array | None = None  # None while no file has a CRC-32C.
         self.ignored = 0
         self._finished: tuple | None = None
 
@@ -320,15 +316,20 @@ class _Columns:
             crcs = None if crcs is None else [crcs[i] for i in rows]
         if not names:
             return names
-        rels = [folder + name for name in names] if folder else names
-        text = "".join(rels)
+        text = folder + folder.join(names) if folder else "".join(names)  # Each ``folder + name``.
         blob = text.encode("utf-8")
-        self.lengths.append(np.fromiter(map(len, rels) if len(blob) == len(text) else
-                                        (len(rel.encode("utf-8")) for rel in rels), np.int64, len(rels)))
+        if len(blob) == len(text):  # ASCII: a character is a byte.
+            lengths = np.fromiter(map(len, names), np.int64, len(names)) + len(folder)
+        else:
+            lengths = np.fromiter((len((folder + name).encode("utf-8")) for name in names), np.int64, len(names))
+        self.lengths.append(lengths)
         self.blobs.append(blob)
-        self.sizes.append(sizes)
-        self.stamps.append(stamps)
-        self.crcs.append([-1] * len(names) if crcs is None else crcs)
+        if crcs is not None and self.crcs is None:
+            self.crcs = array("q", [-1]) * len(self.sizes)
+        self.sizes.extend(sizes)
+        self.stamps.extend(stamps)
+        if self.crcs is not None:
+            self.crcs.extend(array("q", [-1]) * len(names) if crcs is None else crcs)
         return names
 
     def finish(self) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -336,10 +337,12 @@ class _Columns:
         if self._finished is None:
             lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
             offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-            columns = [np.array(list(itertools.chain.from_iterable(parts)), np.int64)
-                       for parts in (self.sizes, self.stamps, self.crcs)]
-            self._finished = (b"".join(self.blobs), offsets, *columns)
-            self.blobs, self.lengths, self.sizes, self.stamps, self.crcs = [], [], [], [], []
+            sizes, stamps = (np.frombuffer(column, np.int64).copy() if len(column) else np.zeros(0, np.int64)
+                             for column in (self.sizes, self.stamps))
+            crcs = (np.full(len(sizes), -1, np.int64) if self.crcs is None
+                    else np.frombuffer(self.crcs, np.int64).copy())
+            self._finished = (b"".join(self.blobs), offsets, sizes, stamps, crcs)
+            self.blobs, self.lengths, self.sizes, self.stamps, self.crcs = [], [], array("q"), array("q"), None
         return self._finished
 
     def path_key(self) -> Callable[[int], tuple]:
