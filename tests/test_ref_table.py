@@ -155,6 +155,7 @@ def test_list_images_splits_on_a_table_equal_the_list(tmp_path, monkeypatch):
     root = str(tmp_path / "in")
     make_class_folder_sample(root, per_class=5, splits=None)
     splits = (("train", 0.7), ("test", 0.3))
+    monkeypatch.setattr(image_listing, "COMPACT_LISTING_REFS", 10**9)
     plain = images.list_images(root, splits=splits)
     monkeypatch.setattr(image_listing, "COMPACT_LISTING_REFS", 0)
     compact = images.list_images(root, splits=splits)
@@ -172,6 +173,7 @@ def _shard_digests(out):
 def test_compact_listing_writes_the_same_shards(tmp_path, monkeypatch, run_convert, make):
     root = str(tmp_path / "in")
     make(root)
+    monkeypatch.setattr(image_listing, "COMPACT_LISTING_REFS", 10**9)
     plain = run_convert(root, str(tmp_path / "plain"), shard_min_mb=0.002, shard_max_mb=0.004)
     monkeypatch.setattr(image_listing, "COMPACT_LISTING_REFS", 0)
     compact = run_convert(root, str(tmp_path / "compact"), shard_min_mb=0.002, shard_max_mb=0.004)

@@ -20,7 +20,7 @@ import pickle
 import stat
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -59,7 +59,7 @@ from beam_tfrecords.transforms.plan.layouts import (
     resolve_input,
 )
 from beam_tfrecords.transforms.plan.names import check_names
-from beam_tfrecords.transforms.plan.ref_table import PathBuffer, RefTable, concat_tables
+from beam_tfrecords.transforms.plan.ref_table import FileBatch, PathBuffer, RefTable, concat_tables
 from beam_tfrecords.transforms.plan.shard_cuts import stable_key
 from beam_tfrecords.transforms.quality.duplicates import keep_first
 from beam_tfrecords.transforms.quality.splits import split_of
@@ -119,9 +119,10 @@ class ListingIdentity(NamedTuple):
                    tuple(AnnotationArgs.of(config)) if config.layout in ANNOTATION_LAYOUTS else ())
 
 
-# A folder layout listing more images than this keeps them as columns (a ``RefTable``):
-# below it, the list of ``ImageRef`` of before (the same records either way).
-COMPACT_LISTING_REFS = 200_000
+# A folder layout listing more images than this keeps them as columns (a ``RefTable``,
+# in path order); at most this many, a list of ``ImageRef`` (the same references in the
+# same order, the same records either way). 0: a table, unless it is empty.
+COMPACT_LISTING_REFS = 0
 
 
 def list_images(input_path: str, layout: str = "auto", labels_path: str | None = None,
@@ -330,21 +331,23 @@ def _list_images(input_path: str, layout: str, labels_path: str | None,
         check_names("splits in the CSV manifest's 'split' column", {ref.split for ref in listing.refs})
         return listing
     skipped: list = []
-    found, bad_names = PathBuffer(root), []
-    for item in files.list_stamped(pattern, skipped=skipped, follow_outside=follow_links_outside):
-        try:  # item: (path, size, stamp, crc)
-            found.add(*item)
-        except UnicodeEncodeError:  # A name that is not UTF-8 cannot be a feature's text.
-            bad_names.append(DeadLetter(_published(root, item[0]), "list", "bad_file_name",
-                                        "the file name is not UTF-8 text; rename the file"))
-    if layout == "auto":
-        layout = detect_layout(root, (item[0] for item in found))
+    batches = files.folder_batches(pattern, skipped, follow_links_outside)
+    if batches is None:
+        found, bad_names = _buffered(root, files.list_stamped(pattern, skipped=skipped,
+                                                              follow_outside=follow_links_outside))
+        if layout == "auto":
+            layout = detect_layout(root, (item[0] for item in found))
+    else:
+        found, bad_names, has_labels = _folder_files(root, batches)
+        if layout == "auto":
+            layout = "cifar" if has_labels else "class_folders"
     if layout == "cifar":
         labels_text = "\n".join(labels) if labels else read_labels_text(files.join(root, CIFAR_LABELS_FILE))
-        listing = list_cifar(root, found, labels_text, compact=True)
+        listing = list_cifar(root, found, labels_text, compact=True, batched=batches is not None)
     else:
-        listing = list_class_folders(root, found, labels, compact=True)
+        listing = list_class_folders(root, found, labels, compact=True, batched=batches is not None)
     del found
+    listing.refs = _in_path_order(listing.refs)
     listing.files = listing.refs  # The fingerprint's columns (stamps from this listing).
     if len(listing.refs) <= COMPACT_LISTING_REFS:
         listing.refs = listing.refs.by_filename()
@@ -352,6 +355,66 @@ def _list_images(input_path: str, layout: str, labels_path: str | None,
                        for path, reason, message in skipped]
     listing.dead_letters.extend(bad_names)
     return listing
+
+
+def _buffered(root: str, items) -> tuple[PathBuffer, list[DeadLetter]]:
+    """A listing's ``(path, size, stamp, crc)`` held compactly, and the dead letters
+    of the files whose names are not UTF-8 text."""
+    found, bad_names = PathBuffer(root), []
+    for item in items:
+        try:  # item: (path, size, stamp, crc)
+            found.add(*item)
+        except UnicodeEncodeError:
+            bad_names.append(_bad_name(root, item[0]))
+    return found, bad_names
+
+
+def _bad_name(root: str, path: str) -> DeadLetter:
+    """A file whose name is not UTF-8 cannot be a feature's text."""
+    return DeadLetter(_published(root, path), "list", "bad_file_name",
+                      "the file name is not UTF-8 text; rename the file")
+
+
+def _folder_files(root: str, batches) -> tuple[Iterator[FileBatch], list[DeadLetter], bool]:
+    """The files of a local folder's walk (``files.folder_batches``) as ``FileBatch``es
+    relative to ``root`` (given up as they are read), the dead letters of the files
+    whose names are not UTF-8 text, and whether ``ROOT/labels.txt`` is among them
+    (the CIFAR layout's, ``detect_layout``)."""
+    prefix = root.rstrip("/") + "/"
+    found, bad_names, has_labels = [], [], False
+    for batch in batches:
+        names, sizes, stamps = batch.names, batch.sizes, batch.stamps
+        if not batch.prefix.startswith(prefix):
+            raise ValueError(f"{batch.prefix} is not under the input root {root}")
+        try:
+            (batch.prefix + "".join(names)).encode("utf-8")
+        except UnicodeEncodeError:
+            rows = _utf8_rows(root, batch.prefix, names, bad_names)
+            names, sizes, stamps = [names[i] for i in rows], [sizes[i] for i in rows], [stamps[i] for i in rows]
+        has_labels = has_labels or (batch.prefix == prefix and CIFAR_LABELS_FILE in names)
+        found.append(FileBatch(batch.prefix[len(prefix):], names, sizes, stamps))
+    found.reverse()
+    return (found.pop() for _ in range(len(found))), bad_names, has_labels
+
+
+def _utf8_rows(root: str, prefix: str, names: list[str], bad_names: list[DeadLetter]) -> list[int]:
+    """The indices of the names that are UTF-8 text; the others dead-lettered."""
+    rows = []
+    for i, name in enumerate(names):
+        try:
+            (prefix + name).encode("utf-8")
+        except UnicodeEncodeError:
+            bad_names.append(_bad_name(root, prefix + name))
+            continue
+        rows.append(i)
+    return rows
+
+
+def _in_path_order(table: RefTable) -> RefTable:
+    """A listing's table with its rows in the order of their relative paths (the
+    order of ``RefTable.by_filename``: a path is listed once)."""
+    order = table.path_order()
+    return table if bool((np.diff(order) == 1).all()) else table.rows(order)
 
 
 def _pinned(ref: ImageRef, listed: tuple[int, int, int] | None) -> ImageRef:

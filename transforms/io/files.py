@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import collections
 import concurrent.futures
-import errno
 import itertools
 import os
 import posixpath
@@ -26,12 +25,13 @@ from apache_beam.io.filesystems import FileSystems
 # Imported for its effect: with STORAGE_EMULATOR_HOST set, every process that reaches
 # GCS through this module (CLI, Beam workers, shard-writer helpers) connects to the
 # emulator anonymously at once, instead of 15-30 s of Beam credential retries.
-from beam_tfrecords.transforms.codec.image_inspection import IMAGE_EXTENSIONS
 from beam_tfrecords.transforms.io import gcs as _gcs  # noqa: F401  pylint: disable=unused-import
+from beam_tfrecords.transforms.io.folder_walk import FolderFiles, walk_folder
 
 __all__ = [
     "delete_files",
     "exists",
+    "folder_batches",
     "is_local",
     "join",
     "link_outside",
@@ -141,150 +141,27 @@ def exists(path: str) -> bool:
 def _walk_local(folder: str, skipped: list | None = None, stamped: bool = False,
                 follow_outside: bool = True) -> Iterator[tuple]:
     """``(path, size)`` of every regular file under a local folder, each file once
-    (``stamped``: ``(path, size, mtime_ns, -1)``, see ``list_stamped``).
-
-    Every folder and file reached without a symbolic link is listed first (a
-    real folder always wins over a link to it, whatever the directory order);
-    then what links lead to, in path order, each folder or file not met before.
-    A link whose target lies outside ``folder`` (resolved) is followed only
-    with ``follow_outside``. What is passed over goes to ``skipped`` as
-    ``(path, reason, message)``, messages naming other paths relative to
-    ``folder``: ``link_loop``, ``duplicate`` (the same file or folder through
-    another path), ``link_outside_input``, ``not_a_regular_file`` (FIFOs,
-    sockets, devices, also behind a link), ``unreadable`` (a folder or entry
-    that cannot be read, a broken link), ``folder_named_like_an_image`` (noted;
-    what it holds is listed).
-    """
-    note = skipped.append if skipped is not None else (lambda item: None)
-    prefix = folder.rstrip("/") + "/"
-
-    def shown(path: str) -> str:
-        return path[len(prefix):] if path.startswith(prefix) else path
-
-    seen_dirs: dict[tuple[int, int], str] = {}
-    seen_files: dict[tuple[int, int], str] = {}
-    try:
-        top = os.stat(folder)
-        seen_dirs[(top.st_dev, top.st_ino)] = folder
-        real_root = os.path.realpath(folder)
-    except OSError:
-        return
-    inside = real_root.rstrip("/") + "/"
-    real, links = [folder], []  # Folders reached without a link; links met (to decide last).
-    while real:
-        files, dirs, found = _scan(real.pop(), note)
-        links += found
-        below = []
-        for path, key in dirs:
-            if key in seen_dirs:  # A bind mount of a folder met before.
-                note((path, "duplicate", f"the same folder as {shown(seen_dirs[key])}; listed once, there"))
-                continue
-            seen_dirs[key] = path
-            below.append(path)
-            _note_image_named_folder(path, note)
-        yield from _first_time(files, seen_files, note, stamped, shown)
-        real.extend(reversed(below))
-    # What links lead to: each folder or file once, links in path order (so the same
-    # tree always lists the same paths), after everything reached without a link.
-    pending = sorted(links, reverse=True)
-    while pending:
-        path = pending.pop()
-        info = _link_target(path, note, None if follow_outside else inside)
-        if info is None:
-            continue
-        key = (info.st_dev, info.st_ino)
-        if not stat.S_ISDIR(info.st_mode):
-            yield from _first_time([(path, info, key)], seen_files, note, stamped, shown)
-            continue
-        if key in seen_dirs:
-            first = seen_dirs[key]
-            # A link to a folder it sits in would be walked forever.
-            reason = "link_loop" if path.startswith(first.rstrip("/") + "/") else "duplicate"
-            where = shown(first) if first != folder else "the input folder"
-            note((path, reason, f"the same folder as {where}; listed once, there"))
-            continue
-        seen_dirs[key] = path
-        _note_image_named_folder(path, note)
-        files, dirs, found = _scan(path, note)
-        yield from _first_time(files, seen_files, note, stamped, shown)
-        # Decided when taken: claimed then, or passed over.
-        pending.extend(sorted([below for below, _ in dirs] + found, reverse=True))
-
-
-_NOT_A_FILE = "a FIFO, socket or device, not a file; not read"
-
-
-def _link_target(path: str, note, inside: str | None) -> os.stat_result | None:
-    """What a path met through a link is (``os.stat``), when it is a folder or a
-    regular file to list (and, with ``inside``, lies under that resolved folder);
-    else ``None``, and why is noted."""
-    try:
-        info = os.stat(path)
-    except OSError as err:
-        reason = "link_loop" if err.errno == errno.ELOOP else "unreadable"
-        note((path, reason, f"cannot follow the path: {err.strerror or err}"))
-        return None
-    if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
-        note((path, "not_a_regular_file", _NOT_A_FILE))
-        return None
-    if inside is not None and not (os.path.realpath(path) + "/").startswith(inside):
-        note((path, "link_outside_input", "a link that leads outside the input folder; not "
-              "followed (pass --follow_links_outside to read what it leads to)"))
-        return None
-    return info
-
-
-def _scan(folder: str, note) -> tuple[list, list, list]:
-    """A folder's entries, by name, none followed: regular files ``(path, stat,
-    (dev, inode))``, folders ``(path, (dev, inode))`` and links (paths); other
-    entries (FIFOs, sockets, devices) noted ``not_a_regular_file``. A folder that
-    cannot be listed is noted ``unreadable`` and has none."""
-    files: list = []
-    dirs: list = []
-    links: list = []
-    try:
-        with os.scandir(folder) as found:
-            entries = sorted(found, key=lambda entry: entry.name)
-    except FileNotFoundError:
-        return files, dirs, links
-    except OSError as err:
-        note((folder, "unreadable", f"cannot list the folder: {err.strerror or err}"))
-        return files, dirs, links
-    for entry in entries:
-        try:
-            if entry.is_file(follow_symlinks=False):  # The common case: one stat, no link.
-                info = entry.stat(follow_symlinks=False)
-                files.append((entry.path, info, (info.st_dev, info.st_ino)))
-            elif entry.is_dir(follow_symlinks=False):
-                info = entry.stat(follow_symlinks=False)
-                dirs.append((entry.path, (info.st_dev, info.st_ino)))
-            elif entry.is_symlink():
-                links.append(entry.path)
-            else:
-                note((entry.path, "not_a_regular_file", _NOT_A_FILE))
-        except OSError as err:
-            note((entry.path, "unreadable", f"cannot read the entry: {err.strerror or err}"))
-    return files, dirs, links
-
-
-def _note_image_named_folder(path: str, note) -> None:
-    if os.path.splitext(path)[1].lower() in IMAGE_EXTENSIONS:
-        note((path, "folder_named_like_an_image",
-              "a folder, not an image file; what it holds is listed as usual"))
-
-
-def _first_time(entries, seen_files: dict, note, stamped: bool = False,
-                shown=lambda path: path) -> Iterator[tuple]:
-    for path, info, key in entries:
-        if key in seen_files:
-            note((path, "duplicate", f"the same file as {shown(seen_files[key])}; converted "
-                  "once, there"))
-            continue
-        seen_files[key] = path
+    (``stamped``: ``(path, size, mtime_ns, -1)``, see ``list_stamped``), in the
+    order and with the notes of ``folder_walk.walk_folder``."""
+    for batch in walk_folder(folder, skipped, follow_outside):
+        paths = map(batch.prefix.__add__, batch.names)
         if stamped:
-            yield path, info.st_size, info.st_mtime_ns, -1
+            yield from zip(paths, batch.sizes, batch.stamps, itertools.repeat(-1))
         else:
-            yield path, info.st_size
+            yield from zip(paths, batch.sizes)
+
+
+def folder_batches(pattern: str, skipped: list | None = None,
+                   follow_outside: bool = False) -> Iterator[FolderFiles] | None:
+    """``list_stamped`` of a whole local folder (``FOLDER/**``) as the files of one
+    folder at a time (``folder_walk.walk_folder``): the same files, in the same
+    order, with the same notes in ``skipped``; ``None`` for any other pattern."""
+    if not (is_local(pattern) and pattern.endswith("/**")) or _GLOB.search(pattern[:-3]):
+        return None
+    folder = os.path.dirname(pattern[:-2]) or "."
+    if pattern != folder + "/**":
+        return None
+    return walk_folder(folder, skipped, follow_outside)
 
 
 def list_files(pattern: str, limit: int | None = None, skipped: list | None = None,

@@ -38,7 +38,14 @@ from beam_tfrecords.schemas.shards import is_valid_split_name
 from beam_tfrecords.schemas.table_schema import FLOAT32_MAX
 from beam_tfrecords.transforms.codec.image_inspection import is_image_filename
 from beam_tfrecords.transforms.plan.names import check_names
-from beam_tfrecords.transforms.plan.ref_table import RefTable, TableListing, cifar_table, class_folder_table
+from beam_tfrecords.transforms.plan.ref_table import (
+    RefTable,
+    TableListing,
+    cifar_batches,
+    cifar_table,
+    class_folder_batches,
+    class_folder_table,
+)
 from beam_tfrecords.transforms.plan.shard_cuts import stable_key
 
 __all__ = [
@@ -302,7 +309,7 @@ def _ref(split, rel, path, size, label, text, extra=()) -> ImageRef:
 
 def list_class_folders(
     root: str, files: Iterable[tuple[str, int]], labels: Sequence[str] | None = None,
-    compact: bool = False,
+    compact: bool = False, batched: bool = False,
 ) -> Listing:
     """Images under ``ROOT/<class>/`` or ``ROOT/<split>/<class>/``.
 
@@ -312,23 +319,26 @@ def list_class_folders(
       labels: class names in label order; default: the sorted class folder names.
       compact: give the references as a ``RefTable`` (columns, in listing order)
         instead of a list of ``ImageRef`` sorted by relative path.
+      batched: ``files`` are ``plan.ref_table.FileBatch``es (a folder's files at a time).
 
     Raises:
       ValueError: when the top-level folders mix split names and other names.
     """
-    found = class_folder_table(root, files, labels, folders_are_splits, DEFAULT_SPLIT)
+    build = class_folder_batches if batched else class_folder_table
+    found = build(root, files, labels, folders_are_splits, DEFAULT_SPLIT)
     return _from_table("class_folders", found, compact)
 
 
 def list_cifar(root: str, files: Iterable[tuple[str, int]], labels_text: str,
-               compact: bool = False) -> Listing:
+               compact: bool = False, batched: bool = False) -> Listing:
     """Images named ``ROOT/<split>/<ID>_<CLASS>.<ext>``, labelled by ``labels.txt``
-    (``compact``: see ``list_class_folders``)."""
+    (``compact``, ``batched``: see ``list_class_folders``)."""
     try:
         vocabulary = parse_labels_text(labels_text)
     except ValueError as err:
         raise ValueError(f"{CIFAR_LABELS_FILE}: {err}") from None
-    found = cifar_table(root, files, vocabulary, CIFAR_LABELS_FILE, DEFAULT_SPLIT)
+    found = (cifar_batches if batched else cifar_table)(root, files, vocabulary, CIFAR_LABELS_FILE,
+                                                        DEFAULT_SPLIT)
     return _from_table("cifar", found, compact)
 
 

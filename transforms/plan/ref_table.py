@@ -25,17 +25,21 @@ import hashlib
 import re
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from beam_tfrecords.schemas.elements import DeadLetter, ImageRef, RefColumns
 from beam_tfrecords.schemas.shards import is_valid_split_name
-from beam_tfrecords.transforms.codec.image_inspection import is_image_filename
+from beam_tfrecords.transforms.codec.image_inspection import IMAGE_EXTENSIONS
 from beam_tfrecords.transforms.plan.names import check_names
 
-__all__ = ["RefTable", "TableListing", "cifar_table", "class_folder_table", "concat_tables", "split_orders"]
+__all__ = ["FileBatch", "RefTable", "TableListing", "cifar_batches", "cifar_table", "class_folder_batches",
+           "class_folder_table", "concat_tables", "file_batches", "split_orders"]
 
 _CIFAR_NAME = re.compile(r"^(?P<id>[^_/]+)_(?P<cls>[^/]+)\.[A-Za-z0-9]+$")
+# ``_CIFAR_NAME`` on each line of names joined by line breaks (none holds one).
+_CIFAR_LINES = re.compile(r"^[^_/\n]+_([^/\n]+)\.[A-Za-z0-9]+$", re.MULTILINE)
 _BLOCK = 1 << 16  # Paths encoded into the blob a block at a time.
 _SORT_BYTES = 2 << 30  # Largest padded copy of the paths ``path_order`` makes.
 
@@ -103,29 +107,26 @@ class RefTable(Sequence):
     def filename(self, i: int) -> str:
         return self.blob[self.offsets[i]:self.offsets[i + 1]].decode("utf-8")
 
-    def _ref(self, i: int, begins, ends, sizes, splits, labels, keys, stamps, crcs, notes) -> ImageRef:
-        rel = self.blob[begins[i]:ends[i]].decode("utf-8")
-        split = self.split_names[splits[i]]
-        label = labels[i]
-        return ImageRef(split, "%016x%016x" % keys[i], rel, self._prefix + rel, sizes[i], label,
-                        self.vocabulary[label], (), stamps[i], crcs[i], notes[i])
-
     def take(self, indices) -> list[ImageRef]:
         """The references at ``indices``, as objects, in that order."""
         indices = np.asarray(indices, dtype=np.int64)
         begins = self.offsets[indices].tolist()
         ends = self.offsets[indices + 1].tolist()
-        sizes = self.sizes[indices].tolist()
-        splits = self.split_codes[indices].tolist()
+        blob = self.blob
+        rels = [blob[b:e].decode("utf-8") for b, e in zip(begins, ends)]
+        splits = [self.split_names[code] for code in self.split_codes[indices].tolist()]
         labels = self.labels[indices].tolist()
-        keys = [tuple(k) for k in self.keys[indices].tolist()]
+        keys = self.keys[indices].astype(">u8").tobytes().hex()  # Each key: 32 hex digits.
         if self._prefix.startswith("gs://"):  # The generation an object is read at, and its CRC-32C.
             stamps, crcs = self.stamps[indices].tolist(), self.crcs[indices].tolist()
         else:  # A local file's stamp is its modification time, not a generation.
             stamps, crcs = [0] * len(indices), [-1] * len(indices)
         notes = self._annotations(indices)
-        rows = range(len(indices))
-        return [self._ref(i, begins, ends, sizes, splits, labels, keys, stamps, crcs, notes) for i in rows]
+        prefix, vocabulary = self._prefix, self.vocabulary
+        return [ImageRef(split, keys[32 * i:32 * i + 32], rel, prefix + rel, size, label, vocabulary[label], (),
+                         stamp, crc, note)
+                for i, (rel, split, size, label, stamp, crc, note)
+                in enumerate(zip(rels, splits, self.sizes[indices].tolist(), labels, stamps, crcs, notes))]
 
     def __getitem__(self, index):
         if isinstance(index, slice):
@@ -320,11 +321,16 @@ class RefTable(Sequence):
 
 
 def _gather(blob: bytes, offsets: np.ndarray, indices: np.ndarray) -> tuple[bytes, np.ndarray]:
-    """The values at ``indices`` of a blob with offsets, as a blob and offsets of their own."""
+    """The values at ``indices`` of a blob with offsets, as a blob and offsets of their own
+    (one numpy gather of the bytes: no object per value)."""
     starts, ends = offsets[indices], offsets[indices + 1]
-    gathered = np.concatenate(([0], np.cumsum(ends - starts))).astype(np.int64)  # O(rows), not O(table)
-    view = memoryview(blob)
-    return b"".join(view[b:e] for b, e in zip(starts.tolist(), ends.tolist())), gathered
+    lengths = ends - starts
+    gathered = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)  # O(rows), not O(table)
+    if not len(indices):
+        return b"", gathered
+    data = np.frombuffer(blob, np.uint8)
+    at = np.repeat(starts - gathered[:-1], lengths) + np.arange(int(gathered[-1]), dtype=np.int64)
+    return data[at].tobytes(), gathered
 
 
 def _gathered(blob: bytes, offsets: np.ndarray, indices: np.ndarray) -> tuple[bytes, np.ndarray]:
@@ -338,16 +344,33 @@ def _gathered(blob: bytes, offsets: np.ndarray, indices: np.ndarray) -> tuple[by
 
 def _keys(blob: bytes, offsets: np.ndarray, codes: np.ndarray, split_names: Sequence[str]) -> np.ndarray:
     """``stable_key`` of every image, as ``(n, 2)`` uint64 (``sha256(split \\0 rel)[:16]``)."""
-    heads = [name.encode("utf-8") + b"\0" for name in split_names]
+    heads = [hashlib.sha256(name.encode("utf-8") + b"\0") for name in split_names]
     view = memoryview(blob)
-    sha = hashlib.sha256
-    out = bytearray(16 * len(codes))
     ends = offsets.tolist()
+    digests = []
     for i, code in enumerate(codes.tolist()):
-        h = sha(heads[code])
+        h = heads[code].copy()
         h.update(view[ends[i]:ends[i + 1]])
-        out[16 * i:16 * i + 16] = h.digest()[:16]
-    return np.frombuffer(bytes(out), dtype=">u8").astype(np.uint64).reshape(-1, 2)
+        digests.append(h.digest()[:16])
+    return np.frombuffer(b"".join(digests), dtype=">u8").astype(np.uint64).reshape(-1, 2)
+
+
+class FileBatch(NamedTuple):
+    """Files of one folder under a root, as lists (``folder_walk.FolderFiles``, relative).
+
+    Attributes:
+      folder: the folder's path relative to the root, with a trailing ``/`` (``""``:
+        the root); a file's relative path is ``folder + name``.
+      names, sizes: the files' names and sizes.
+      stamps: each file's modification time in ns or GCS generation (0: not known).
+      crcs: each ``gs://`` object's CRC-32C (-1: not known); ``None``: none known.
+    """
+
+    folder: str
+    names: list[str]
+    sizes: list[int]
+    stamps: list[int]
+    crcs: list[int] | None = None
 
 
 class TableListing:
@@ -363,50 +386,80 @@ class TableListing:
 
 
 class _Columns:
-    """Relative paths, sizes and small codes gathered from a stream of files."""
+    """Relative paths, sizes and numbers gathered from batches of files, a folder's at a time."""
 
     def __init__(self, root: str):
-        self.prefix = root.rstrip("/") + "/"
         self.root = root
-        self.pending: list[str] = []
         self.blobs: list[bytes] = []
         self.lengths: list[np.ndarray] = []
         self.sizes = array("q")
         self.stamps = array("q")
-        self.crcs = array("q")
+        self.crcs: array | None = None  # None while no file has a CRC-32C.
         self.ignored = 0
+        self._finished: tuple | None = None
 
-    def add(self, path: str, size: int, stamp: int = 0, crc: int = -1) -> str | None:
-        """The relative path of an image file (kept), ``None`` for other files."""
-        if not path.startswith(self.prefix):
-            raise ValueError(f"{path} is not under the input root {self.root}")
-        rel = path[len(self.prefix):]
-        if not is_image_filename(rel):
-            self.ignored += 1
-            return None
-        self.pending.append(rel)
-        self.sizes.append(size)
-        self.stamps.append(stamp)
-        self.crcs.append(crc)
-        if len(self.pending) >= _BLOCK:
-            self._flush()
-        return rel
-
-    def _flush(self) -> None:
-        if self.pending:
-            encoded = [rel.encode("utf-8") for rel in self.pending]
-            self.lengths.append(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
-            self.blobs.append(b"".join(encoded))
-            self.pending = []
+    def add(self, batch: FileBatch) -> list[str]:
+        """The names of the image files of ``batch`` (kept); other files are counted
+        as ignored."""
+        folder, names, sizes, stamps, crcs = batch
+        images = _image_names(names)
+        if not all(images):
+            self.ignored += images.count(False)
+            rows = [i for i, image in enumerate(images) if image]
+            names, sizes, stamps = [names[i] for i in rows], [sizes[i] for i in rows], [stamps[i] for i in rows]
+            crcs = None if crcs is None else [crcs[i] for i in rows]
+        if not names:
+            return names
+        text = folder + folder.join(names) if folder else "".join(names)  # Each ``folder + name``.
+        blob = text.encode("utf-8")
+        if len(blob) == len(text):  # ASCII: a character is a byte.
+            lengths = np.fromiter(map(len, names), np.int64, len(names)) + len(folder)
+        else:
+            lengths = np.fromiter((len((folder + name).encode("utf-8")) for name in names), np.int64, len(names))
+        self.lengths.append(lengths)
+        self.blobs.append(blob)
+        if crcs is not None and self.crcs is None:
+            self.crcs = array("q", [-1]) * len(self.sizes)
+        self.sizes.extend(sizes)
+        self.stamps.extend(stamps)
+        if self.crcs is not None:
+            self.crcs.extend(array("q", [-1]) * len(names) if crcs is None else crcs)
+        return names
 
     def finish(self) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        self._flush()
-        lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
-        offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-        columns = [np.frombuffer(a, dtype=np.int64).copy() if len(a) else np.zeros(0, np.int64)
-                   for a in (self.sizes, self.stamps, self.crcs)]
-        self.sizes, self.stamps, self.crcs = array("q"), array("q"), array("q")
-        return (b"".join(self.blobs), offsets, *columns)
+        """``(blob, offsets, sizes, stamps, crcs)`` of every image added."""
+        if self._finished is None:
+            lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
+            offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+            sizes, stamps = (np.frombuffer(column, np.int64).copy() if len(column) else np.zeros(0, np.int64)
+                             for column in (self.sizes, self.stamps))
+            crcs = (np.full(len(sizes), -1, np.int64) if self.crcs is None
+                    else np.frombuffer(self.crcs, np.int64).copy())
+            self._finished = (b"".join(self.blobs), offsets, sizes, stamps, crcs)
+            self.blobs, self.lengths, self.sizes, self.stamps, self.crcs = [], [], array("q"), array("q"), None
+        return self._finished
+
+    def path_key(self) -> Callable[[int], tuple]:
+        """A sort key for image ``i``: ``(relative path, size)``."""
+        blob, offsets, sizes, _, _ = self.finish()
+        ends, sizes = offsets.tolist(), sizes.tolist()
+        return lambda i: (blob[ends[i]:ends[i + 1]], sizes[i])
+
+
+_IMAGE_ENDINGS = tuple(sorted(IMAGE_EXTENSIONS))
+
+
+def _image_names(names: list[str]) -> list[bool]:
+    """Whether each name has an image extension, as ``is_image_filename`` tells
+    (``posixpath.splitext``: the last dot and what follows, when a character other
+    than a dot comes before it), for a folder's names at once."""
+    lowered = "\0".join(names).lower().split("\0")
+    if len(lowered) != len(names):  # A NUL in a name (not on a local disk).
+        lowered = [name.lower() for name in names]
+    images = [name.endswith(_IMAGE_ENDINGS) for name in lowered]
+    if "\0." in "\0" + "\0".join(names):  # Names starting with a dot: ".png" has no extension.
+        images = [image and "." in name.lstrip(".") for image, name in zip(images, names)]
+    return images
 
 
 def _table_listing(columns: _Columns, split_of: np.ndarray, split_names: list[str],
@@ -447,23 +500,59 @@ def _code(codes: dict[str, int], name: str) -> int:
     return code
 
 
+def file_batches(root: str, files: Iterable[tuple]) -> Iterator[FileBatch]:
+    """A stream of ``(path, size)`` or ``(path, size, stamp, crc)`` under ``root``
+    as ``FileBatch``es, a run of files of one folder (at most ``_BLOCK``) at a time.
+
+    Raises:
+      ValueError: for a path not under ``root``.
+    """
+    prefix = root.rstrip("/") + "/"
+    batch = FileBatch("", [], [], [], [])
+    for item in files:
+        path = item[0]
+        if not path.startswith(prefix):
+            raise ValueError(f"{path} is not under the input root {root}")
+        cut = path.rfind("/") + 1
+        folder = path[len(prefix):cut]
+        if folder != batch.folder or len(batch.names) >= _BLOCK:
+            if batch.names:
+                yield batch
+            batch = FileBatch(folder, [], [], [], [])
+        batch.names.append(path[cut:])
+        batch.sizes.append(item[1])
+        batch.stamps.append(item[2] if len(item) > 2 else 0)
+        batch.crcs.append(item[3] if len(item) > 3 else -1)
+    if batch.names:
+        yield batch
+
+
 def class_folder_table(root: str, files: Iterable[tuple[str, int]], labels: Sequence[str] | None,
                        folders_are_splits: Callable[[str, set[str]], bool],
                        default_split: str) -> TableListing:
     """Images under ``ROOT/<class>/`` or ``ROOT/<split>/<class>/``, as a table (the
     rules of ``plan.layouts.list_class_folders``; ``folders_are_splits`` decides
-    from the top-level folders holding images whether they are splits)."""
+    from the top-level folders holding images whether they are splits), from a
+    stream of ``(path, size)`` or ``(path, size, stamp, crc)``."""
+    return class_folder_batches(root, file_batches(root, files), labels, folders_are_splits, default_split)
+
+
+def class_folder_batches(root: str, batches: Iterable[FileBatch], labels: Sequence[str] | None,
+                         folders_are_splits: Callable[[str, set[str]], bool],
+                         default_split: str) -> TableListing:
+    """``class_folder_table`` of the files as ``FileBatch``es (the folders of a batch
+    are read once for all its files)."""
     columns = _Columns(root)
     folders: dict[str, int] = {}  # Names of the first two folder levels, coded.
     first, second, depth = array("i"), array("i"), array("b")
-    for item in files:  # (path, size) or (path, size, stamp, crc); see ``PathBuffer``.
-        rel = columns.add(*item)
-        if rel is None:
+    for batch in batches:
+        count = len(columns.add(batch))
+        if not count:
             continue
-        parts = rel.split("/", 2)
-        first.append(_code(folders, parts[0]) if len(parts) >= 2 else -1)
-        second.append(_code(folders, parts[1]) if len(parts) >= 3 else -1)
-        depth.append(len(parts))
+        parts = batch.folder.split("/", 2)  # As a path's ``rel.split("/", 2)`` is, but its name.
+        first.extend(array("i", [_code(folders, parts[0]) if len(parts) >= 2 else -1]) * count)
+        second.extend(array("i", [_code(folders, parts[1]) if len(parts) >= 3 else -1]) * count)
+        depth.extend(array("b", [len(parts)]) * count)
     n = len(depth)
     first = np.array(first, np.int32)
     second = np.array(second, np.int32)
@@ -487,7 +576,7 @@ def class_folder_table(root: str, files: Iterable[tuple[str, int]], labels: Sequ
         check_names("class names (folders and the labels)", set(used) | set(labels))
     vocabulary = list(labels) if labels is not None else used
     known = set(vocabulary)
-    blob_rel = _relpaths(columns)
+    blob_rel = columns.path_key()
     no_class = np.flatnonzero(class_of < 0).tolist()
     known_codes = [c for c, name in enumerate(names) if name in known]
     unknown = np.flatnonzero((class_of >= 0) & ~np.isin(class_of, known_codes)).tolist()
@@ -500,42 +589,45 @@ def class_folder_table(root: str, files: Iterable[tuple[str, int]], labels: Sequ
     return listing
 
 
-def _relpaths(columns: _Columns) -> Callable[[int], tuple]:
-    """A sort key for image ``i`` of columns still being built: ``(relative path, size)``."""
-    columns._flush()  # pylint: disable=protected-access
-    blob = b"".join(columns.blobs)
-    columns.blobs = [blob]
-    lengths = np.concatenate(columns.lengths) if columns.lengths else np.zeros(0, np.int64)
-    columns.lengths = [lengths]
-    offsets = np.concatenate(([0], np.cumsum(lengths))).tolist()
-    return lambda i: (blob[offsets[i]:offsets[i + 1]], columns.sizes[i])
-
-
 def cifar_table(root: str, files: Iterable[tuple[str, int]], vocabulary: list[str],
                 labels_file: str, default_split: str) -> TableListing:
     """Images named ``ROOT/<split>/<ID>_<CLASS>.<ext>``, as a table (the rules of
-    ``plan.layouts.list_cifar``)."""
+    ``plan.layouts.list_cifar``), from a stream of ``(path, size)`` or ``(path,
+    size, stamp, crc)``."""
+    return cifar_batches(root, file_batches(root, files), vocabulary, labels_file, default_split)
+
+
+def cifar_batches(root: str, batches: Iterable[FileBatch], vocabulary: list[str],
+                  labels_file: str, default_split: str) -> TableListing:
+    """``cifar_table`` of the files as ``FileBatch``es."""
     columns = _Columns(root)
     splits: dict[str, int] = {}
     classes: dict[str, int] = {}
-    split_of, class_of = [], []
-    for item in files:  # (path, size) or (path, size, stamp, crc); see ``PathBuffer``.
-        rel = columns.add(*item)
-        if rel is None:
+    split_of, class_of = array("i"), array("i")
+    for batch in batches:
+        names = columns.add(batch)
+        if not names:
             continue
-        parts = rel.split("/")
-        match = _CIFAR_NAME.match(parts[-1]) if len(parts) == 2 else None
-        split_of.append(_code(splits, parts[0]) if match else 0)
-        class_of.append(_code(classes, match["cls"]) if match else -1)
-    n = len(class_of)
-    split_of = np.fromiter(split_of, np.int32, n)
-    class_of = np.fromiter(class_of, np.int32, n)
+        parts = batch.folder.split("/")  # ``<split>/``: two parts, as a path's ``rel.split("/")``.
+        found = _cifar_classes(names) if len(parts) == 2 else [None] * len(names)
+        split = _code(splits, parts[0]) if any(name is not None for name in found) else 0
+        for name in dict.fromkeys(found):  # Coded in the order they first appear.
+            if name is not None:
+                _code(classes, name)
+        if None in found:
+            split_of.extend(array("i", [0 if name is None else split for name in found]))
+            class_of.extend(array("i", [-1 if name is None else classes[name] for name in found]))
+        else:
+            split_of.extend(array("i", [split]) * len(found))
+            class_of.extend(array("i", map(classes.__getitem__, found)))
+    split_of = np.array(split_of, np.int32)
+    class_of = np.array(class_of, np.int32)
     class_names = list(classes)
     check_names("split folders", splits)
     check_names("classes in file names", class_names)
     check_names(f"class names (file names and {labels_file})", set(class_names) | set(vocabulary))
     known = set(vocabulary)
-    key = _relpaths(columns)
+    key = columns.path_key()
     dead = []
     for i in sorted(np.flatnonzero((class_of < 0) | ~np.isin(
             class_of, [c for c, name in enumerate(class_names) if name in known])).tolist(), key=key):
@@ -546,6 +638,18 @@ def cifar_table(root: str, files: Iterable[tuple[str, int]], vocabulary: list[st
     split_names = list(splits) or [default_split]
     return _table_listing(columns, split_of, split_names, class_of, class_names, list(vocabulary),
                           dead, "split folders")
+
+
+def _cifar_classes(names: list[str]) -> list[str | None]:
+    """The CLASS of each ``<ID>_<CLASS>.<ext>`` name (``None`` for a name not so
+    formed): one search over the folder's names when every one is so formed (no
+    name holds a line break), else name by name."""
+    text = "\n".join(names)
+    if text.count("\n") == len(names) - 1:
+        found = _CIFAR_LINES.findall(text)
+        if len(found) == len(names):
+            return found
+    return [None if match is None else match["cls"] for match in map(_CIFAR_NAME.match, names)]
 
 
 def split_orders(table: RefTable) -> Iterator[tuple[str, np.ndarray]]:
