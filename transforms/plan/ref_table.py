@@ -33,8 +33,9 @@ from beam_tfrecords.schemas.elements import DeadLetter, ImageRef, RefColumns
 from beam_tfrecords.schemas.shards import is_valid_split_name
 from beam_tfrecords.transforms.codec.image_inspection import IMAGE_EXTENSIONS
 from beam_tfrecords.transforms.plan.names import check_names
+from beam_tfrecords.transforms.plan.path_buffer import PathBuffer
 
-__all__ = ["FileBatch", "RefTable", "TableListing", "cifar_batches", "cifar_table", "class_folder_batches",
+__all__ = ["FileBatch", "PathBuffer", "RefTable", "TableListing", "cifar_batches", "cifar_table", "class_folder_batches",
            "class_folder_table", "concat_tables", "file_batches", "split_orders"]
 
 _CIFAR_NAME = re.compile(r"^(?P<id>[^_/]+)_(?P<cls>[^/]+)\.[A-Za-z0-9]+$")
@@ -311,13 +312,8 @@ class RefTable(Sequence):
         return table if refs.is_default("annotation") else table.with_annotations(refs.column("annotation"))
 
     def gather(self, indices) -> RefTable:
-        """``rows(indices)``, its paths (and annotations) copied by numpy at once, not
-        a path at a time: what a plan hands each shard (tens of thousands of rows)."""
-        indices = np.asarray(indices, dtype=np.int64)
-        notes = None if self.annotations is None else _gathered(*self.annotations, indices)
-        return RefTable(self.root, *_gathered(self.blob, self.offsets, indices), self.sizes[indices],
-                        self.split_codes[indices], self.split_names, self.labels[indices], self.vocabulary,
-                        self.keys[indices], self.stamps[indices], self.crcs[indices], notes)
+        """``rows(indices)`` (one numpy gather of the paths and annotations)."""
+        return self.rows(indices)
 
 
 def _gather(blob: bytes, offsets: np.ndarray, indices: np.ndarray) -> tuple[bytes, np.ndarray]:
@@ -331,15 +327,6 @@ def _gather(blob: bytes, offsets: np.ndarray, indices: np.ndarray) -> tuple[byte
     data = np.frombuffer(blob, np.uint8)
     at = np.repeat(starts - gathered[:-1], lengths) + np.arange(int(gathered[-1]), dtype=np.int64)
     return data[at].tobytes(), gathered
-
-
-def _gathered(blob: bytes, offsets: np.ndarray, indices: np.ndarray) -> tuple[bytes, np.ndarray]:
-    """``_gather`` in numpy: each value's bytes picked by a position array."""
-    starts = offsets[indices]
-    lengths = offsets[indices + 1] - starts
-    gathered = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-    positions = np.arange(int(gathered[-1]), dtype=np.int64) + np.repeat(starts - gathered[:-1], lengths)
-    return np.frombuffer(blob, np.uint8)[positions].tobytes(), gathered
 
 
 def _keys(blob: bytes, offsets: np.ndarray, codes: np.ndarray, split_names: Sequence[str]) -> np.ndarray:
@@ -696,58 +683,3 @@ def _joined_annotations(tables: Sequence[RefTable]) -> tuple[bytes, np.ndarray] 
     lengths = np.concatenate([np.diff(offsets) for _, offsets in notes])
     blob = b"".join(blob[int(offsets[0]):int(offsets[-1])] for blob, offsets in notes)
     return blob, np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-
-
-class PathBuffer:
-    """A listing's ``(path, size, stamp, crc)`` held compactly, to be read again:
-    the paths under ``root`` as UTF-8 relative paths in one growing blob, the
-    numbers in arrays (``stamp``: modification time in ns or GCS generation, 0
-    when not known; ``crc``: a GCS object's CRC-32C, -1 when not known).
-
-    ``add`` raises ``UnicodeEncodeError`` for a path that is not UTF-8 text.
-    """
-
-    def __init__(self, root: str):
-        self._prefix = root.rstrip("/") + "/"
-        self._blobs: list[bytes] = []
-        self._pending: list[bytes] = []
-        self._lengths = array("q")
-        self._sizes = array("q")
-        self._stamps = array("q")
-        self._crcs = array("q")
-        self._outside: list[int] = []  # Indices of paths stored whole (not under root).
-
-    def add(self, path: str, size: int, stamp: int = 0, crc: int = -1) -> None:
-        encoded = path.encode("utf-8")
-        if path.startswith(self._prefix):
-            encoded = encoded[len(self._prefix.encode("utf-8")):]
-        else:
-            self._outside.append(len(self._sizes))
-        self._pending.append(encoded)
-        self._lengths.append(len(encoded))
-        self._sizes.append(size)
-        self._stamps.append(stamp)
-        self._crcs.append(crc)
-        if len(self._pending) >= _BLOCK:
-            self._blobs.append(b"".join(self._pending))
-            self._pending = []
-
-    def __len__(self) -> int:
-        return len(self._sizes)
-
-    def __iter__(self) -> Iterator[tuple[str, int, int, int]]:
-        if self._pending:
-            self._blobs.append(b"".join(self._pending))
-            self._pending = []
-        outside = set(self._outside)
-        index = 0
-        for blob in self._blobs:
-            offset = 0
-            view = memoryview(blob)
-            while offset < len(blob):
-                end = offset + self._lengths[index]
-                text = str(view[offset:end], "utf-8")
-                yield ((text if index in outside else self._prefix + text), self._sizes[index],
-                       self._stamps[index], self._crcs[index])
-                offset = end
-                index += 1
