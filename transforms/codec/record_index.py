@@ -20,6 +20,7 @@ import struct
 from typing import BinaryIO
 
 import google_crc32c
+import numpy as np
 
 from beam_tfrecords.transforms.codec.tfrecord import RECORD_OVERHEAD, FileDigest, RecordError
 
@@ -57,34 +58,46 @@ class RecordIndex:
         """Takes the next bytes of the (uncompressed) stream."""
         start = self._seen
         self._seen += len(data)
-        lines = []
+        text = ""
         if self._head:
             self._head += data[:8 - len(self._head)]
             if len(self._head) < 8:
                 return
             length = _LENGTH.unpack(self._head)[0] + RECORD_OVERHEAD
-            lines.append(f"{self._next} {length}\n")
+            text = f"{self._next} {length}\n"
+            self.records += 1
             self._last = self._next
             self._next += length
             self._head = b""
-        unpack, end = _LENGTH.unpack_from, len(data)
+        # One step per record (where its header says the next starts); the lines are
+        # then made of the offsets in bulk, by one format of all of them.
+        unpack, end, overhead = _LENGTH.unpack_from, len(data), RECORD_OVERHEAD
         position = self._next - start
+        offsets: list[int] = []
+        note = offsets.append
         while position + 8 <= end:
-            length = unpack(data, position)[0] + RECORD_OVERHEAD
-            lines.append(f"{self._next} {length}\n")
-            self._last = self._next
-            self._next += length
-            position += length
+            note(position)
+            position += unpack(data, position)[0] + overhead
+        if offsets:
+            count = len(offsets)
+            bounds = np.array(offsets + [position], dtype=np.int64)
+            bounds += start
+            pairs = np.empty(2 * count, dtype=np.int64)
+            pairs[0::2] = bounds[:-1]
+            pairs[1::2] = np.diff(bounds)
+            text += ("%d %d\n" * count) % tuple(pairs.tolist())
+            self.records += count
+            self._last = start + offsets[-1]
+            self._next = start + position
         if 0 <= position < end:
             self._head = bytes(data[position:])
-        if lines:
-            self.records += len(lines)
-            text = "".join(lines).encode("ascii")
-            self._sha.update(text)
-            self._crc.update(text)
-            self._bytes += len(text)
+        if text:
+            data = text.encode("ascii")
+            self._sha.update(data)
+            self._crc.update(data)
+            self._bytes += len(data)
             if self._sink is not None:
-                self._sink.write(text)
+                self._sink.write(data)
 
     def finish(self) -> FileDigest:
         """The index's digest (records, bytes, CRC-32C, SHA-256).
