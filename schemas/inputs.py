@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from collections.abc import Container, Iterable, Iterator, Mapping
 
 __all__ = [
@@ -271,11 +272,27 @@ _encode_ascii = json.encoder.encode_basestring_ascii  # The string encoder of _F
 _LINE_KEYS = frozenset(("path", "role", "size", "mtime_ns", "generation", "sha256", "crc32c"))
 
 
+# A line as ``file_line`` writes it for a local file whose path needs no escape in JSON
+# (no quote, backslash or control character): its path's JSON text is its path quoted.
+_FILE_LINE = re.compile(r'\{"path": "([^"\\\x00-\x1f]*)", "size": (0|[1-9][0-9]*)'
+                        r'(?:, "mtime_ns": ([1-9][0-9]*))?\}')
+
+
 def _completed_plain(line: str, digests: Mapping[str, str]):
     """``_completed_line`` of a line whose fields all have their own types (no number
     written as text, no stray key, nothing around the object): the same three values,
     the texts built without a dict or an encoder call; ``None`` for any other line
     (``_completed_line`` then parses it, and says what is wrong with it)."""
+    match = _FILE_LINE.fullmatch(line)
+    if match is not None:  # A launcher's line: its fields' texts are already theirs.
+        path, size, mtime_ns = match.groups()
+        sha256 = digests.get(path, "")
+        if type(sha256) is str:
+            text = line[:-1] + (', "sha256": ' + _encode_text(sha256) + "}\n" if sha256 else "}\n")
+            content = "sha256:" + sha256 if sha256 else f"mtime_ns:{mtime_ns or 0}:generation:"
+            token = ('["", "' + path + '", ' + size + ", " + _encode_ascii(content) + "]" if path.isascii()
+                     else _token_text(("", path, size, content)))
+            return (True, "", path), text, ("", path, int(size), content), token
     try:
         value, end = _scan_value(line, 0)
     except (StopIteration, ValueError, RecursionError):
@@ -307,14 +324,16 @@ def _completed_plain(line: str, digests: Mapping[str, str]):
         text += ', "crc32c": ' + _encode_text(crc32c)
     content = ("sha256:" + sha256 if sha256 else "crc32c:" + crc32c if crc32c
                else f"mtime_ns:{mtime_ns}:generation:{generation}")
-    return (role == "", role, path), text + "}\n", (role, path, size, content)
+    token = (role, path, size, content)
+    return (role == "", role, path), text + "}\n", token, "" if role else _token_text(token)
 
 
 def _token_text(token) -> str:
-    """``_FINGERPRINT_ENCODER.encode(list(token))`` of a ``_completed_plain`` token."""
+    """``_FINGERPRINT_ENCODER.encode(list(token))`` of a ``_completed_plain`` token (its
+    size an int, or the int's text)."""
     role, path, size, content = token
-    return "[" + _encode_ascii(role) + ", " + _encode_ascii(path) + ", " + int.__repr__(size) + ", " \
-        + _encode_ascii(content) + "]"
+    return ("[" + _encode_ascii(role) + ", " + _encode_ascii(path) + ", "
+            + (size if type(size) is str else int.__repr__(size)) + ", " + _encode_ascii(content) + "]")
 
 
 def complete_lines(data: bytes, digests: Mapping[str, str], excluded: Container[str] = frozenset(),
@@ -345,8 +364,7 @@ def complete_lines(data: bytes, digests: Mapping[str, str], excluded: Container[
             key, text, token = _completed_line(line, digests, number, source)
             token_text = dumps(token)
         else:
-            key, text, token = done
-            token_text = _token_text(token) if key[0] else ""
+            key, text, token, token_text = done
         if key[0] and key[2] in excluded:
             continue
         if last is not None and key < last:

@@ -48,7 +48,7 @@ from beam_tfrecords.schemas.inputs import (
     unit_inputs_name,
 )
 from beam_tfrecords.transforms.io import files
-from beam_tfrecords.transforms.io.contents import shard_contents
+from beam_tfrecords.transforms.io.contents import paused_gc, shard_contents
 from beam_tfrecords.transforms.quality.duplicates import DuplicateTally, content_groups, duplicate_report
 
 __all__ = ["COMPLETED_INPUTS", "GatherContents", "Gathered", "gather_in_process", "input_pieces", "join_gathered"]
@@ -215,11 +215,9 @@ def _router(pieces: Sequence[_Piece]):
     def route(filename: str) -> int:
         return keyed[max(0, bisect.bisect_right(keys, (True, "", filename)) - 1)][1]
 
+    if len(keyed) == 1:
+        route.only = keyed[0][1]
     return route
-
-
-def _bucket(digest: str) -> int:
-    return zlib.crc32(digest.encode("ascii", "replace")) % BUCKETS
 
 
 class _ReadContentsFn(beam.DoFn):
@@ -239,20 +237,35 @@ class _ReadContentsFn(beam.DoFn):
     def process(self, result: ShardResult) -> Iterator:
         if not result.contents_count:
             return
+        with paused_gc():
+            parts = self._parts(result)
+        yield from parts
+
+    def _parts(self, result: ShardResult) -> list:
         if self._route is None:
             pieces = _run_pieces(self._temp_dir, self._units)
             self._route = _router(pieces) if pieces else False
         route = self._route
+        entries = list(shard_contents(result))
+        split, crc32 = result.split, zlib.crc32
         by_bucket: dict[int, list] = {}
+        for digest, filename, _ in entries:  # The bucket: CRC-32 of the hash, modulo BUCKETS.
+            key = crc32(digest.encode("ascii", "replace")) % BUCKETS
+            if key in by_bucket:
+                by_bucket[key].append((digest, split, filename))
+            else:
+                by_bucket[key] = [(digest, split, filename)]
         by_piece: dict[int, list] = {}
-        for digest, filename, source in shard_contents(result):
-            by_bucket.setdefault(_bucket(digest), []).append((digest, result.split, filename))
-            if route:
-                by_piece.setdefault(route(filename), []).append((filename, source or digest))
-        for bucket, entries in by_bucket.items():
-            yield ("bucket", bucket), ("entries", entries)
-        for index, names in by_piece.items():
-            yield ("piece", index), ("names", names)
+        if route:
+            names = [(filename, source or digest) for digest, filename, source in entries]
+            only = getattr(route, "only", None)  # One piece: every name is routed to it.
+            if only is not None:
+                by_piece[only] = names
+            else:
+                for name in names:
+                    by_piece.setdefault(route(name[0]), []).append(name)
+        return ([(("bucket", bucket), ("entries", entries)) for bucket, entries in by_bucket.items()]
+                + [(("piece", index), ("names", names)) for index, names in by_piece.items()])
 
 
 def _pieces(_, temp_dir: str, input_units: int) -> Iterator:
@@ -305,7 +318,9 @@ class _GatherFn(beam.DoFn):
             else:
                 excluded.update(value)
         if found:
-            yield None, ("piece", self._complete(index, found[0], digests, excluded))
+            with paused_gc():
+                done = self._complete(index, found[0], digests, excluded)
+            yield None, ("piece", done)
 
     def _complete(self, index: int, piece: _Piece, digests: dict, excluded: set) -> _DonePiece:
         data = _piece_bytes(piece)
