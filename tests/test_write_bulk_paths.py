@@ -14,7 +14,7 @@ import pytest
 
 from beam_tfrecords.schemas.inputs import complete_lines
 from beam_tfrecords.transforms.codec.record_index import RecordIndex
-from beam_tfrecords.transforms.codec.tfrecord import RecordError, frame_record
+from beam_tfrecords.transforms.codec.tfrecord import RecordError, TFRecordWriter, frame_record
 from beam_tfrecords.transforms.io.contents import ContentsError, read_contents, write_contents
 from beam_tfrecords.transforms.io.files import write_bytes
 
@@ -147,3 +147,46 @@ def test_content_list_round_trip_and_refusals(tmp_path):
         with pytest.raises(ContentsError):
             read_contents(path, hashlib.sha256(data).hexdigest(), 200)
 
+
+
+class _FailingSink(io.BytesIO):
+    """A stream whose ``fail_at``-th write raises, as a store's connection would."""
+
+    def __init__(self, fail_at: int):
+        super().__init__()
+        self.writes = 0
+        self._fail_at = fail_at
+
+    def write(self, data) -> int:
+        self.writes += 1
+        if self.writes == self._fail_at:
+            raise OSError("the store went away")
+        return super().write(data)
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_background_writer_writes_and_digests_the_same_bytes(compression):
+    blocks = [b"".join(frame_record(bytes([n % 251]) * (n * 997 % 40000)) for n in range(k, k + 60))
+              for k in range(0, 600, 60)]
+    outputs = []
+    for background in (False, True):
+        sink = io.BytesIO()
+        writer = TFRecordWriter(sink, compression, background=background)
+        for block in blocks:
+            writer.write_framed(block, 60)
+        outputs.append((writer.close(), sink.getvalue()))
+    assert outputs[0] == outputs[1]
+    digest, data = outputs[1]
+    assert digest.sha256 == hashlib.sha256(data).hexdigest() and digest.records == 600
+
+
+def test_background_writer_raises_a_failed_write():
+    sink = _FailingSink(fail_at=2)
+    writer = TFRecordWriter(sink, background=True)
+    with pytest.raises(OSError, match="went away"):
+        for _ in range(8):
+            writer.write_framed(frame_record(bytes(2 << 20)), 1)
+        writer.close()
+    writer.stop()
+    writes = sink.writes
+    assert writes >= 2 and sink.writes == writes  # Nothing is written once stopped.

@@ -245,7 +245,8 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
         sink = stack.enter_context(_opened(temp))
         # The index file, beside the shard, written from the same bytes as they pass.
         index = RecordIndex(stack.enter_context(_opened(temp + INDEX_SUFFIX))) if compression == "none" else None
-        writer = TFRecordWriter(sink, compression, index.feed if index is not None else None)
+        writer = TFRecordWriter(sink, compression, index.feed if index is not None else None, background=True)
+        stack.callback(writer.stop)  # Runs first: nothing is written to the sink once it closes.
         for number, chunk in enumerate(source.chunks(spec)):
             dead.extend(chunk.dead)
             # '': a detection record; a tuple: a record's several labels, each counted.
