@@ -86,7 +86,7 @@ SCAN_MEMORY_BYTES = 16 << 20
 # frame_parts joins a record's pieces below this size.
 _JOIN_BELOW = 64 << 10
 # Blocks a background writer holds beyond the one being written (see ``_InOrder``).
-_IN_FLIGHT = 2
+_IN_FLIGHT = 1
 _crc32c = google_crc32c.value
 _crc32c_extend = google_crc32c.extend
 
