@@ -15,6 +15,7 @@ import pytest
 from beam_tfrecords.schemas.inputs import complete_lines
 from beam_tfrecords.transforms.codec.record_index import RecordIndex
 from beam_tfrecords.transforms.codec.tfrecord import RecordError, TFRecordWriter, frame_record
+from beam_tfrecords.transforms.io import progress
 from beam_tfrecords.transforms.io.contents import ContentsError, read_contents, write_contents
 from beam_tfrecords.transforms.io.files import write_bytes
 
@@ -190,3 +191,16 @@ def test_background_writer_raises_a_failed_write():
     writer.stop()
     writes = sink.writes
     assert writes >= 2 and sink.writes == writes  # Nothing is written once stopped.
+
+
+def test_a_shard_verified_off_the_bundle_thread_is_counted_once():
+    progress.reset()
+    progress.watch(True)
+    try:
+        progress.add(shards=1, metrics=False)  # The verifying thread, as the check ends.
+        assert progress.snapshot().shards == 1
+        progress.add(shards=1, counters=False)  # The bundle's thread, when it yields the result.
+        assert progress.snapshot().shards == 1
+    finally:
+        progress.watch(False)
+        progress.reset()

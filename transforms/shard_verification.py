@@ -311,6 +311,14 @@ class _VerifyShardFn(beam.DoFn):
                                    storage_crc32c=stored or "", verified_as=read,
                                    index_verified_as=None if error else index_read[0])
 
+    def _checked(self, result: ShardResult) -> ShardResult:
+        """``_verify``, the shard then shown done by the progress line at once, not when
+        the bundle next yields (after the next shard's write); its Beam metric
+        follows on the bundle's thread (``_done``)."""
+        checked = self._verify(result)
+        run_progress.add(shards=1, metrics=False)
+        return checked
+
     def _done(self, wait: bool) -> list[ShardResult]:
         finished = [f for f in self._pending if wait or f.done()]
         self._pending = [f for f in self._pending if f not in finished]
@@ -318,11 +326,11 @@ class _VerifyShardFn(beam.DoFn):
         for result in results:
             # Counted here, on the bundle's thread: Beam's metrics are per thread.
             beam.metrics.Metrics.counter("verify", "shards" if result.verified else "failed").inc()
-        run_progress.add(shards=len(results))
+        run_progress.add(shards=len(results), counters=False)
         return results
 
     def process(self, result: ShardResult) -> Iterator[ShardResult]:
-        self._pending.append(self._pool.submit(self._verify, result))
+        self._pending.append(self._pool.submit(self._checked, result))
         yield from self._done(wait=False)
 
     def finish_bundle(self):

@@ -352,6 +352,13 @@ class ObservingReader(io.RawIOBase):
             self._observe(data)
         return n
 
+    def read(self, size: int = -1) -> bytes:
+        """What ``readinto`` gives, without copying the bytes through a buffer."""
+        data = self._source.read(size)
+        if data:
+            self._observe(data)
+        return data
+
     def drain(self) -> None:
         """Reads whatever the consumer left unread in ``source``, observing it too."""
         while data := self._source.read(_READ_CHUNK):
