@@ -204,3 +204,27 @@ def test_a_shard_verified_off_the_bundle_thread_is_counted_once():
     finally:
         progress.watch(False)
         progress.reset()
+
+
+def test_index_read_back_in_pieces_is_proved_against_the_index_written(tmp_path):
+    import concurrent.futures
+    import dataclasses
+
+    from beam_tfrecords.transforms.codec.tfrecord import checkpoints
+    from beam_tfrecords.transforms.shard_verification import verify_shard
+
+    records = [frame_record(bytes([n % 256]) * (n * 7 % 900)) for n in range(3000)]
+    path = tmp_path / "s.tfrecord"
+    with open(path, "wb") as sink:
+        index = RecordIndex()
+        writer = TFRecordWriter(sink, observe=index.feed)
+        writer.write_framed(b"".join(records), len(records))
+        digest = writer.close()
+    written = index.finish()
+    boundaries = checkpoints([len(r) for r in records], every=100_000)
+    assert len(boundaries) > 3
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        assert verify_shard(str(path), "none", digest, boundaries, pool, written) == (digest, "")
+        other = dataclasses.replace(written, sha256="0" * 64)
+        _, error = verify_shard(str(path), "none", digest, boundaries, pool, other)
+        assert "is not the index written" in error

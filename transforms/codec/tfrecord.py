@@ -505,7 +505,8 @@ def scan_stream(source: BinaryIO, compression: str = "none",
     return FileDigest(records=records, bytes=hashing.bytes, crc32c=crc, sha256=sha)
 
 
-def scan_records(data: bytes, first_index: int = 0, base_offset: int = 0) -> int:
+def scan_records(data: bytes, first_index: int = 0, base_offset: int = 0,
+                 offsets: list[int] | None = None) -> int:
     """Checks every record of a block that starts and ends at record boundaries.
 
     The same checks as ``iter_records`` over bytes already in memory, without
@@ -516,6 +517,8 @@ def scan_records(data: bytes, first_index: int = 0, base_offset: int = 0) -> int
       data: whole records, back to back.
       first_index, base_offset: the first record's index and byte offset in its
         file, for error messages.
+      offsets: where each record checked starts in ``data`` is appended to it (for
+        an index of the block: ``codec.record_index.index_lines``).
 
     Returns:
       The number of records.
@@ -524,10 +527,11 @@ def scan_records(data: bytes, first_index: int = 0, base_offset: int = 0) -> int
       RecordError: naming the index and file offset of the first faulty record;
         a block that ends inside a record is ``truncated``.
     """
-    return _scan_block(data, first_index, base_offset, final=True)[0]
+    return _scan_block(data, first_index, base_offset, final=True, offsets=offsets)[0]
 
 
-def _scan_block(data: bytes, first_index: int, base_offset: int, final: bool) -> tuple[int, int]:
+def _scan_block(data: bytes, first_index: int, base_offset: int, final: bool,
+                offsets: list[int] | None = None) -> tuple[int, int]:
     """``scan_records``; unless ``final``, a record the block ends inside is left
     for the next block (once its length field is proved). Returns ``(records,
     bytes checked)``."""
@@ -553,6 +557,8 @@ def _scan_block(data: bytes, first_index: int, base_offset: int, final: bool) ->
             if mask_crc(value(data[start:next_offset - 4])) != footer(data, next_offset - 4)[0]:
                 raise RecordError("data_crc", first_index + index, start - 12 + base_offset,
                                   "data CRC mismatch (corrupt record data)")
+            if offsets is not None:
+                offsets.append(offset)
             offset = next_offset
             index += 1
     except struct.error:  # Fewer than 12 bytes left for a header.
