@@ -31,6 +31,7 @@ import hashlib
 import heapq
 import json
 import logging
+import pickle
 import threading
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -63,6 +64,7 @@ PIECE_BYTES = 32 << 20
 # Duplicates are found in this many content-hash buckets (a bucket holds 1/64 of the
 # records: ~160,000 at 10M, ~30 MB).
 BUCKETS = 64
+_PICKLE = pickle.HIGHEST_PROTOCOL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,7 +225,7 @@ def _router(pieces: Sequence[_Piece]):
 class _ReadContentsFn(beam.DoFn):
     """``ShardResult`` → ``(("bucket", b), ("entries", [(sha256, split, filename), ...]))``
     per content-hash bucket, and ``(("piece", i), ("names", [(filename, file sha256), ...]))``
-    per ``inputs.jsonl`` piece.
+    per ``inputs.jsonl`` piece, each list pickled (``_GatherFn`` loads it).
 
     The pieces are found once per worker (``input_pieces``: a few short reads); every
     listing unit's piece exists by then, since every shard's plan needed every unit.
@@ -264,8 +266,11 @@ class _ReadContentsFn(beam.DoFn):
             else:
                 for name in names:
                     by_piece.setdefault(route(name[0]), []).append(name)
-        return ([(("bucket", bucket), ("entries", entries)) for bucket, entries in by_bucket.items()]
-                + [(("piece", index), ("names", names)) for index, names in by_piece.items()])
+        # Each list pickled at once: the runner then moves a few blobs through the group,
+        # not three objects a record, each coded on its own.
+        dumps = pickle.dumps
+        return ([(("bucket", bucket), ("entries", dumps(entries, _PICKLE))) for bucket, entries in by_bucket.items()]
+                + [(("piece", index), ("names", dumps(names, _PICKLE))) for index, names in by_piece.items()])
 
 
 def _pieces(_, temp_dir: str, input_units: int) -> Iterator:
@@ -302,25 +307,29 @@ class _GatherFn(beam.DoFn):
 
     def process(self, element) -> Iterator:
         (kind, index), values = element
-        if kind == "bucket":
-            tally = DuplicateTally()
-            entries = (entry for _, batch in values for entry in batch)
-            for digest, group in content_groups(entries):
-                tally.add(digest, group)
-            yield None, ("tally", tally)
-            return
+        with paused_gc():
+            done = self._bucket(values) if kind == "bucket" else self._piece(index, values)
+        if done is not None:
+            yield None, done
+
+    @staticmethod
+    def _bucket(values) -> tuple:
+        tally = DuplicateTally()
+        entries = (entry for _, batch in values for entry in pickle.loads(batch))
+        for digest, group in content_groups(entries):
+            tally.add(digest, group)
+        return "tally", tally
+
+    def _piece(self, index: int, values) -> tuple | None:
         found, digests, excluded = [], {}, set()
         for what, value in values:
             if what == "piece":
                 found.append(value)
             elif what == "names":
-                digests.update(value)
+                digests.update(pickle.loads(value))
             else:
                 excluded.update(value)
-        if found:
-            with paused_gc():
-                done = self._complete(index, found[0], digests, excluded)
-            yield None, ("piece", done)
+        return ("piece", self._complete(index, found[0], digests, excluded)) if found else None
 
     def _complete(self, index: int, piece: _Piece, digests: dict, excluded: set) -> _DonePiece:
         data = _piece_bytes(piece)
