@@ -282,11 +282,11 @@ class TFRecordWriter:
         if self._pending_bytes >= _READ_CHUNK:
             self._flush_pending()
 
-    def _flush_pending(self) -> None:
+    def _flush_pending(self, last: bool = False) -> None:
         if self._pending:
             block = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
-            if self._background and self._thread is None and not self._closed:
-                self._thread = _InOrder(self._out)  # Only once a shard has a block to write.
+            if self._background and self._thread is None and not last:
+                self._thread = _InOrder(self._out)  # Once a shard has more than one block.
             (self._thread or self._out).write(block)
             self._pending = []
             self._pending_bytes = 0
@@ -300,7 +300,7 @@ class TFRecordWriter:
     def close(self) -> FileDigest:
         """Flushes all output and returns the digest of the bytes written."""
         if not self._closed:
-            self._flush_pending()
+            self._flush_pending(last=True)
             if self._thread is not None:
                 self._thread.wait()
                 self._thread = None
