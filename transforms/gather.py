@@ -31,7 +31,7 @@ import hashlib
 import heapq
 import json
 import logging
-import pickle
+import marshal
 import threading
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -64,7 +64,6 @@ PIECE_BYTES = 32 << 20
 # Duplicates are found in this many content-hash buckets (a bucket holds 1/64 of the
 # records: ~160,000 at 10M, ~30 MB).
 BUCKETS = 64
-_PICKLE = pickle.HIGHEST_PROTOCOL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +224,7 @@ def _router(pieces: Sequence[_Piece]):
 class _ReadContentsFn(beam.DoFn):
     """``ShardResult`` → ``(("bucket", b), ("entries", [(sha256, split, filename), ...]))``
     per content-hash bucket, and ``(("piece", i), ("names", [(filename, file sha256), ...]))``
-    per ``inputs.jsonl`` piece, each list pickled (``_GatherFn`` loads it).
+    per ``inputs.jsonl`` piece, each list marshalled (``_GatherFn`` loads it).
 
     The pieces are found once per worker (``input_pieces``: a few short reads); every
     listing unit's piece exists by then, since every shard's plan needed every unit.
@@ -266,11 +265,12 @@ class _ReadContentsFn(beam.DoFn):
             else:
                 for name in names:
                     by_piece.setdefault(route(name[0]), []).append(name)
-        # Each list pickled at once: the runner then moves a few blobs through the group,
-        # not three objects a record, each coded on its own.
-        dumps = pickle.dumps
-        return ([(("bucket", bucket), ("entries", dumps(entries, _PICKLE))) for bucket, entries in by_bucket.items()]
-                + [(("piece", index), ("names", dumps(names, _PICKLE))) for index, names in by_piece.items()])
+        # Each list marshalled at once (tuples of str only; every worker runs one Python):
+        # the runner then moves a few blobs through the group, not three objects a
+        # record, each coded on its own.
+        dumps = marshal.dumps
+        return ([(("bucket", bucket), ("entries", dumps(entries))) for bucket, entries in by_bucket.items()]
+                + [(("piece", index), ("names", dumps(names))) for index, names in by_piece.items()])
 
 
 def _pieces(_, temp_dir: str, input_units: int) -> Iterator:
@@ -315,7 +315,7 @@ class _GatherFn(beam.DoFn):
     @staticmethod
     def _bucket(values) -> tuple:
         tally = DuplicateTally()
-        entries = (entry for _, batch in values for entry in pickle.loads(batch))
+        entries = (entry for _, batch in values for entry in marshal.loads(batch))
         for digest, group in content_groups(entries):
             tally.add(digest, group)
         return "tally", tally
@@ -326,7 +326,7 @@ class _GatherFn(beam.DoFn):
             if what == "piece":
                 found.append(value)
             elif what == "names":
-                digests.update(pickle.loads(value))
+                digests.update(marshal.loads(value))
             else:
                 excluded.update(value)
         return ("piece", self._complete(index, found[0], digests, excluded)) if found else None
