@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from collections.abc import Container, Iterable, Iterator, Mapping
 
 __all__ = [
@@ -266,6 +267,75 @@ def _completed_line(line: str, digests: Mapping[str, str], number: int, source: 
     return (role == "", role, path), _LINE_ENCODER.encode(out) + "\n", token
 
 
+_scan_value = json.scanner.make_scanner(json.JSONDecoder())  # What json.loads runs on one value.
+_encode_ascii = json.encoder.encode_basestring_ascii  # The string encoder of _FINGERPRINT_ENCODER.
+_LINE_KEYS = frozenset(("path", "role", "size", "mtime_ns", "generation", "sha256", "crc32c"))
+
+
+# A line as ``file_line`` writes it for a local file whose path needs no escape in JSON
+# (no quote, backslash or control character): its path's JSON text is its path quoted.
+_FILE_LINE = re.compile(r'\{"path": "([^"\\\x00-\x1f]*)", "size": (0|[1-9][0-9]*)'
+                        r'(?:, "mtime_ns": ([1-9][0-9]*))?\}')
+
+
+def _completed_plain(line: str, digests: Mapping[str, str]):
+    """``_completed_line`` of a line whose fields all have their own types (no number
+    written as text, no stray key, nothing around the object): the same three values,
+    the texts built without a dict or an encoder call; ``None`` for any other line
+    (``_completed_line`` then parses it, and says what is wrong with it)."""
+    match = _FILE_LINE.fullmatch(line)
+    if match is not None:  # A launcher's line: its fields' texts are already theirs.
+        path, size, mtime_ns = match.groups()
+        sha256 = digests.get(path, "")
+        if type(sha256) is str:
+            text = line[:-1] + (', "sha256": ' + _encode_text(sha256) + "}\n" if sha256 else "}\n")
+            content = "sha256:" + sha256 if sha256 else f"mtime_ns:{mtime_ns or 0}:generation:"
+            token = ('["", "' + path + '", ' + size + ", " + _encode_ascii(content) + "]" if path.isascii()
+                     else _token_text(("", path, size, content)))
+            return (True, "", path), text, ("", path, int(size), content), token
+    try:
+        value, end = _scan_value(line, 0)
+    except (StopIteration, ValueError, RecursionError):
+        return None
+    if end != len(line) or type(value) is not dict or not _LINE_KEYS.issuperset(value):
+        return None
+    get = value.get
+    path, role, size = get("path"), get("role", ""), get("size")
+    mtime_ns, generation = get("mtime_ns", 0), get("generation", "")
+    crc32c, sha256 = get("crc32c", ""), get("sha256", "")
+    if (type(path) is not str or type(role) is not str or type(size) is not int or type(mtime_ns) is not int
+            or type(generation) is not str or type(crc32c) is not str or type(sha256) is not str):
+        return None
+    if not role and path in digests:
+        sha256 = digests[path]
+        if type(sha256) is not str:
+            return None
+    text = '{"path": ' + _encode_text(path)
+    if role:
+        text += ', "role": ' + _encode_text(role)
+    text += ', "size": ' + int.__repr__(size)
+    if mtime_ns:
+        text += ', "mtime_ns": ' + int.__repr__(mtime_ns)
+    if generation:
+        text += ', "generation": ' + _encode_text(generation)
+    if sha256:
+        text += ', "sha256": ' + _encode_text(sha256)
+    if crc32c:
+        text += ', "crc32c": ' + _encode_text(crc32c)
+    content = ("sha256:" + sha256 if sha256 else "crc32c:" + crc32c if crc32c
+               else f"mtime_ns:{mtime_ns}:generation:{generation}")
+    token = (role, path, size, content)
+    return (role == "", role, path), text + "}\n", token, "" if role else _token_text(token)
+
+
+def _token_text(token) -> str:
+    """``_FINGERPRINT_ENCODER.encode(list(token))`` of a ``_completed_plain`` token (its
+    size an int, or the int's text)."""
+    role, path, size, content = token
+    return ("[" + _encode_ascii(role) + ", " + _encode_ascii(path) + ", "
+            + (size if type(size) is str else int.__repr__(size)) + ", " + _encode_ascii(content) + "]")
+
+
 def complete_lines(data: bytes, digests: Mapping[str, str], excluded: Container[str] = frozenset(),
                    source: str = INPUTS_NAME, first_line: int = 1, sort: bool = False) -> CompletedLines:
     """Completes lines of ``inputs.jsonl`` (all of it, or a piece that starts at line
@@ -287,9 +357,14 @@ def complete_lines(data: bytes, digests: Mapping[str, str], excluded: Container[
     first = last = None
     in_order, files = True, 0
     for number, line in enumerate(data.decode("utf-8").split("\n"), first_line):
-        if not line.strip():
+        if not line or line.isspace():
             continue
-        key, text, token = _completed_line(line, digests, number, source)
+        done = _completed_plain(line, digests)
+        if done is None:
+            key, text, token = _completed_line(line, digests, number, source)
+            token_text = dumps(token)
+        else:
+            key, text, token, token_text = done
         if key[0] and key[2] in excluded:
             continue
         if last is not None and key < last:
@@ -304,12 +379,12 @@ def complete_lines(data: bytes, digests: Mapping[str, str], excluded: Container[
             lines = []
         if key[0]:
             files += 1
-            tokens.append(dumps(token) + "\n")
+            tokens.append(token_text + "\n")
             if len(tokens) >= 65536:
                 token_chunks.append("".join(tokens).encode("utf-8"))
                 tokens = []
         else:
-            roles.append(token)
+            roles.append(list(token))
     chunks.append("".join(lines).encode("utf-8"))
     token_chunks.append("".join(tokens).encode("utf-8"))
     return CompletedLines(b"".join(chunks), b"".join(token_chunks), tuple(roles), files, first, last,

@@ -31,6 +31,7 @@ import hashlib
 import heapq
 import json
 import logging
+import marshal
 import threading
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -48,7 +49,7 @@ from beam_tfrecords.schemas.inputs import (
     unit_inputs_name,
 )
 from beam_tfrecords.transforms.io import files
-from beam_tfrecords.transforms.io.contents import shard_contents
+from beam_tfrecords.transforms.io.contents import paused_gc, shard_contents
 from beam_tfrecords.transforms.quality.duplicates import DuplicateTally, content_groups, duplicate_report
 
 __all__ = ["COMPLETED_INPUTS", "GatherContents", "Gathered", "gather_in_process", "input_pieces", "join_gathered"]
@@ -215,17 +216,15 @@ def _router(pieces: Sequence[_Piece]):
     def route(filename: str) -> int:
         return keyed[max(0, bisect.bisect_right(keys, (True, "", filename)) - 1)][1]
 
+    if len(keyed) == 1:
+        route.only = keyed[0][1]
     return route
-
-
-def _bucket(digest: str) -> int:
-    return zlib.crc32(digest.encode("ascii", "replace")) % BUCKETS
 
 
 class _ReadContentsFn(beam.DoFn):
     """``ShardResult`` → ``(("bucket", b), ("entries", [(sha256, split, filename), ...]))``
     per content-hash bucket, and ``(("piece", i), ("names", [(filename, file sha256), ...]))``
-    per ``inputs.jsonl`` piece.
+    per ``inputs.jsonl`` piece, each list marshalled (``_GatherFn`` loads it).
 
     The pieces are found once per worker (``input_pieces``: a few short reads); every
     listing unit's piece exists by then, since every shard's plan needed every unit.
@@ -239,20 +238,39 @@ class _ReadContentsFn(beam.DoFn):
     def process(self, result: ShardResult) -> Iterator:
         if not result.contents_count:
             return
+        with paused_gc():
+            parts = self._parts(result)
+        yield from parts
+
+    def _parts(self, result: ShardResult) -> list:
         if self._route is None:
             pieces = _run_pieces(self._temp_dir, self._units)
             self._route = _router(pieces) if pieces else False
         route = self._route
+        entries = list(shard_contents(result))
+        split, crc32 = result.split, zlib.crc32
         by_bucket: dict[int, list] = {}
+        for digest, filename, _ in entries:  # The bucket: CRC-32 of the hash, modulo BUCKETS.
+            key = crc32(digest.encode("ascii", "replace")) % BUCKETS
+            if key in by_bucket:
+                by_bucket[key].append((digest, split, filename))
+            else:
+                by_bucket[key] = [(digest, split, filename)]
         by_piece: dict[int, list] = {}
-        for digest, filename, source in shard_contents(result):
-            by_bucket.setdefault(_bucket(digest), []).append((digest, result.split, filename))
-            if route:
-                by_piece.setdefault(route(filename), []).append((filename, source or digest))
-        for bucket, entries in by_bucket.items():
-            yield ("bucket", bucket), ("entries", entries)
-        for index, names in by_piece.items():
-            yield ("piece", index), ("names", names)
+        if route:
+            names = [(filename, source or digest) for digest, filename, source in entries]
+            only = getattr(route, "only", None)  # One piece: every name is routed to it.
+            if only is not None:
+                by_piece[only] = names
+            else:
+                for name in names:
+                    by_piece.setdefault(route(name[0]), []).append(name)
+        # Each list marshalled at once (tuples of str only; every worker runs one Python):
+        # the runner then moves a few blobs through the group, not three objects a
+        # record, each coded on its own.
+        dumps = marshal.dumps
+        return ([(("bucket", bucket), ("entries", dumps(entries))) for bucket, entries in by_bucket.items()]
+                + [(("piece", index), ("names", dumps(names))) for index, names in by_piece.items()])
 
 
 def _pieces(_, temp_dir: str, input_units: int) -> Iterator:
@@ -289,23 +307,29 @@ class _GatherFn(beam.DoFn):
 
     def process(self, element) -> Iterator:
         (kind, index), values = element
-        if kind == "bucket":
-            tally = DuplicateTally()
-            entries = (entry for _, batch in values for entry in batch)
-            for digest, group in content_groups(entries):
-                tally.add(digest, group)
-            yield None, ("tally", tally)
-            return
+        with paused_gc():
+            done = self._bucket(values) if kind == "bucket" else self._piece(index, values)
+        if done is not None:
+            yield None, done
+
+    @staticmethod
+    def _bucket(values) -> tuple:
+        tally = DuplicateTally()
+        entries = (entry for _, batch in values for entry in marshal.loads(batch))
+        for digest, group in content_groups(entries):
+            tally.add(digest, group)
+        return "tally", tally
+
+    def _piece(self, index: int, values) -> tuple | None:
         found, digests, excluded = [], {}, set()
         for what, value in values:
             if what == "piece":
                 found.append(value)
             elif what == "names":
-                digests.update(value)
+                digests.update(marshal.loads(value))
             else:
                 excluded.update(value)
-        if found:
-            yield None, ("piece", self._complete(index, found[0], digests, excluded))
+        return ("piece", self._complete(index, found[0], digests, excluded)) if found else None
 
     def _complete(self, index: int, piece: _Piece, digests: dict, excluded: set) -> _DonePiece:
         data = _piece_bytes(piece)

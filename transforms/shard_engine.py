@@ -245,13 +245,13 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
         sink = stack.enter_context(_opened(temp))
         # The index file, beside the shard, written from the same bytes as they pass.
         index = RecordIndex(stack.enter_context(_opened(temp + INDEX_SUFFIX))) if compression == "none" else None
-        writer = TFRecordWriter(sink, compression, index.feed if index is not None else None)
+        writer = TFRecordWriter(sink, compression, index.feed if index is not None else None, background=True)
+        stack.callback(writer.stop)  # Runs first: nothing is written to the sink once it closes.
         for number, chunk in enumerate(source.chunks(spec)):
             dead.extend(chunk.dead)
             # '': a detection record; a tuple: a record's several labels, each counted.
-            labels.update(name for label in chunk.labels
-                          for name in ((label,) if isinstance(label, str) else label) if name)
-            notes.update(note for note in chunk.notes if note)
+            _count_names(labels, chunk.labels)
+            _count_names(notes, chunk.notes)
             contents.extend(chunk.contents)
             kinds.update(chunk.images)
             annotations = fold_facts(chunk.annotations, annotations)
@@ -277,6 +277,18 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
               digest.bytes / 1e6, time.monotonic() - progress.start)
     return _Written(digest, labels, dead, tuple(checkpoints), notes, contents, images, annotations,
                     index_digest)
+
+
+def _count_names(counter: Counter, names: Sequence) -> None:
+    """Counts each non-empty name of ``names``; an item that is a tuple (a record's
+    several labels) counts each of its names."""
+    if not names:
+        return
+    if all(map(str.__instancecheck__, names)):  # One name a record: counted in C.
+        counter.update(names)
+        counter.pop("", None)  # Never counted (only this function fills the counters).
+        return
+    counter.update(name for item in names for name in ((item,) if isinstance(item, str) else item) if name)
 
 
 @contextlib.contextmanager

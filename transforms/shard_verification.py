@@ -35,7 +35,6 @@ from beam_tfrecords.schemas.elements import ShardResult, StoredObject
 from beam_tfrecords.transforms.codec.record_index import RecordIndex
 from beam_tfrecords.transforms.codec.tfrecord import (
     FileDigest,
-    ObservingReader,
     RecordError,
     digest_stream,
     scan_stream,
@@ -102,14 +101,19 @@ def _scan_in_pieces(
         the records its boundaries say.
     """
     edges = [(0, 0), *boundaries, (expected.bytes, expected.records)]
-    pieces = [pool.submit(verify_range, path, start, end, index)
+    # The index of the bytes read back (``reread``, when given): each piece's lines
+    # made where its records are checked, taken in order.
+    indexed = reread is not None
+    pieces = [pool.submit(verify_range, path, start, end, index, indexed)
               for (start, index), (end, _) in zip(edges, edges[1:])]
     with files.open_read(path) as stream:
-        # The index of the bytes read back, from the same pass (``reread``, when given).
-        size, crc, sha = digest_stream(stream if reread is None else ObservingReader(stream, reread.feed))
+        size, crc, sha = digest_stream(stream)
     records = 0
-    for (start, index), (_, next_index), piece in zip(edges, edges[1:], pieces):
+    for (start, index), (end, next_index), piece in zip(edges, edges[1:], pieces):
         count = piece.result()
+        if indexed:
+            count, lines = count
+            reread.add_lines(lines, count, end)
         if count != next_index - index:
             raise RecordError("truncated", index + count, start,
                               f"{count} records between byte {start} and the next boundary, "
@@ -311,6 +315,14 @@ class _VerifyShardFn(beam.DoFn):
                                    storage_crc32c=stored or "", verified_as=read,
                                    index_verified_as=None if error else index_read[0])
 
+    def _checked(self, result: ShardResult) -> ShardResult:
+        """``_verify``, the shard then shown done by the progress line at once, not when
+        the bundle next yields (after the next shard's write); its Beam metric
+        follows on the bundle's thread (``_done``)."""
+        checked = self._verify(result)
+        run_progress.add(shards=1, metrics=False)
+        return checked
+
     def _done(self, wait: bool) -> list[ShardResult]:
         finished = [f for f in self._pending if wait or f.done()]
         self._pending = [f for f in self._pending if f not in finished]
@@ -318,11 +330,11 @@ class _VerifyShardFn(beam.DoFn):
         for result in results:
             # Counted here, on the bundle's thread: Beam's metrics are per thread.
             beam.metrics.Metrics.counter("verify", "shards" if result.verified else "failed").inc()
-        run_progress.add(shards=len(results))
+        run_progress.add(shards=len(results), counters=False)
         return results
 
     def process(self, result: ShardResult) -> Iterator[ShardResult]:
-        self._pending.append(self._pool.submit(self._verify, result))
+        self._pending.append(self._pool.submit(self._checked, result))
         yield from self._done(wait=False)
 
     def finish_bundle(self):

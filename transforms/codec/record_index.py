@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from typing import BinaryIO
 
 import google_crc32c
+import numpy as np
 
 from beam_tfrecords.transforms.codec.tfrecord import RECORD_OVERHEAD, FileDigest, RecordError
 
-__all__ = ["RecordIndex", "first_index_fault"]
+__all__ = ["RecordIndex", "first_index_fault", "index_lines"]
 
 _LENGTH = struct.Struct("<Q")
 
@@ -57,34 +59,55 @@ class RecordIndex:
         """Takes the next bytes of the (uncompressed) stream."""
         start = self._seen
         self._seen += len(data)
-        lines = []
+        text = ""
         if self._head:
             self._head += data[:8 - len(self._head)]
             if len(self._head) < 8:
                 return
             length = _LENGTH.unpack(self._head)[0] + RECORD_OVERHEAD
-            lines.append(f"{self._next} {length}\n")
+            text = f"{self._next} {length}\n"
+            self.records += 1
             self._last = self._next
             self._next += length
             self._head = b""
-        unpack, end = _LENGTH.unpack_from, len(data)
+        # One step per record (where its header says the next starts); the lines are
+        # then made of the offsets in bulk, by one format of all of them.
+        unpack, end, overhead = _LENGTH.unpack_from, len(data), RECORD_OVERHEAD
         position = self._next - start
+        offsets: list[int] = []
+        note = offsets.append
         while position + 8 <= end:
-            length = unpack(data, position)[0] + RECORD_OVERHEAD
-            lines.append(f"{self._next} {length}\n")
-            self._last = self._next
-            self._next += length
-            position += length
+            note(position)
+            position += unpack(data, position)[0] + overhead
+        if offsets:
+            count = len(offsets)
+            text += index_lines(offsets, position, start)
+            self.records += count
+            self._last = start + offsets[-1]
+            self._next = start + position
         if 0 <= position < end:
             self._head = bytes(data[position:])
-        if lines:
-            self.records += len(lines)
-            text = "".join(lines).encode("ascii")
-            self._sha.update(text)
-            self._crc.update(text)
-            self._bytes += len(text)
+        if text:
+            data = text.encode("ascii")
+            self._sha.update(data)
+            self._crc.update(data)
+            self._bytes += len(data)
             if self._sink is not None:
-                self._sink.write(text)
+                self._sink.write(data)
+
+    def add_lines(self, text: bytes, records: int, end: int) -> None:
+        """Takes the index lines of the next ``records`` records, made elsewhere from
+        the same stream (``index_lines``), which end at stream offset ``end``; in
+        place of ``feed`` of their bytes."""
+        if self._head or self._next != self._seen:
+            raise ValueError("index lines can follow whole records only")
+        self._sha.update(text)
+        self._crc.update(text)
+        self._bytes += len(text)
+        if self._sink is not None:
+            self._sink.write(text)
+        self.records += records
+        self._next = self._seen = end
 
     def finish(self) -> FileDigest:
         """The index's digest (records, bytes, CRC-32C, SHA-256).
@@ -103,6 +126,20 @@ class RecordIndex:
                           crc32c=self._crc.hexdigest().decode("ascii"), sha256=self._sha.hexdigest())
 
 
+
+
+def index_lines(offsets: Sequence[int], end: int, base: int = 0) -> str:
+    """The index lines of records starting at ``offsets`` (in order) whose last one
+    ends at ``end``, every offset moved by ``base``: made by one format call."""
+    count = len(offsets)
+    if not count:
+        return ""
+    bounds = np.array([*offsets, end], dtype=np.int64)
+    bounds += base
+    pairs = np.empty(2 * count, dtype=np.int64)
+    pairs[0::2] = bounds[:-1]
+    pairs[1::2] = np.diff(bounds)
+    return ("%d %d\n" * count) % tuple(pairs.tolist())
 
 
 def first_index_fault(shard: BinaryIO, index: BinaryIO) -> str:

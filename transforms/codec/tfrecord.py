@@ -25,6 +25,8 @@ caller's ``max_record`` before reading it.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import gzip
 import hashlib
@@ -83,6 +85,8 @@ RECORD_PIECE = 1 << 20
 SCAN_MEMORY_BYTES = 16 << 20
 # frame_parts joins a record's pieces below this size.
 _JOIN_BELOW = 64 << 10
+# Blocks a background writer holds beyond the one being written (see ``_InOrder``).
+_IN_FLIGHT = 1
 _crc32c = google_crc32c.value
 _crc32c_extend = google_crc32c.extend
 
@@ -177,6 +181,38 @@ class _HashingWriter(io.RawIOBase, _Digests):
         return len(data)
 
 
+class _InOrder:
+    """Writes blocks to a stream on a thread of its own, in order, at most
+    ``_IN_FLIGHT`` behind the caller: the compression, the digests and the write
+    (zlib, hashlib and file writes release the GIL) run beside the caller's own
+    work. A failed write raises in the caller at its next ``write`` or ``wait``."""
+
+    def __init__(self, out):
+        self._out = out
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shard-digest")
+        self._inflight: collections.deque = collections.deque()
+
+    def write(self, data: bytes) -> None:
+        while len(self._inflight) >= _IN_FLIGHT:
+            self._inflight.popleft().result()
+        self._inflight.append(self._pool.submit(self._out.write, data))
+
+    def wait(self) -> None:
+        """Returns once every block is written (raising the first write's error)."""
+        try:
+            while self._inflight:
+                self._inflight[0].result()
+                self._inflight.popleft()
+        finally:
+            if not self._inflight:
+                self._pool.shutdown(wait=True)
+
+    def stop(self) -> None:
+        """Waits for the blocks in flight, whatever their outcome (before the stream closes)."""
+        self._pool.shutdown(wait=True)
+        self._inflight.clear()
+
+
 class TFRecordWriter:
     """Writes framed records to a binary stream and digests the bytes written.
 
@@ -190,12 +226,17 @@ class TFRecordWriter:
         a zero timestamp, so equal input gives equal bytes.
       observe: called with the framed records' bytes, in order, before any
         compression (``codec.record_index.RecordIndex.feed`` builds the index file).
+      background: compress, digest and write large blocks on a thread of the
+        writer's own while the caller goes on; the caller must then call
+        ``stop()`` before it closes ``sink`` on a path that skips ``close()``.
     """
 
     def __init__(self, sink: BinaryIO, compression: str = "none",
-                 observe: Callable[[bytes], None] | None = None):
+                 observe: Callable[[bytes], None] | None = None, background: bool = False):
         check_compression(compression)
         self._observe = observe
+        self._background = background
+        self._thread: _InOrder | None = None
         self._hashing = _HashingWriter(sink)
         self._records = 0
         self._closed = False
@@ -241,16 +282,28 @@ class TFRecordWriter:
         if self._pending_bytes >= _READ_CHUNK:
             self._flush_pending()
 
-    def _flush_pending(self) -> None:
+    def _flush_pending(self, last: bool = False) -> None:
         if self._pending:
-            self._out.write(b"".join(self._pending) if len(self._pending) > 1 else self._pending[0])
+            block = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
+            if self._background and self._thread is None and not last:
+                self._thread = _InOrder(self._out)  # Once a shard has more than one block.
+            (self._thread or self._out).write(block)
             self._pending = []
             self._pending_bytes = 0
+
+    def stop(self) -> None:
+        """Waits for blocks written in the background, whatever their outcome; for a
+        caller that drops the stream after an error, before it closes ``sink``."""
+        if self._thread is not None:
+            self._thread.stop()
 
     def close(self) -> FileDigest:
         """Flushes all output and returns the digest of the bytes written."""
         if not self._closed:
-            self._flush_pending()
+            self._flush_pending(last=True)
+            if self._thread is not None:
+                self._thread.wait()
+                self._thread = None
             if self._out is not self._hashing:
                 self._out.close()  # Writes the gzip trailer; leaves the sink open.
             self._closed = True
@@ -298,6 +351,13 @@ class ObservingReader(io.RawIOBase):
         if n:
             self._observe(data)
         return n
+
+    def read(self, size: int = -1) -> bytes:
+        """What ``readinto`` gives, without copying the bytes through a buffer."""
+        data = self._source.read(size)
+        if data:
+            self._observe(data)
+        return data
 
     def drain(self) -> None:
         """Reads whatever the consumer left unread in ``source``, observing it too."""
@@ -445,7 +505,8 @@ def scan_stream(source: BinaryIO, compression: str = "none",
     return FileDigest(records=records, bytes=hashing.bytes, crc32c=crc, sha256=sha)
 
 
-def scan_records(data: bytes, first_index: int = 0, base_offset: int = 0) -> int:
+def scan_records(data: bytes, first_index: int = 0, base_offset: int = 0,
+                 offsets: list[int] | None = None) -> int:
     """Checks every record of a block that starts and ends at record boundaries.
 
     The same checks as ``iter_records`` over bytes already in memory, without
@@ -456,6 +517,8 @@ def scan_records(data: bytes, first_index: int = 0, base_offset: int = 0) -> int
       data: whole records, back to back.
       first_index, base_offset: the first record's index and byte offset in its
         file, for error messages.
+      offsets: where each record checked starts in ``data`` is appended to it (for
+        an index of the block: ``codec.record_index.index_lines``).
 
     Returns:
       The number of records.
@@ -464,10 +527,11 @@ def scan_records(data: bytes, first_index: int = 0, base_offset: int = 0) -> int
       RecordError: naming the index and file offset of the first faulty record;
         a block that ends inside a record is ``truncated``.
     """
-    return _scan_block(data, first_index, base_offset, final=True)[0]
+    return _scan_block(data, first_index, base_offset, final=True, offsets=offsets)[0]
 
 
-def _scan_block(data: bytes, first_index: int, base_offset: int, final: bool) -> tuple[int, int]:
+def _scan_block(data: bytes, first_index: int, base_offset: int, final: bool,
+                offsets: list[int] | None = None) -> tuple[int, int]:
     """``scan_records``; unless ``final``, a record the block ends inside is left
     for the next block (once its length field is proved). Returns ``(records,
     bytes checked)``."""
@@ -493,6 +557,8 @@ def _scan_block(data: bytes, first_index: int, base_offset: int, final: bool) ->
             if mask_crc(value(data[start:next_offset - 4])) != footer(data, next_offset - 4)[0]:
                 raise RecordError("data_crc", first_index + index, start - 12 + base_offset,
                                   "data CRC mismatch (corrupt record data)")
+            if offsets is not None:
+                offsets.append(offset)
             offset = next_offset
             index += 1
     except struct.error:  # Fewer than 12 bytes left for a header.

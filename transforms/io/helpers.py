@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
+from beam_tfrecords.transforms.codec.record_index import index_lines
 from beam_tfrecords.transforms.codec.tfrecord import scan_records
 
 __all__ = [
@@ -49,8 +50,10 @@ _pool_broken = False
 _warmups: list[concurrent.futures.Future] = []
 
 
-def verify_range(path: str, start: int, end: int, first_index: int) -> int:
-    """Checks the records in bytes ``[start, end)`` of a shard; returns their count.
+def verify_range(path: str, start: int, end: int, first_index: int,
+                 index: bool = False) -> int | tuple[int, bytes]:
+    """Checks the records in bytes ``[start, end)`` of a shard; returns their count
+    (with ``index``, and their index lines as bytes: ``record_index.index_lines``).
 
     Raises:
       RecordError: at the first faulty record (file index and offset).
@@ -67,7 +70,11 @@ def verify_range(path: str, start: int, end: int, first_index: int) -> int:
             data = os.pread(fd, end - start, start)
         finally:
             os.close(fd)
-    return scan_records(data, first_index, start)
+    if not index:
+        return scan_records(data, first_index, start)
+    offsets: list[int] = []
+    count = scan_records(data, first_index, start, offsets)
+    return count, index_lines(offsets, len(data), start).encode("ascii")
 
 
 @contextlib.contextmanager

@@ -151,15 +151,23 @@ def reset() -> None:
 
 
 def add(inputs: int = 0, input_bytes: int = 0, records: int = 0, bytes: int = 0,  # pylint: disable=redefined-builtin
-        shards: int = 0) -> None:
-    """Adds to the counters (and to their Beam metrics, when called in a step)."""
+        shards: int = 0, counters: bool = True, metrics: bool = True) -> None:
+    """Adds to the counters (and to their Beam metrics, when called in a step).
+
+    Args:
+      counters: add to the process's counters (what the progress line shows).
+      metrics: add to the Beam metrics; ``False`` on a thread of a step's own
+        (Beam's metrics are per bundle thread), whose caller adds them later on
+        the bundle's thread with ``counters=False``.
+    """
     deltas = (inputs, input_bytes, records, bytes, shards)
-    with _state.lock:
-        counts = _state.counts
-        for field, delta in zip(_FIELDS, deltas):
-            counts[field] += delta
+    if counters:
+        with _state.lock:
+            counts = _state.counts
+            for field, delta in zip(_FIELDS, deltas):
+                counts[field] += delta
     for field, delta in zip(_FIELDS, deltas):
-        if delta:
+        if delta and metrics:
             _METRICS[field].inc(delta)
     if not _state.watched and interval() and time.monotonic() - _state.last_log >= interval():
         _log_unwatched()

@@ -40,10 +40,24 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from beam_tfrecords.schemas.elements import InputSummary, ShardResult
 from beam_tfrecords.schemas.table_schema import TRUE_WORDS, ColumnSpec, TableSchema
+
+
+class _LazyCompute:
+    """``pyarrow.compute``, imported on first use: the ~0.1 s its import takes is
+    not paid by runs whose statistics never call it (images)."""
+
+    def __getattr__(self, name: str):
+        global pc  # pylint: disable=global-statement
+        import pyarrow.compute  # pylint: disable=import-outside-toplevel
+
+        pc = pyarrow.compute
+        return getattr(pc, name)
+
+
+pc = _LazyCompute()
 
 __all__ = [
     "QUANTILES",
