@@ -143,11 +143,15 @@ def helper_processes(plan: RunPlan, auto: bool) -> int:
     processes = plan.config.encode_processes
     if processes <= 0 or not auto:
         return max(processes, 0)
+    return 0 if _small_run(plan) else processes
+
+
+def _small_run(plan: RunPlan) -> bool:
+    """Whether the preflight knows the run's inputs to be few: under
+    ``HELPER_MIN_FILES`` images, or a table under ``HELPER_MIN_TABLE_BYTES``."""
     if plan.is_table:
-        return processes if sum(size for _, size in plan.table_inputs) >= HELPER_MIN_TABLE_BYTES else 0
-    if plan.units is None and plan.listing and listing_size(plan.listing) < HELPER_MIN_FILES:
-        return 0
-    return processes
+        return sum(size for _, size in plan.table_inputs) < HELPER_MIN_TABLE_BYTES
+    return bool(plan.units is None and plan.listing and listing_size(plan.listing) < HELPER_MIN_FILES)
 
 
 def helpers_start_now(plan: RunPlan, auto: bool) -> bool:
@@ -173,10 +177,11 @@ def build_graph(plan: RunPlan, options: PipelineOptions, attach: Callable | None
     if carried.progress_seconds is None:  # The job carries it to the processes running its steps.
         carried.progress_seconds = progress.interval()
     runner = _local_runner(options)
-    if runner is not None:
+    if runner is not None and _small_run(plan):
         # Beam infers each step's output type by tracing its code (~65 ms of a 9-image
         # run's graph); our steps check their own elements, and this runner's coders
-        # need no inferred types. (A Dataflow job keeps them: they shape its graph.)
+        # need no inferred types. (A large run keeps them: the coders they choose hold
+        # ~10 MB less at peak on 60k files; a Dataflow job too: they shape its graph.)
         options.view_as(TypeOptions).pipeline_type_check = False
     pipeline = beam.Pipeline(runner=runner, options=options)
     processes = helper_processes(plan, auto_helpers)
