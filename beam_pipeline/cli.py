@@ -567,7 +567,8 @@ def _usage() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m beam_tfrecords`` and the ``beam-tfrecords`` script."""
+    """Entry point of ``python -m beam_tfrecords`` and the ``beam-tfrecords`` script (both through
+    ``__main__.run``)."""
     whole_process = argv is None  # The command line's: the process ends when it returns.
     if whole_process:
         # What is alive now is what the imports made (Beam's and ours, ~1M objects,
