@@ -88,5 +88,5 @@ setuptools.setup(
     package_data={"beam_tfrecords.schemas": ["proto/*.proto", "examples/*.yaml"]},
     install_requires=REQUIRED,
     extras_require=EXTRAS,
-    entry_points={"console_scripts": ["beam-tfrecords=beam_tfrecords.cli:main"]},
+    entry_points={"console_scripts": ["beam-tfrecords=beam_tfrecords.__main__:run"]},
 )

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions, TypeOptions
 
 from beam_tfrecords.preflight import RunPlan, drift_gate
 from beam_tfrecords.schemas.annotations import AnnotatedRun, LabelMap
@@ -39,6 +39,7 @@ from beam_tfrecords.transforms.image_steps import (
 from beam_tfrecords.transforms.io import files, progress
 from beam_tfrecords.transforms.io.annotated_output import CUSTOM_LAYOUT
 from beam_tfrecords.transforms.io.annotation_attach import AnnotationAttach, AnnotationOptions
+from beam_tfrecords.transforms.io.helpers import HELPER_MIN_FILES, HELPER_MIN_TABLE_BYTES, helpers_pay
 from beam_tfrecords.transforms.listing_plan import PlanListingParts
 from beam_tfrecords.transforms.plan import handoff
 from beam_tfrecords.transforms.plan.layouts import resolve_input
@@ -48,7 +49,7 @@ from beam_tfrecords.transforms.tables import EncodeTables, PlanTableShards, tabl
 from beam_tfrecords.transforms.worker_listing import ListAndPlanOnWorkers
 from beam_tfrecords.updates import config_fingerprint
 
-__all__ = ["annotated_attach", "build_graph"]
+__all__ = ["annotated_attach", "build_graph", "helper_processes", "helpers_start_now"]
 
 
 def annotated_attach(plan: RunPlan, attach: Callable | None) -> tuple[Callable | None, AnnotatedRun | None]:
@@ -123,30 +124,81 @@ def _local_runner(options: PipelineOptions):
         beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
 
 
-def build_graph(plan: RunPlan, options: PipelineOptions, attach: Callable | None = None) -> beam.Pipeline:
+def _listed_bytes(plan: RunPlan) -> int | None:
+    """The bytes of the images the preflight listed for this run (``None``: not known
+    here, e.g. a CSV manifest or a scheduled run)."""
+    table = plan.input_table
+    sizes = getattr(table, "sizes", None)
+    if sizes is None:
+        return None
+    return int(sizes.sum() if plan.input_rows is None else sizes[plan.input_rows].sum())
+
+
+def helper_processes(plan: RunPlan, auto: bool) -> int:
+    """The helper processes the steps of ``plan`` may use: ``encode_processes``, or,
+    when the run chooses them (``auto``: ``--encode_processes -1``), 0 if the
+    preflight already knows the run is too small for helpers to pay back their start
+    (``transforms.io.helpers.HELPER_MIN_FILES``, ``HELPER_MIN_TABLE_BYTES``): threads
+    then do the work, with the same bytes written."""
+    processes = plan.config.encode_processes
+    if processes <= 0 or not auto:
+        return max(processes, 0)
+    return 0 if _small_run(plan) else processes
+
+
+def _small_run(plan: RunPlan) -> bool:
+    """Whether the preflight knows the run's inputs to be few: under
+    ``HELPER_MIN_FILES`` images, or a table under ``HELPER_MIN_TABLE_BYTES``."""
+    if plan.is_table:
+        return sum(size for _, size in plan.table_inputs) < HELPER_MIN_TABLE_BYTES
+    return bool(plan.units is None and plan.listing and listing_size(plan.listing) < HELPER_MIN_FILES)
+
+
+def helpers_start_now(plan: RunPlan, auto: bool) -> bool:
+    """Whether the run will use helper processes for sure, so they can be started
+    before its graph is built (their spawn and imports then overlap the runner's start)."""
+    if helper_processes(plan, auto) <= 0:
+        return False
+    if plan.is_table:
+        return True
+    listed = _listed_bytes(plan) if plan.units is None and plan.listing else None
+    return listed is not None and helpers_pay(listing_size(plan.listing), listed)
+
+
+def build_graph(plan: RunPlan, options: PipelineOptions, attach: Callable | None = None, *,
+                auto_helpers: bool = False) -> beam.Pipeline:
     """The conversion planned as ``plan`` as an un-run Beam pipeline, on the runner
     ``options`` name (see ``_local_runner``); ``attach``: images, what side data adds
-    to each record (``transforms.io.image_records``)."""
+    to each record (``transforms.io.image_records``); ``auto_helpers``: the run
+    chooses its helper processes (``helper_processes``)."""
     config = plan.config
     attach, annotated = annotated_attach(plan, attach)
     carried = options.view_as(progress.ProgressOptions)
     if carried.progress_seconds is None:  # The job carries it to the processes running its steps.
         carried.progress_seconds = progress.interval()
-    pipeline = beam.Pipeline(runner=_local_runner(options), options=options)
-    verify = VerifyShards(config.compression, config.encode_processes, reread=config.reread)
+    runner = _local_runner(options)
+    if runner is not None and _small_run(plan):
+        # Beam infers each step's output type by tracing its code (~65 ms of a 9-image
+        # run's graph); our steps check their own elements, and this runner's coders
+        # need no inferred types. (A large run keeps them: the coders they choose hold
+        # ~10 MB less at peak on 60k files; a Dataflow job too: they shape its graph.)
+        options.view_as(TypeOptions).pipeline_type_check = False
+    pipeline = beam.Pipeline(runner=runner, options=options)
+    processes = helper_processes(plan, auto_helpers)
+    verify = VerifyShards(config.compression, processes, reread=config.reread)
     if plan.is_table:
-        steps = _table_steps(pipeline, plan, verify)
+        steps = _table_steps(pipeline, plan, verify, processes)
     elif plan.units is not None:
         # Listed and planned on the workers (--list_on_workers).
         specs, summary = pipeline | "ListOnWorkers" >> ListAndPlanOnWorkers(plan.units)
         results = (
             specs
-            | "WriteShards" >> WriteShards(plan.target, _image_records(config, attach))
+            | "WriteShards" >> WriteShards(plan.target, _image_records(config, attach, processes))
             | "VerifyShards" >> verify
         )
         steps = _Steps(results, summary)
     else:
-        steps = _image_steps(pipeline, plan, options, verify, attach)
+        steps = _image_steps(pipeline, plan, options, verify, attach, processes)
     _ = steps.results | "WriteManifest" >> Commit(_commit_settings(plan, annotated), steps.summary,
                                                   steps.left_out)
     return pipeline
@@ -163,19 +215,19 @@ class _Steps:
     left_out: beam.PCollection | None = None
 
 
-def _image_records(config: ConvertConfig, attach: Callable | None) -> ImageRecords:
-    return ImageRecords(config.validate, config.read_threads, config.encode_processes,
+def _image_records(config: ConvertConfig, attach: Callable | None, processes: int) -> ImageRecords:
+    return ImageRecords(config.validate, config.read_threads, processes,
                         max_pixels=config.max_pixels, image_bytes=config.image_bytes,
                         reshape=config.reshape, max_file_bytes=config.max_file_bytes, attach=attach,
                         names=tuple(parse_feature_names(config.feature_names).renames.items()))
 
 
-def _table_steps(pipeline: beam.Pipeline, plan: RunPlan, verify: VerifyShards) -> _Steps:
+def _table_steps(pipeline: beam.Pipeline, plan: RunPlan, verify: VerifyShards, processes: int) -> _Steps:
     config, target, schema = plan.config, plan.target, plan.schema
     spool_dir = files.join(target.temp_dir, "spool")
     encoded = pipeline | "EncodeTables" >> EncodeTables(
         plan.table_inputs, schema, config.dialect, config.table_layout, target.temp_dir, spool_dir,
-        config.encode_processes)
+        processes)
     if config.sequence_key:
         spools = encoded.rows | "BuildSequences" >> BuildSequences(schema, spool_dir)
         specs, grouped = spools | "PlanSequenceShards" >> PlanSequenceShards(
@@ -198,7 +250,7 @@ def _table_steps(pipeline: beam.Pipeline, plan: RunPlan, verify: VerifyShards) -
 
 
 def _image_steps(pipeline: beam.Pipeline, plan: RunPlan, options: PipelineOptions,
-                 verify: VerifyShards, attach: Callable | None) -> _Steps:
+                 verify: VerifyShards, attach: Callable | None, processes: int) -> _Steps:
     """Images listed on the launcher: the listing, hashed on the workers or not, then
     shards planned from it (or, resized, from their spools)."""
     config, target = plan.config, plan.target
@@ -216,7 +268,7 @@ def _image_steps(pipeline: beam.Pipeline, plan: RunPlan, options: PipelineOption
     in_parts = plan.contents_on_workers or (
         not config.reshape.active and listing_size(plan.listing) > part_rows)
     listing = pipeline | "ListImages" >> ListImages(
-        config.input, config.layout, config.labels, target.temp_dir, config.encode_processes,
+        config.input, config.layout, config.labels, target.temp_dir, processes,
         config.image_column, config.label_column, kept=plan.listing,
         splits=config.splits, split_by=config.split_by, drop_duplicates=config.drop_duplicates,
         vocabulary=plan.vocabulary, only=plan.only, listing_path=plan.listing_path,
@@ -230,7 +282,7 @@ def _image_steps(pipeline: beam.Pipeline, plan: RunPlan, options: PipelineOption
                              config.drop_duplicates, config.max_file_bytes)
         refs = refs | "HashImages" >> hashing
         summary, left_out = add_contents_outcome(summary, hashing.outcome), hashing.left_out
-    source = _image_records(config, attach)
+    source = _image_records(config, attach, processes)
     if config.reshape.active:
         # Resized or re-encoded records are sized only once encoded: encode to
         # spools first, then cut shards by exact sizes.

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, TestOptions
 
-from beam_tfrecords.job_graph import build_graph
+from beam_tfrecords.job_graph import build_graph, helpers_start_now
 from beam_tfrecords.preflight import (
     ConvertError,
     OutputBusy,
@@ -110,16 +110,22 @@ def build_pipeline(config: ConvertConfig | RunPlan, options: PipelineOptions | N
     """
     options = options or PipelineOptions([])
     plan = config if isinstance(config, RunPlan) else plan_run(config, options)
-    return build_graph(plan, options)
+    return build_graph(plan, options, auto_helpers=plan is not config and config.encode_processes < 0)
 
 
-def _start(plan: RunPlan, options: PipelineOptions, attach: Callable | None = None):
-    """Builds and starts the pipeline (which, on the DirectRunner, runs it)."""
-    pipeline = build_graph(plan, options, attach)
-    if plan.is_table and plan.config.encode_processes > 0:
-        # Start them, and their imports, now, while the runner starts.
-        helper_pool(plan.config.encode_processes,
-                    preload=("beam_tfrecords.transforms.codec.table_batches",))
+def _start(plan: RunPlan, options: PipelineOptions, attach: Callable | None = None,
+           auto_helpers: bool = False):
+    """Builds and starts the pipeline (which, on the DirectRunner, runs it);
+    ``auto_helpers``: ``--encode_processes`` was left to the run (see
+    ``job_graph.helper_processes``)."""
+    if helpers_start_now(plan, auto_helpers):
+        # Start them, and their imports, now, while the graph is built and the runner starts.
+        if plan.is_table:
+            helper_pool(plan.config.encode_processes,
+                        preload=("beam_tfrecords.transforms.codec.table_batches",))
+        else:
+            helper_pool(plan.config.encode_processes)
+    pipeline = build_graph(plan, options, attach, auto_helpers=auto_helpers)
     return pipeline.run()
 
 
@@ -306,12 +312,13 @@ def _take(plan: RunPlan, launch: _Launch | None) -> None:
         raise
 
 
-def _submit(plan: RunPlan, options: PipelineOptions, launch: _Launch | None, attach=None):
+def _submit(plan: RunPlan, options: PipelineOptions, launch: _Launch | None, attach=None,
+            auto_helpers: bool = False):
     """Builds and starts the pipeline; on Dataflow, writes the job it submitted into
     the output's lock (``record_job``), so that the lock follows the job."""
     if launch is not None:
         hold_point("dataflow_submit")  # Tests: interrupted while submitting.
-    result = _start(plan, options, attach)
+    result = _start(plan, options, attach, auto_helpers)
     if launch is None:
         return result
     cloud = options.view_as(GoogleCloudOptions)  # Completed by Beam (a default region).
@@ -539,7 +546,7 @@ def convert(config: ConvertConfig, beam_args: Sequence[str] = (),
     _taken = _Taken(output, plan.target.run_id, _digest(seen)) if launch is None else None
     try:
         try:
-            result = _submit(plan, options, launch, attach)
+            result = _submit(plan, options, launch, attach, config.encode_processes < 0)
             if launch is not None and launch.interrupted:  # Came while submitting.
                 launch.stopping = True
                 raise JobInterrupted(_stop_job(launch, launch.keep) if launch.job.job_id else

@@ -1,0 +1,65 @@
+"""Issue 23 (start-up): a small run leaves its files to threads, with the same bytes.
+
+Helper processes cost ~0.25 s of CPU each to start; with ``--encode_processes -1``
+(the default) a run the preflight lists under ``HELPER_MIN_FILES`` images starts
+none, while a count given is used whatever the run's size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from PIL import Image
+
+from beam_tfrecords.transforms.io.helpers import HELPER_MIN_FILES, SMALL_FILE_BYTES, helpers_pay
+
+_RUNS = textwrap.dedent("""
+    import multiprocessing, sys
+    from beam_tfrecords import ConvertConfig, convert
+    root, out = sys.argv[1], sys.argv[2]
+    for name, processes in (("auto", -1), ("two", 2)):
+        result = convert(ConvertConfig(input=root, output=out + "/" + name, encode_processes=processes))
+        print(name, result.ok, result.report.records, len(multiprocessing.active_children()))
+""")
+
+
+@pytest.mark.unit
+def test_helpers_pay_only_for_many_small_files():
+    assert not helpers_pay(HELPER_MIN_FILES - 1, 1000)
+    assert helpers_pay(HELPER_MIN_FILES, HELPER_MIN_FILES * 1000)
+    assert not helpers_pay(HELPER_MIN_FILES, HELPER_MIN_FILES * SMALL_FILE_BYTES)
+
+
+def _shards(out: str) -> dict[str, str]:
+    digests = {}
+    for name in sorted(os.listdir(out)):
+        if name.endswith(".tfrecord"):
+            with open(os.path.join(out, name), "rb") as f:
+                digests[name] = hashlib.sha256(f.read()).hexdigest()
+    return digests
+
+
+@pytest.mark.e2e
+def test_a_small_run_starts_no_helpers_and_writes_what_helpers_write(tmp_path):
+    root = tmp_path / "in"
+    for index in range(12):
+        folder = root / ("cat" if index % 2 else "dog")
+        folder.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        Image.new("RGB", (4 + index, 3), (index * 20, 7, 200 - index)).save(buffer, "PNG")
+        (folder / f"{index:02d}.png").write_bytes(buffer.getvalue())
+    out = str(tmp_path / "out")
+    done = subprocess.run([sys.executable, "-c", _RUNS, str(root), out], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.split("\n")
+    # auto: no helper process started; an explicit count: its helpers run (and stay, pooled).
+    assert "auto True 12 0" in lines and "two True 12 2" in lines, done.stdout
+    auto, two = _shards(os.path.join(out, "auto")), _shards(os.path.join(out, "two"))
+    assert auto and auto == two
