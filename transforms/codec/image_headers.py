@@ -361,6 +361,12 @@ def check_png_stream(data: bytes, ihdr: tuple, idat: list[tuple[int, int]]) -> N
     """
     width, height, depth, colour, _, _, interlace = ihdr
     bits = depth * _PNG_SAMPLES[colour]
+    if not interlace and len(idat) == 1:
+        start, end = idat[0]
+        row = (width * bits + 7) // 8 + 1
+        if end - start <= _INFLATE_IN and row * height <= _INFLATE_OUT:
+            _check_small_png_stream(data, start, end, row, ihdr)
+            return
     if interlace:
         passes = [((width - x0 + dx - 1) // dx, (height - y0 + dy - 1) // dy)
                   for x0, y0, dx, dy in _ADAM7]
@@ -388,11 +394,7 @@ def check_png_stream(data: bytes, ihdr: tuple, idat: list[tuple[int, int]]) -> N
                         last = at + (count - 1) * row
                         if max(piece[at : last + 1 : row]) > 4:
                             bad = next(i for i in range(at, last + 1, row) if piece[i] > 4)
-                            raise ImageError(
-                                "corrupt_png",
-                                f"PNG image data has an invalid row filter type {piece[bad]} "
-                                f"at decompressed byte {produced + bad}: data is damaged",
-                            )
+                            raise _bad_filter(piece[bad], produced + bad)
                         at = last + row
                         left -= count
                         if not left:
@@ -413,12 +415,47 @@ def check_png_stream(data: bytes, ihdr: tuple, idat: list[tuple[int, int]]) -> N
             if produced >= expected or inflater.eof:
                 break
     except zlib.error as exc:
-        raise ImageError(
-            "corrupt_png", f"PNG image data (the IDAT zlib stream) is damaged: {exc}"
-        ) from exc
+        raise _damaged(exc) from exc
     if produced < expected:
-        raise ImageError(
-            "corrupt_png",
-            f"PNG image data holds {produced:,} bytes when decompressed, but a "
-            f"{width}x{height} image needs {expected:,}: data is missing",
-        )
+        raise _missing(produced, width, height, expected)
+
+
+def _check_small_png_stream(data: bytes, start: int, end: int, row: int, ihdr: tuple) -> None:
+    """``check_png_stream`` of a small image (the usual thumbnail or tile): not
+    interlaced, one IDAT chunk of at most ``_INFLATE_IN`` bytes whose rows (``row``
+    bytes each, filter byte included) hold at most ``_INFLATE_OUT``. The same checks
+    and messages in one ``decompress`` call: the general loop would make that one
+    call too (its output limit cannot stop it short of the rows).
+    """
+    width, height = ihdr[0], ihdr[1]
+    expected = row * height
+    try:
+        piece = zlib.decompressobj().decompress(memoryview(data)[start:end], _INFLATE_OUT)
+    except zlib.error as exc:
+        raise _damaged(exc) from exc
+    size = len(piece)
+    count = min(height, (size + row - 1) // row)
+    if count and max(piece[0 : (count - 1) * row + 1 : row]) > 4:
+        bad = next(i for i in range(0, count * row, row) if piece[i] > 4)
+        raise _bad_filter(piece[bad], bad)
+    if size < expected:
+        raise _missing(size, width, height, expected)
+
+
+def _damaged(exc: zlib.error) -> ImageError:
+    return ImageError("corrupt_png", f"PNG image data (the IDAT zlib stream) is damaged: {exc}")
+
+
+def _bad_filter(value: int, at: int) -> ImageError:
+    return ImageError(
+        "corrupt_png",
+        f"PNG image data has an invalid row filter type {value} at decompressed byte {at}: data is damaged",
+    )
+
+
+def _missing(produced: int, width: int, height: int, expected: int) -> ImageError:
+    return ImageError(
+        "corrupt_png",
+        f"PNG image data holds {produced:,} bytes when decompressed, but a "
+        f"{width}x{height} image needs {expected:,}: data is missing",
+    )
