@@ -27,8 +27,9 @@ def _text_entry(name: str, text: str) -> bytes:
     return scalar_entry(name, "string", text) if len(text) <= 32 else feature_entry(name, "string", [text])
 
 
-# The head of a SHA-256 hex digest's entry (64 bytes): the same in every record.
-_KEY_HEAD = bytes_entry_head("image/key/sha256", 64)
+# The heads of the usual record's byte entries, by name and value size (digests all
+# share one, names a few dozen, images' sizes a few thousand in a run).
+_entry_head = functools.lru_cache(maxsize=16384)(bytes_entry_head)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -93,11 +94,11 @@ def image_example_parts(
     digest = digest or hashlib.sha256(encoded).hexdigest()
     if not extra and not isinstance(label, tuple) and label is not None and not names:
         # The usual record: nine features whose name order is fixed (see _ORDER).
-        image_head = bytes_entry_head("image/encoded", len(encoded))
+        image_head = _entry_head("image/encoded", len(encoded))
         name = filename.encode("utf-8")
-        name_entry = bytes_entry_head("image/filename", len(name)) + name
+        name_entry = _entry_head("image/filename", len(name)) + name
         key = digest.encode("utf-8")
-        key_entry = (_KEY_HEAD if len(key) == 64 else bytes_entry_head("image/key/sha256", len(key))) + key
+        key_entry = _entry_head("image/key/sha256", len(key)) + key
         before = _before(info.channels, label, label_text)
         middle = _middle(info.format, info.height)
         after = scalar_entry("image/width", "int64", info.width)
