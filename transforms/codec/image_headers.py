@@ -6,6 +6,7 @@ refused). ``codec.image_inspection.inspect_image`` calls these first. Pure Pytho
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from dataclasses import dataclass
@@ -97,8 +98,14 @@ class ImageInfo:
         """The channel layout ``tf.io.decode_image`` gives, named as Pillow names
         modes: ``L``, ``LA``, ``RGB`` (CMYK too, decoded to RGB), ``RGBA``, with ``16``
         appended for 16-bit samples (``L16``, ``RGB16``, ...)."""
-        name = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}.get(self.channels, f"{self.channels}ch")
+        name = _MODES.get(self.channels) or f"{self.channels}ch"
         return name + ("16" if self.bit_depth == 16 else "")
+
+
+_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
+# The header's info, one (immutable) instance per distinct header: a run's images
+# share a few sizes, and a frozen dataclass costs more to make than to look up.
+_info = functools.lru_cache(maxsize=4096)(ImageInfo)
 
 
 def inspect_jpeg(data: bytes, n: int) -> ImageInfo:
@@ -127,7 +134,7 @@ def inspect_jpeg(data: bytes, n: int) -> ImageInfo:
     unreadable = ("cmyk_jpeg" if components == 4 else "jpeg_12_bit" if precision != 8
                   else "" if sof_marker in (0xC0, 0xC1, 0xC2) else "jpeg_uncommon_coding")
     # Four components (CMYK/YCCK) decode to RGB (tf.io.decode_image, Pillow's convert).
-    return ImageInfo("jpeg", height, width, 3 if components == 4 else components, precision, unreadable)
+    return _info("jpeg", height, width, 3 if components == 4 else components, precision, unreadable)
 
 
 def _jpeg_frame(data: bytes, n: int) -> tuple[tuple | None, int, int]:
@@ -219,7 +226,7 @@ def inspect_png(data: bytes, n: int) -> tuple[ImageInfo, tuple, list[tuple[int, 
         channels = 4 if has_trns else 3
     else:
         channels = _PNG_CHANNELS[colour]
-    return ImageInfo("png", height, width, channels, 16 if depth == 16 else 8), ihdr, idat
+    return _info("png", height, width, channels, 16 if depth == 16 else 8), ihdr, idat
 
 
 def _png_chunks(data: bytes, n: int) -> tuple[tuple, bool, bool, list[tuple[int, int]]]:
