@@ -16,6 +16,7 @@ from beam_tfrecords.schemas.proto import example_pb2
 
 __all__ = [
     "LIST_TAGS",
+    "bytes_entry_head",
     "bytes_entry_parts",
     "bytes_feature",
     "encode_example",
@@ -150,6 +151,20 @@ def scalar_entry(name: str, dtype: str, value) -> bytes:
     return feature_entry(name, dtype, (value,))
 
 
+def bytes_entry_head(name: str, size: int) -> bytes:
+    """What precedes one value of ``size`` bytes in ``feature_entry(name, 'string',
+    [value])``: the entry's tag and length, its key, the Feature's and the list's
+    tags and lengths (``head + value`` is the entry; ``len(head) + size`` its size)."""
+    value_head = _SMALL_VARINTS[size] if size < 0x80 else varint(size)
+    list_size = 1 + len(value_head) + size
+    list_head = _SMALL_VARINTS[list_size] if list_size < 0x80 else varint(list_size)
+    feature_size = 1 + len(list_head) + list_size
+    feature_head = varint(feature_size)
+    prefix = entry_prefix(name)
+    return b"".join((b"\x0a", varint(len(prefix) + len(feature_head) + feature_size), prefix, feature_head,
+                     b"\x0a", list_head, b"\x0a", value_head))
+
+
 def bytes_entry_parts(name: str, value: bytes | str) -> tuple[tuple[bytes, ...], int]:
     """``feature_entry(name, 'string', [value])`` as pieces, and their total size.
 
@@ -158,17 +173,8 @@ def bytes_entry_parts(name: str, value: bytes | str) -> tuple[tuple[bytes, ...],
     """
     if isinstance(value, str):
         value = value.encode("utf-8")
-    size = len(value)
-    value_head = _SMALL_VARINTS[size] if size < 0x80 else varint(size)
-    list_size = 1 + len(value_head) + size
-    list_head = _SMALL_VARINTS[list_size] if list_size < 0x80 else varint(list_size)
-    feature_size = 1 + len(list_head) + list_size
-    feature_head = varint(feature_size)
-    prefix = entry_prefix(name)
-    entry_size = len(prefix) + len(feature_head) + feature_size
-    entry_head = varint(entry_size)
-    parts = (b"\x0a", entry_head, prefix, feature_head, b"\x0a", list_head, b"\x0a", value_head, value)
-    return parts, 1 + len(entry_head) + entry_size
+    head = bytes_entry_head(name, len(value))
+    return (head, value), len(head) + len(value)
 
 
 def encode_example(features: Iterable[tuple[str, str, Sequence]]) -> bytes:

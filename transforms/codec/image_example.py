@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Mapping
 
 from beam_tfrecords.transforms.codec.example import (
-    bytes_entry_parts,
+    bytes_entry_head,
     encode_example,
     feature_entry,
     scalar_entry,
@@ -25,6 +25,25 @@ __all__ = ["encode_image_example", "image_example_parts", "image_example_size"]
 
 def _text_entry(name: str, text: str) -> bytes:
     return scalar_entry(name, "string", text) if len(text) <= 32 else feature_entry(name, "string", [text])
+
+
+# The heads of the usual record's byte entries, by name and value size (digests all
+# share one, names a few dozen, images' sizes a few thousand in a run).
+_entry_head = functools.lru_cache(maxsize=16384)(bytes_entry_head)
+
+
+@functools.lru_cache(maxsize=1024)
+def _before(channels: int, label: int, label_text: str) -> bytes:
+    """The usual record's entries before ``image/encoded`` (they repeat: cached)."""
+    return b"".join((scalar_entry("image/channels", "int64", channels),
+                     scalar_entry("image/class/label", "int64", label),
+                     _text_entry("image/class/text", label_text)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _middle(image_format: str, height: int) -> bytes:
+    """The usual record's entries between ``image/filename`` and ``image/key/sha256``."""
+    return scalar_entry("image/format", "string", image_format) + scalar_entry("image/height", "int64", height)
 
 
 def encode_image_example(
@@ -75,21 +94,18 @@ def image_example_parts(
     digest = digest or hashlib.sha256(encoded).hexdigest()
     if not extra and not isinstance(label, tuple) and label is not None and not names:
         # The usual record: nine features whose name order is fixed (see _ORDER).
-        image_parts, image_size = bytes_entry_parts("image/encoded", encoded)
-        name_parts, name_size = bytes_entry_parts("image/filename", filename)
-        key_parts, key_size = bytes_entry_parts("image/key/sha256", digest)
-        before = b"".join((
-            scalar_entry("image/channels", "int64", info.channels),
-            scalar_entry("image/class/label", "int64", label),
-            _text_entry("image/class/text", label_text),
-        ))
-        middle = b"".join((scalar_entry("image/format", "string", info.format),
-                           scalar_entry("image/height", "int64", info.height)))
+        image_head = _entry_head("image/encoded", len(encoded))
+        name = filename.encode("utf-8")
+        name_entry = _entry_head("image/filename", len(name)) + name
+        key = digest.encode("utf-8")
+        key_entry = _entry_head("image/key/sha256", len(key)) + key
+        before = _before(info.channels, label, label_text)
+        middle = _middle(info.format, info.height)
         after = scalar_entry("image/width", "int64", info.width)
-        body = len(before) + image_size + name_size + len(middle) + key_size + len(after)
+        body = (len(before) + len(image_head) + len(encoded) + len(name_entry) + len(middle) + len(key_entry)
+                + len(after))
         head = b"\x0a" + varint(body)
-        return ([head, before, *image_parts, *name_parts, middle, *key_parts, after],
-                len(head) + body)
+        return [head, before, image_head, encoded, name_entry, middle, key_entry, after], len(head) + body
     features = [
         ("image/encoded", "string", (encoded,)),
         ("image/format", "string", (info.format,)),

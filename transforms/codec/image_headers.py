@@ -6,6 +6,7 @@ refused). ``codec.image_inspection.inspect_image`` calls these first. Pure Pytho
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from dataclasses import dataclass
@@ -97,8 +98,14 @@ class ImageInfo:
         """The channel layout ``tf.io.decode_image`` gives, named as Pillow names
         modes: ``L``, ``LA``, ``RGB`` (CMYK too, decoded to RGB), ``RGBA``, with ``16``
         appended for 16-bit samples (``L16``, ``RGB16``, ...)."""
-        name = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}.get(self.channels, f"{self.channels}ch")
+        name = _MODES.get(self.channels) or f"{self.channels}ch"
         return name + ("16" if self.bit_depth == 16 else "")
+
+
+_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
+# The header's info, one (immutable) instance per distinct header: a run's images
+# share a few sizes, and a frozen dataclass costs more to make than to look up.
+_info = functools.lru_cache(maxsize=4096)(ImageInfo)
 
 
 def inspect_jpeg(data: bytes, n: int) -> ImageInfo:
@@ -127,7 +134,7 @@ def inspect_jpeg(data: bytes, n: int) -> ImageInfo:
     unreadable = ("cmyk_jpeg" if components == 4 else "jpeg_12_bit" if precision != 8
                   else "" if sof_marker in (0xC0, 0xC1, 0xC2) else "jpeg_uncommon_coding")
     # Four components (CMYK/YCCK) decode to RGB (tf.io.decode_image, Pillow's convert).
-    return ImageInfo("jpeg", height, width, 3 if components == 4 else components, precision, unreadable)
+    return _info("jpeg", height, width, 3 if components == 4 else components, precision, unreadable)
 
 
 def _jpeg_frame(data: bytes, n: int) -> tuple[tuple | None, int, int]:
@@ -219,7 +226,7 @@ def inspect_png(data: bytes, n: int) -> tuple[ImageInfo, tuple, list[tuple[int, 
         channels = 4 if has_trns else 3
     else:
         channels = _PNG_CHANNELS[colour]
-    return ImageInfo("png", height, width, channels, 16 if depth == 16 else 8), ihdr, idat
+    return _info("png", height, width, channels, 16 if depth == 16 else 8), ihdr, idat
 
 
 def _png_chunks(data: bytes, n: int) -> tuple[tuple, bool, bool, list[tuple[int, int]]]:
@@ -361,6 +368,12 @@ def check_png_stream(data: bytes, ihdr: tuple, idat: list[tuple[int, int]]) -> N
     """
     width, height, depth, colour, _, _, interlace = ihdr
     bits = depth * _PNG_SAMPLES[colour]
+    if not interlace and len(idat) == 1:
+        start, end = idat[0]
+        row = (width * bits + 7) // 8 + 1
+        if end - start <= _INFLATE_IN and row * height <= _INFLATE_OUT:
+            _check_small_png_stream(data, start, end, row, ihdr)
+            return
     if interlace:
         passes = [((width - x0 + dx - 1) // dx, (height - y0 + dy - 1) // dy)
                   for x0, y0, dx, dy in _ADAM7]
@@ -388,11 +401,7 @@ def check_png_stream(data: bytes, ihdr: tuple, idat: list[tuple[int, int]]) -> N
                         last = at + (count - 1) * row
                         if max(piece[at : last + 1 : row]) > 4:
                             bad = next(i for i in range(at, last + 1, row) if piece[i] > 4)
-                            raise ImageError(
-                                "corrupt_png",
-                                f"PNG image data has an invalid row filter type {piece[bad]} "
-                                f"at decompressed byte {produced + bad}: data is damaged",
-                            )
+                            raise _bad_filter(piece[bad], produced + bad)
                         at = last + row
                         left -= count
                         if not left:
@@ -413,12 +422,47 @@ def check_png_stream(data: bytes, ihdr: tuple, idat: list[tuple[int, int]]) -> N
             if produced >= expected or inflater.eof:
                 break
     except zlib.error as exc:
-        raise ImageError(
-            "corrupt_png", f"PNG image data (the IDAT zlib stream) is damaged: {exc}"
-        ) from exc
+        raise _damaged(exc) from exc
     if produced < expected:
-        raise ImageError(
-            "corrupt_png",
-            f"PNG image data holds {produced:,} bytes when decompressed, but a "
-            f"{width}x{height} image needs {expected:,}: data is missing",
-        )
+        raise _missing(produced, width, height, expected)
+
+
+def _check_small_png_stream(data: bytes, start: int, end: int, row: int, ihdr: tuple) -> None:
+    """``check_png_stream`` of a small image (the usual thumbnail or tile): not
+    interlaced, one IDAT chunk of at most ``_INFLATE_IN`` bytes whose rows (``row``
+    bytes each, filter byte included) hold at most ``_INFLATE_OUT``. The same checks
+    and messages in one ``decompress`` call: the general loop would make that one
+    call too (its output limit cannot stop it short of the rows).
+    """
+    width, height = ihdr[0], ihdr[1]
+    expected = row * height
+    try:
+        piece = zlib.decompressobj().decompress(memoryview(data)[start:end], _INFLATE_OUT)
+    except zlib.error as exc:
+        raise _damaged(exc) from exc
+    size = len(piece)
+    count = min(height, (size + row - 1) // row)
+    if count and max(piece[0 : (count - 1) * row + 1 : row]) > 4:
+        bad = next(i for i in range(0, count * row, row) if piece[i] > 4)
+        raise _bad_filter(piece[bad], bad)
+    if size < expected:
+        raise _missing(size, width, height, expected)
+
+
+def _damaged(exc: zlib.error) -> ImageError:
+    return ImageError("corrupt_png", f"PNG image data (the IDAT zlib stream) is damaged: {exc}")
+
+
+def _bad_filter(value: int, at: int) -> ImageError:
+    return ImageError(
+        "corrupt_png",
+        f"PNG image data has an invalid row filter type {value} at decompressed byte {at}: data is damaged",
+    )
+
+
+def _missing(produced: int, width: int, height: int, expected: int) -> ImageError:
+    return ImageError(
+        "corrupt_png",
+        f"PNG image data holds {produced:,} bytes when decompressed, but a "
+        f"{width}x{height} image needs {expected:,}: data is missing",
+    )

@@ -88,6 +88,9 @@ _JOIN_BELOW = 64 << 10
 # Blocks a background writer holds beyond the one being written (see ``_InOrder``).
 _IN_FLIGHT = 1
 _crc32c = google_crc32c.value
+# frame_parts' record heads by size (``_record_head``), at most this many kept.
+_HEADS: dict[int, bytes] = {}
+_HEADS_KEPT = 1 << 16
 _crc32c_extend = google_crc32c.extend
 
 
@@ -119,14 +122,28 @@ def frame_parts(parts: Sequence[bytes], size: int) -> list[bytes]:
     in place, so a caller that joins many records' pieces at once copies each
     byte once. ``size`` is the total length of ``parts``.
     """
-    length = _LENGTH.pack(size)
+    head = _HEADS.get(size)
+    if head is None:
+        head = _record_head(size)
     if size < _JOIN_BELOW:  # Small: one join and one CRC call cost less than a call per piece.
         data = b"".join(parts)
-        return [length, _FOOTER.pack(mask_crc(_crc32c(length))), data, _FOOTER.pack(mask_crc(_crc32c(data)))]
+        crc = _crc32c_extend(0, data)  # As _crc32c(data), with less overhead per call.
+        return [head, data, _FOOTER.pack((((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32)]
     crc = 0
     for part in parts:
         crc = _crc32c_extend(crc, part)
-    return [length, _FOOTER.pack(mask_crc(_crc32c(length))), *parts, _FOOTER.pack(mask_crc(crc))]
+    return [head, *parts, _FOOTER.pack(mask_crc(crc))]
+
+
+def _record_head(size: int) -> bytes:
+    """A record's length and its masked CRC-32C (12 bytes), kept for the next record
+    of that size (most records of a run share a few thousand sizes)."""
+    length = _LENGTH.pack(size)
+    head = length + _FOOTER.pack(mask_crc(_crc32c(length)))
+    if len(_HEADS) >= _HEADS_KEPT:
+        _HEADS.clear()
+    _HEADS[size] = head
+    return head
 
 
 @dataclasses.dataclass(frozen=True)

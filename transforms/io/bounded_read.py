@@ -54,6 +54,10 @@ def _changed(listed: int, found: int) -> InputRefused:
                         f"{how}: the file changed while the run read it; not converted")
 
 
+# Without blocking (a FIFO without a writer), never a controlling terminal, not inherited.
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
 def _open_regular(path: str) -> tuple[int, int]:
     """``(fd, size)`` of a local regular file, opened without blocking.
 
@@ -61,8 +65,7 @@ def _open_regular(path: str) -> tuple[int, int]:
       InputRefused: ``not_a_regular_file`` for a FIFO, socket or device.
       OSError: when it cannot be opened.
     """
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags)
+    fd = os.open(path, _OPEN_FLAGS)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -74,25 +77,35 @@ def _open_regular(path: str) -> tuple[int, int]:
 
 
 def _read_local(path: str, size: int | None, max_bytes: int) -> bytes:
-    fd, now = _open_regular(path)
+    """A local file's bytes: open, ``fstat`` (a regular file only), one read of the
+    listed size plus one byte (more reads only for a short read), close."""
+    fd = os.open(path, _OPEN_FLAGS)
     try:
-        listed = now if size is None else size
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputRefused("not_a_regular_file", _NOT_A_FILE)
+        listed = info.st_size if size is None else size
         if listed > max_bytes:
             raise _too_large(listed, max_bytes)
         want = listed + 1
-        data = os.read(fd, min(want, _MOST_PER_CALL))
+        data = os.read(fd, want if want < _MOST_PER_CALL else _MOST_PER_CALL)
         if len(data) != listed:  # Grew (one byte more than listed), or a short read.
-            parts = [data]
-            got = len(data)
-            while got < want and (chunk := os.read(fd, min(want - got, _MOST_PER_CALL))):
-                parts.append(chunk)
-                got += len(chunk)
-            data = b"".join(parts)
-        if len(data) != listed:
-            raise _changed(listed, len(data))
+            data = _read_rest(fd, data, want)
+            if len(data) != listed:
+                raise _changed(listed, len(data))
         return data
     finally:
         os.close(fd)
+
+
+def _read_rest(fd: int, data: bytes, want: int) -> bytes:
+    """``data`` (the first read) and what follows it, up to ``want`` bytes in all."""
+    parts = [data]
+    got = len(data)
+    while got < want and (chunk := os.read(fd, min(want - got, _MOST_PER_CALL))):
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
 
 
 class _Feed:

@@ -351,6 +351,10 @@ def _encoded_chunk(framed: bytes, rows: list) -> EncodedChunk:
     return EncodedChunk(framed, [make(r) if type(r) is tuple else r for r in rows])
 
 
+# ``ImageOutcome`` from a tuple of all its fields, without its generated ``__new__`` (per image).
+_outcome = tuple.__new__
+
+
 def read_failure(err: BaseException) -> str:
     """A read error's dead-letter message: what went wrong, without the path (a
     dead letter names its file relative to the input root) or any content."""
@@ -496,15 +500,15 @@ class ImageRecordBuilder:
             if label == -1:  # A detection record: classes per object, no image/class/*.
                 label, text = None, None
             parts, size = image_example_parts(data, info, label, text, ref.filename, extra, digest,
-                                              dict(self.names))
+                                              dict(self.names) if self.names else None)
         except AttachmentRefused as refused:
             return _refused(ref, refused)
         except (ValueError, TypeError, OverflowError) as err:
             return DeadLetter(ref.filename, "encode", "encode_error",
                               quiet_message(f"cannot encode the record: {err}"))
-        return parts, size, ImageOutcome(size + overhead, note, digest, source_digest,
-                                         (info.format, info.mode, info.width, info.height), geometry,
-                                         report)
+        return parts, size, _outcome(ImageOutcome, (size + overhead, note, digest, source_digest,
+                                                     (info.format, info.mode, info.width, info.height),
+                                                     geometry, report))
 
     def _first(self, source: bytes, attachment: Attachment) -> tuple[ImageInfo, Attachment, tuple[int, bool]]:
         """Before a reshape: the source's header, the attachment resolved, and the
