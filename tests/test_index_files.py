@@ -31,7 +31,8 @@ from beam_tfrecords.cli import main as cli_main
 from beam_tfrecords.samples import make_class_folder_sample
 from beam_tfrecords.schemas.shards import WORK_DIR
 from beam_tfrecords.transforms.codec.record_index import RecordIndex
-from beam_tfrecords.transforms.codec.tfrecord import TFRecordWriter, checkpoints, frame_record
+from beam_tfrecords.transforms.codec.record_offsets import checkpoints
+from beam_tfrecords.transforms.codec.tfrecord import TFRecordWriter, frame_record
 from beam_tfrecords.transforms.shard_verification import verify_shard
 
 FLAGS = ("--shard_min_mb", "0.006", "--shard_max_mb", "0.012")

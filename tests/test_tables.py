@@ -294,7 +294,7 @@ def test_header_only_and_empty_csv(tmp_path, capsys):
 def _whole_array_plan(spools, band, compression):
     """The plan as one array of all a split's sizes gives it (the reference)."""
     from beam_tfrecords.schemas.shards import shard_name
-    from beam_tfrecords.transforms.codec.tfrecord import checkpoints
+    from beam_tfrecords.transforms.codec.record_offsets import checkpoints
     from beam_tfrecords.transforms.plan.shard_cuts import cut_shards
 
     sizes = np.concatenate([s for _, s in spools])

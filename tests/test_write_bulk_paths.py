@@ -210,7 +210,7 @@ def test_index_read_back_in_pieces_is_proved_against_the_index_written(tmp_path)
     import concurrent.futures
     import dataclasses
 
-    from beam_tfrecords.transforms.codec.tfrecord import checkpoints
+    from beam_tfrecords.transforms.codec.record_offsets import checkpoints
     from beam_tfrecords.transforms.shard_verification import verify_shard
 
     records = [frame_record(bytes([n % 256]) * (n * 7 % 900)) for n in range(3000)]

@@ -25,8 +25,9 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_tfrecords.schemas.elements import ShardSpec, SpoolSegments
 from beam_tfrecords.schemas.shards import ShardBand
 from beam_tfrecords.schemas.table_schema import TableSchema
+from beam_tfrecords.transforms.codec.record_offsets import checkpoints
 from beam_tfrecords.transforms.codec.sequence import encode_sequence_example
-from beam_tfrecords.transforms.codec.tfrecord import TFRecordWriter, checkpoints, frame_record
+from beam_tfrecords.transforms.codec.tfrecord import TFRecordWriter, frame_record
 from beam_tfrecords.transforms.io import files, progress
 from beam_tfrecords.transforms.plan.shard_cuts import split_specs
 

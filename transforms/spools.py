@@ -145,7 +145,7 @@ def _spool_records(spool: SpoolInfo | ImageSpool) -> int:
 class _ShardBuilder:
     """One shard of a plan, gathered a run of records at a time: its spool
     segments, bytes and (uncompressed) verification checkpoints, the ones
-    ``codec.tfrecord.checkpoints`` gives all its sizes."""
+    ``codec.record_offsets.checkpoints`` gives all its sizes."""
 
     def __init__(self, split: str, index: int, num_shards: int, compression: str):
         self.split, self.index, self.num_shards = split, index, num_shards

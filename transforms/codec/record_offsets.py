@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from collections.abc import Sequence
 
 import google_crc32c
 import numpy as np
 
-from beam_tfrecords.transforms.codec.tfrecord import RECORD_OVERHEAD, RecordError, mask_crc
+from beam_tfrecords.transforms.codec.tfrecord import CHECKPOINT_BYTES, RECORD_OVERHEAD, RecordError, mask_crc
 
-__all__ = ["FramingScanner", "RecordOffsets", "parse_index", "unframe"]
+__all__ = ["FramingScanner", "RecordOffsets", "checkpoints", "parse_index", "unframe"]
 
 _HEADER = struct.Struct("<QI")
 _FOOTER = struct.Struct("<I")
@@ -146,3 +147,20 @@ def unframe(framed: bytes, index: int, offset: int) -> bytes:
     if mask_crc(google_crc32c.value(data)) != _FOOTER.unpack_from(framed, 12 + length)[0]:
         raise RecordError("data_crc", index, offset, "data CRC mismatch (corrupt record data)")
     return data
+
+
+def checkpoints(sizes: Sequence[int], every: int = CHECKPOINT_BYTES) -> tuple[tuple[int, int], ...]:
+    """Record boundaries about every ``every`` bytes: ``((offset, index), ...)``.
+
+    ``sizes`` are framed record sizes in file order; the result leaves out the
+    file's start and end. A verifier can check the pieces between boundaries in
+    parallel (see ``scan_records``).
+    """
+    ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
+    if len(ends) < 2:
+        return ()
+    # The first record boundary at or after each multiple of ``every``.
+    targets = np.arange(every, int(ends[-1]), every)
+    after = np.unique(np.searchsorted(ends, targets))
+    after = after[after < len(ends) - 1]
+    return tuple((int(ends[i]), int(i) + 1) for i in after)

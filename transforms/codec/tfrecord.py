@@ -38,7 +38,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
 import google_crc32c
-import numpy as np
 
 from beam_tfrecords.schemas.shards import check_compression
 
@@ -51,7 +50,6 @@ __all__ = [
     "ObservingReader",
     "RecordError",
     "TFRecordWriter",
-    "checkpoints",
     "frame_parts",
     "frame_record",
     "iter_records",
@@ -688,20 +686,3 @@ def digest_stream(source: BinaryIO) -> tuple[int, str, str]:
     hashing.drain()
     crc, sha = hashing.digests()
     return hashing.bytes, crc, sha
-
-
-def checkpoints(sizes: Sequence[int], every: int = CHECKPOINT_BYTES) -> tuple[tuple[int, int], ...]:
-    """Record boundaries about every ``every`` bytes: ``((offset, index), ...)``.
-
-    ``sizes`` are framed record sizes in file order; the result leaves out the
-    file's start and end. A verifier can check the pieces between boundaries in
-    parallel (see ``scan_records``).
-    """
-    ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
-    if len(ends) < 2:
-        return ()
-    # The first record boundary at or after each multiple of ``every``.
-    targets = np.arange(every, int(ends[-1]), every)
-    after = np.unique(np.searchsorted(ends, targets))
-    after = after[after < len(ends) - 1]
-    return tuple((int(ends[i]), int(i) + 1) for i in after)
