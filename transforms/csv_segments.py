@@ -7,11 +7,6 @@ segments: the first from its start; the next from the line after one set aside (
 quote never closed, a stray quote that would merge lines, an unreadable stretch),
 so one bad line never costs the rows after it.
 
-pyarrow parses a block (and the cells are checked as UTF-8) with Python's lock let go,
-so a segment's batches are parsed on a thread of their own (``_prefetched``), one batch
-ahead of this process's work on the one before (handing batches to the helpers, taking
-their records into the spools): on two cores the parse no longer adds to the serial path.
-
 A row longer than a block is found by its bytes (``io.csv_stream.row_extent``) and
 read alone, in this process, each copy let go before the next (about three times
 the row at most); one longer than ``table_readers.MAX_ROW_BYTES`` is dead-lettered
@@ -26,8 +21,6 @@ import dataclasses
 import itertools
 import logging
 import pickle
-import queue
-import threading
 import time
 from collections.abc import Generator
 from typing import NamedTuple
@@ -84,50 +77,6 @@ class _StrayQuote(NamedTuple):
 
     row: int
     after: str
-
-
-_PREFETCH_BATCHES = 1  # Parsed batches waiting for this process, beyond the one being parsed.
-_PREFETCH_POLL_SECONDS = 0.1
-
-
-def _prefetched(items, depth: int = _PREFETCH_BATCHES):
-    """``items``, produced on a thread of their own at most ``depth`` ahead of the
-    consumer, in order; an exception of ``items`` is raised here, where it was due.
-    Closing this generator early (a segment set aside mid-file) lets the thread go
-    after the item it is on."""
-    handoff: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(entry) -> bool:
-        while not stop.is_set():
-            try:
-                handoff.put(entry, timeout=_PREFETCH_POLL_SECONDS)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not put((True, item)):
-                    return
-            put((False, None))
-        except BaseException as err:  # noqa: BLE001 - raised again in the consumer.
-            put((False, err))
-
-    thread = threading.Thread(target=produce, name="csv-parse", daemon=True)
-    thread.start()
-    try:
-        while True:
-            more, value = handoff.get()
-            if not more:
-                if value is not None:
-                    raise value
-                return
-            yield value
-    finally:
-        stop.set()
 
 
 class CsvSegmentReader(TableFileReader):
@@ -317,13 +266,10 @@ class CsvSegmentReader(TableFileReader):
                 unicode_errors.append(bad)
                 yield batch
 
-        # A long row's window (``closed``) is read alone, whole: no thread for it.
-        texts = as_text() if closed else _prefetched(as_text())
-
         # One batch is held back: at the end, its last row may turn out to hold a
         # quote never closed, which swallowed the rest of the file.
         held, swallowed = None, None
-        for item in itertools.chain(self._spooler.encoded(texts, state.task_bytes), [None]):
+        for item in itertools.chain(self._spooler.encoded(as_text(), state.task_bytes), [None]):
             if held is None:
                 held = item
                 continue
