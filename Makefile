@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.bench-stamp
 # The demo works in a fresh temporary folder (it prints where); DEMO_DIR=... chooses one.
 DEMO_DIR ?=
 
-.PHONY: setup demo test test-fast lint bench bench-quick bench-csv bench-annotations bench-readers proto metadata clean
+.PHONY: setup demo test test-fast lint bench bench-quick bench-scaling bench-csv bench-annotations bench-readers proto metadata clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -43,15 +43,22 @@ $(BENCH_STAMP): $(STAMP) setup.py
 	touch $(BENCH_STAMP)
 
 # Ours against naive Beam, a tfrecord-package loop and a plain copy on every data
-# set, in one invocation: about 40 min on 2 quiet cores once the data sets exist
+# set, in one invocation: about 50 min on 2 quiet cores once the data sets exist
 # (building them the first time adds ~7 min and ~7 GB under /tmp/beam-tfrecords-bench).
 # Take figures from a quiet machine: other load shows up directly in the times.
+# BENCH_ARGS="--sets cifar,photo_x1,table" runs only issue 23's three sets (~25 min);
+# "--compare_to OLD.json" compares ours' peak RSS and time with an earlier run's.
 bench: $(BENCH_STAMP)
-	$(PY) benchmarks/bench_suite.py
+	$(PY) benchmarks/bench_suite.py $(BENCH_ARGS)
 
 # The same harness on small sets, once each (~5 min): checks that it runs, not speed.
 bench-quick: $(BENCH_STAMP)
-	$(PY) benchmarks/bench_suite.py --quick
+	$(PY) benchmarks/bench_suite.py --quick $(BENCH_ARGS)
+
+# Ours pinned to 1 core and to 2 (taskset) on cifar, photos and the 1M table, net of
+# start-up, medians of 3 (~4 min on 2 quiet cores); BENCH_ARGS=--quick: small sets, ~1 min.
+bench-scaling: $(STAMP)
+	$(PY) benchmarks/bench_scaling.py $(BENCH_ARGS)
 
 bench-csv: $(STAMP)
 	$(PY) benchmarks/bench_csv.py

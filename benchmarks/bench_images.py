@@ -217,7 +217,8 @@ def output_stats(out_dir):
 
     Returns:
         ``{"bytes_written", "records", "shards": [{"path", "bytes", "records"}]}``
-        where shards are the files with ``.tfrecord`` in their name and
+        where shards are the files with ``.tfrecord`` in their name (not the
+        ``.idx`` index files written beside them) and
         bytes_written counts every file under ``out_dir``.
     """
     written, shards = 0, []
@@ -226,7 +227,7 @@ def output_stats(out_dir):
             path = os.path.join(folder, name)
             size = os.path.getsize(path)
             written += size
-            if ".tfrecord" in name:
+            if ".tfrecord" in name and not name.endswith(".idx"):  # Not the index beside it.
                 shards.append({"path": os.path.relpath(path, out_dir), "bytes": size,
                                "records": count_records(path)})
     return {"bytes_written": written,

@@ -298,15 +298,13 @@ def text_after_close(text: str, delimiter: str, quote: str) -> str | None:
     """For the last line of a row whose quoted cell began on an earlier line: the
     text right after the quote that closes that cell, when it is not a delimiter
     or the end of the line (so not CSV: a stray quote merged lines), else ``None``."""
-    i = 0
-    while i < len(text):
-        if text[i] == quote:
-            if text[i + 1:i + 2] == quote:
-                i += 2
-                continue
-            after = text[i + 1:].rstrip("\r")
-            return after[:40] if after and not after.startswith(delimiter) else None
-        i += 1
+    i = text.find(quote)
+    while i >= 0:
+        if text[i + 1:i + 2] == quote:  # A doubled quote: a quote inside the cell.
+            i = text.find(quote, i + 2)
+            continue
+        after = text[i + 1:].rstrip("\r")
+        return after[:40] if after and not after.startswith(delimiter) else None
     return None
 
 
@@ -360,12 +358,16 @@ class LineIndex:
         self._breaks, self._next = np.empty(0, dtype=np.int64), 0
 
     def text_of(self, line: int, limit: int = 4096) -> str:
-        """The line's text (cut to ``limit`` bytes), decoded leniently."""
+        """The line's text (cut to ``limit`` bytes), decoded leniently. Lines are read
+        with ``readline``: queries move on, so most land in the stream's buffer (no read)."""
         offset = self.offset_of(line)
         if self._text_stream is None:
             self._text_stream = files.open_read(self._path)
         self._text_stream.seek(offset)
-        return self._text_stream.read(limit).split(b"\n", 1)[0].decode("utf-8", errors="replace")
+        text = self._text_stream.readline(limit)
+        if text.endswith(b"\n"):
+            text = text[:-1]
+        return text.decode("utf-8", errors="replace")
 
     def close(self) -> None:
         self._stream.close()

@@ -1,0 +1,226 @@
+"""Ours on one core and on two (``taskset``), net of start-up: the issue-23 scaling check.
+
+    .venv/bin/python benchmarks/bench_scaling.py [--quick] [--repeat 3]
+                                                 [--sets cifar,photo_x1,table]
+                                                 [--workdir DIR] [--cores1 0] [--cores2 0,1]
+
+Every run is ``python -m beam_tfrecords convert`` (DirectRunner, default mode)
+under ``taskset -c 0`` (1 core) or ``taskset -c 0,1`` (2 cores), measured by
+``bench_images.run_measured``: wall time, peak RSS of the process tree (sampled
+every 0.2 s), CPU (user + sys of the process and of every helper process it
+reaped: ``wait4``'s usage). After every run the records are counted by walking
+the TFRecord framing of the output and checked against the input count
+(``bench_suite.measure``); a run that does not write every input is not ok and
+gives no figure.
+
+Sets (the data builders of ``bench_suite.build_sets``, reused when complete):
+``cifar`` (60,000 32x32 PNGs), ``photo_x1`` (~600 MB of JPEGs), ``table``
+(1,000,000 CSV rows); ``--quick``: 600 PNGs, 6 MB of photos, 10,000 rows, one
+run each (it checks that the script works; its verdicts mean nothing). Two
+start-up runs: 9 PNGs laid out as the cifar set (``WORKDIR/data/startup_png9``)
+for the image sets, a 10-row table for the table.
+
+Per set, after the input is read once to warm the page cache, the runs go in
+rounds: each round runs 1 core then 2 cores, the next 2 then 1, so that drift
+in the machine's load spreads over both. Every figure is the median of
+``--repeat`` runs (3). Printed per set: wall on 1 and 2 cores, the speed-up net
+of start-up ``(t1 - s1) / (t2 - s2)`` (``s`` the start-up run on the same
+cores), CPU on 2 cores, CPU per input net of start-up ``(cpu - cpu_s) / (n - n_s)``
+in microseconds, peak RSS; then PASS/FAIL lines for ">= 1.8x on each set"
+and "<= 60 us of CPU per tiny PNG". Results go to ``WORKDIR/results_scaling.json``
+(``results_scaling_quick.json`` with ``--quick``); logs of every run under
+``WORKDIR/logs/scaling[_quick]/``.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import time
+
+import bench_images
+import bench_suite
+import datasets
+
+MB = bench_images.MB
+SPEEDUP_MIN = 1.8
+CPU_PER_PNG_MAX_US = 60.0
+SETS = ("cifar", "photo_x1", "table")
+STARTUP_IMAGES = 9
+
+
+def _startup_sets(data_dir, wanted):
+    """The start-up inputs: ``{"images": BenchSet, "table": BenchSet}`` as needed."""
+    out = {}
+    if any(n != "table" for n in wanted):
+        root = datasets.make_cifar_like(os.path.join(data_dir, "startup_png9"),
+                                        n=STARTUP_IMAGES)
+        out["images"] = bench_suite.BenchSet("startup_images", "images", root, None,
+                                             STARTUP_IMAGES, ("ours",))
+    return out
+
+
+def build(data_dir, quick, wanted):
+    """The sets to measure, start-up sets first: ``[(BenchSet, startup_name)]``."""
+    sets, _ = bench_suite.build_sets(data_dir, quick, wanted)
+    by_name = {s.name: s for s in sets}
+    startup = _startup_sets(data_dir, wanted)
+    if "startup_table" in by_name:
+        startup["table"] = by_name["startup_table"]
+    plan = [(s, None) for s in startup.values()]
+    plan += [(by_name[name], startup[by_name[name].kind].name) for name in wanted]
+    return plan
+
+
+def run_set(bench_set, args, dirs):
+    """Runs ours on one set ``--repeat`` times on each core count, in alternating rounds."""
+    s = bench_set
+    print(f"\n{s.name}: warming the page cache ({s.path})", flush=True)
+    warm = bench_images.warm_up(s.path)
+    inp = {"path": s.path, "kind": s.kind, "items": s.items, **warm}
+    runs = {"1": [], "2": []}
+    for round_ in range(args.repeat):
+        order = ("1", "2") if round_ % 2 == 0 else ("2", "1")
+        for cores in order:
+            cpus = args.cores1 if cores == "1" else args.cores2
+            out_dir = os.path.join(dirs["out"], s.name, f"cores{cores}")
+            prefix = os.path.join(dirs["logs"], f"{s.name}-cores{cores}-{round_ + 1}")
+            r = bench_suite.measure("ours", s, inp, out_dir, prefix, False, False,
+                                    wrap=("taskset", "-c", cpus))
+            runs[cores].append(r)
+            check = r.get("check")
+            note = (f"{check['written']:,}/{check['expected']:,} {check['unit']}"
+                    if check else r.get("output_error", ""))
+            print(f"  {cores} core{'s' if cores == '2' else ' '} run {round_ + 1}/{args.repeat}: "
+                  f"{r['status']:<11} {r['wall_s']:7.2f} s  CPU {r['cpu_main_s']:6.2f} s  "
+                  f"{r['peak_rss_tree_bytes'] / MB:6.0f} MB  {note}", flush=True)
+            if r["status"] == "failed":
+                print("".join(f"    | {line}\n" for line in
+                              r["stderr_tail"].rstrip().splitlines()), end="", flush=True)
+    return {"input": inp, "runs": runs,
+            "cores": {c: summarise(rs) for c, rs in runs.items()}}
+
+
+def summarise(runs):
+    """Medians over one core count's runs; ``None`` figures when a run was not ok."""
+    ok = all(r["status"] == "ok" for r in runs)
+    return {"status": "ok" if ok else next(r["status"] for r in runs if r["status"] != "ok"),
+            "wall_median_s": statistics.median(r["wall_s"] for r in runs) if ok else None,
+            "cpu_median_s": statistics.median(r["cpu_main_s"] for r in runs) if ok else None,
+            "walls_s": [r["wall_s"] for r in runs],
+            "cpus_s": [r["cpu_main_s"] for r in runs],
+            "peak_rss_tree_bytes": max(r["peak_rss_tree_bytes"] for r in runs),
+            "records": runs[-1].get("records")}
+
+
+def figures(result, startup):
+    """Speed-up net of start-up and CPU per input net of start-up for one set."""
+    c1, c2 = result["cores"]["1"], result["cores"]["2"]
+    s1, s2 = startup["cores"]["1"], startup["cores"]["2"]
+    out = {"wall_1_s": c1["wall_median_s"], "wall_2_s": c2["wall_median_s"],
+           "cpu_1_s": c1["cpu_median_s"], "cpu_2_s": c2["cpu_median_s"],
+           "startup_1_s": s1["wall_median_s"], "startup_2_s": s2["wall_median_s"],
+           "peak_rss_bytes": max(c1["peak_rss_tree_bytes"], c2["peak_rss_tree_bytes"]),
+           "items": result["input"]["items"], "speedup_net": None, "cpu_per_item_net_us": None}
+    walls = (c1["wall_median_s"], c2["wall_median_s"], s1["wall_median_s"], s2["wall_median_s"])
+    if None not in walls and walls[1] > walls[3]:
+        out["speedup_net"] = (walls[0] - walls[2]) / (walls[1] - walls[3])
+    items = result["input"]["items"] - startup["input"]["items"]
+    if None not in (c2["cpu_median_s"], s2["cpu_median_s"]) and items > 0:
+        out["cpu_per_item_net_us"] = (c2["cpu_median_s"] - s2["cpu_median_s"]) / items * 1e6
+    return out
+
+
+def _fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def report(results, plan, quick):
+    """Prints the table and the verdicts; returns ``(table, checks)`` for the JSON."""
+    table = {s.name: figures(results[s.name], results[startup])
+             for s, startup in plan if startup is not None}
+    print("\n" + "=" * 30 + " SCALING " + "=" * 30)
+    for s, startup in plan:
+        if startup is None:
+            c = results[s.name]["cores"]
+            print(f"start-up {s.name} ({s.items} inputs): 1 core {_fmt(c['1']['wall_median_s'], '.2f')} s, "
+                  f"2 cores {_fmt(c['2']['wall_median_s'], '.2f')} s, CPU "
+                  f"{_fmt(c['2']['cpu_median_s'], '.2f')} s, peak RSS "
+                  f"{c['2']['peak_rss_tree_bytes'] / MB:.0f} MB")
+    print(f"{'set':<10}{'inputs':>10}{'1 core s':>10}{'2 cores s':>10}{'speed-up':>9}"
+          f"{'CPU s':>8}{'CPU/input':>11}{'RSS MB':>8}")
+    for name, f in table.items():
+        print(f"{name:<10}{f['items']:>10,}{_fmt(f['wall_1_s'], '10.2f')}{_fmt(f['wall_2_s'], '10.2f')}"
+              f"{_fmt(f['speedup_net'], '.2f') + 'x':>9}{_fmt(f['cpu_2_s'], '8.2f')}"
+              f"{_fmt(f['cpu_per_item_net_us'], '.1f') + ' us':>11}{f['peak_rss_bytes'] / MB:8.0f}")
+    print("(speed-up = (t1 - s1) / (t2 - s2), s the start-up run on the same cores; CPU is user+sys "
+          "of the process tree on 2 cores; CPU/input is net of the start-up run's CPU)")
+    checks = []
+    for name, f in table.items():
+        x = f["speedup_net"]
+        checks.append((f"{name}: 1 -> 2 cores >= {SPEEDUP_MIN}x net of start-up",
+                       "n/a" if x is None else "PASS" if x >= SPEEDUP_MIN else "FAIL",
+                       "no figure" if x is None else f"{x:.2f}x"))
+    if "cifar" in table:
+        us = table["cifar"]["cpu_per_item_net_us"]
+        checks.append((f"cifar: <= {CPU_PER_PNG_MAX_US:.0f} us of CPU per tiny PNG (net of start-up)",
+                       "n/a" if us is None else "PASS" if us <= CPU_PER_PNG_MAX_US else "FAIL",
+                       "no figure" if us is None else f"{us:.1f} us"))
+    print("\n== Must show (issue 23, scaling)" + (" -- QUICK RUN: sizes too small, verdicts "
+                                                  "not meaningful" if quick else "") + " ==")
+    for target, verdict, evidence in checks:
+        print(f"{verdict:<5} {target}: {evidence}")
+    return table, checks
+
+
+def main(argv=None):
+    """Builds the sets, runs ours pinned to 1 and 2 cores, prints and saves the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--workdir", default="/tmp/beam-tfrecords-bench")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sets (600 PNGs, 6 MB of photos, 10k rows), one run each: "
+                             "checks the script, not speed")
+    parser.add_argument("--sets", default=",".join(SETS), help="comma-separated subset of the default")
+    parser.add_argument("--repeat", type=int, help="runs per set and core count (3; 1 with --quick)")
+    parser.add_argument("--cores1", default="0", help="taskset CPU list of the 1-core runs (0)")
+    parser.add_argument("--cores2", default="0,1", help="taskset CPU list of the 2-core runs (0,1)")
+    args = parser.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
+    if args.repeat < 1:
+        parser.error("--repeat must be >= 1")
+    wanted = args.sets.split(",")
+    if not set(wanted) <= set(SETS):
+        parser.error(f"unknown set in --sets {args.sets}; allowed: {','.join(SETS)}")
+    if shutil.which("taskset") is None:
+        parser.error("taskset is not on PATH (util-linux); it pins the runs to cores")
+    for cpus in (args.cores1, args.cores2):
+        if not {int(c) for c in cpus.split(",")} <= os.sched_getaffinity(0):
+            parser.error(f"CPUs {cpus} are not all available here "
+                         f"(available: {sorted(os.sched_getaffinity(0))})")
+    tag = "scaling_quick" if args.quick else "scaling"
+    dirs = {"out": os.path.join(args.workdir, "out", tag),
+            "logs": os.path.join(args.workdir, "logs", tag)}
+    os.makedirs(dirs["logs"], exist_ok=True)
+    started = time.perf_counter()
+    print("building the data sets (reused when complete)", flush=True)
+    plan = build(os.path.join(args.workdir, "data"), args.quick, wanted)
+    results = {}
+    for s, _ in plan:
+        results[s.name] = run_set(s, args, dirs)
+    shutil.rmtree(dirs["out"], ignore_errors=True)
+    table, checks = report(results, plan, args.quick)
+    runs_s = time.perf_counter() - started
+    print(f"\ntime: {runs_s / 60:.1f} min")
+    path = os.path.join(args.workdir, f"results_{tag}.json")
+    with open(path, "w") as f:
+        json.dump({**bench_images.run_info(args.workdir), "args": vars(args), "runs_s": runs_s,
+                   "sets": results, "scaling": table,
+                   "must_show": [{"target": t, "verdict": v, "evidence": e}
+                                 for t, v, e in checks]}, f, indent=2)
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
