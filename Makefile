@@ -9,9 +9,12 @@ DEMO_DIR ?=
 
 .PHONY: setup demo test test-fast lint bench bench-quick bench-scaling bench-csv bench-annotations bench-readers proto metadata clean
 
+# --use-pep517: once `wheel` is in the venv (TensorFlow's test extra brings it), pip would
+# otherwise reinstall an edited setup.py with the legacy `setup.py develop`, whose egg-link
+# cannot map beam_tfrecords onto beam_pipeline/ (the import then fails).
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --use-pep517 -e '.[test]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -39,7 +42,7 @@ lint: $(STAMP)
 # The benchmark needs the `bench` extra (the tfrecord package of the single-process
 # baseline); the converter and `make test` do not.
 $(BENCH_STAMP): $(STAMP) setup.py
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --use-pep517 -e '.[bench]'
 	touch $(BENCH_STAMP)
 
 # Ours against naive Beam, a tfrecord-package loop and a plain copy on every data
