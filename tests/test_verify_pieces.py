@@ -5,11 +5,8 @@ import os
 
 import pytest
 
-from beam_tfrecords.transforms.codec.tfrecord import (
-    TFRecordWriter,
-    checkpoints,
-    frame_record,
-)
+from beam_tfrecords.transforms.codec.record_offsets import checkpoints
+from beam_tfrecords.transforms.codec.tfrecord import TFRecordWriter, frame_record
 from beam_tfrecords.transforms.io.helpers import ready_helper_pool
 from beam_tfrecords.transforms.shard_engine import verify_shard
 
