@@ -37,7 +37,7 @@ def _walk_input_early(argv: list[str]) -> None:
     otherwise the result is dropped and the listing walks as it always does.
     """
     argv = argv[1:] if argv[:1] == ["--debug"] else argv
-    if argv[:1] != ["convert"]:
+    if argv[:1] != ["convert"] or "--list_on_workers" in argv:  # The workers list then.
         return
     given: dict[str, str] = {}
     for i, arg in enumerate(argv[1:], 1):
