@@ -1,7 +1,11 @@
 """``python -m beam_tfrecords convert|verify|inspect ...`` and the ``beam-tfrecords`` script."""
 
 import gc
+import os
 import sys
+
+# Layouts whose listing walks the input folder (``files.folder_batches``).
+_WALKED_LAYOUTS = ("auto", "class_folders", "cifar")
 
 
 def run() -> int:
@@ -11,13 +15,48 @@ def run() -> int:
     collector's passes over them while they load cost ~0.25 s of CPU. Frozen
     before it runs again (as ``main()`` does, see there), its first pass does not
     walk them all either; it collects what the run makes.
+
+    A ``convert`` of a local folder has the folder walked meanwhile, on the other
+    core (``_walk_input_early``).
     """
     gc.disable()
+    _walk_input_early(sys.argv[1:])
     from beam_tfrecords.cli import main  # pylint: disable=import-outside-toplevel
 
     gc.freeze()
     gc.enable()
     return main()
+
+
+def _walk_input_early(argv: list[str]) -> None:
+    """Starts the walk of ``convert --input FOLDER`` (a local folder, by the flags as
+    written) before the CLI and Beam are imported (``folder_walk.walk_early``).
+
+    The preflight's listing takes the walk's result only when it walks the same
+    folder with the same ``--follow_links_outside`` (the flags parsed for real);
+    otherwise the result is dropped and the listing walks as it always does.
+    """
+    argv = argv[1:] if argv[:1] == ["--debug"] else argv
+    if argv[:1] != ["convert"] or "--list_on_workers" in argv:  # The workers list then.
+        return
+    given: dict[str, str] = {}
+    for i, arg in enumerate(argv[1:], 1):
+        name, equals, value = arg.partition("=")
+        if name in ("--input", "--layout"):
+            if not equals:
+                value = argv[i + 1] if i + 1 < len(argv) else ""
+            given[name] = value
+    folder = given.get("--input", "")
+    if (not folder or given.get("--layout", "auto") not in _WALKED_LAYOUTS
+            or any(char in folder for char in "*?[{}") or folder.lower().endswith(".csv")
+            or "://" in folder or not os.path.isdir(folder)):
+        return
+    folder = os.path.abspath(folder)
+    if folder == "/":
+        return
+    from beam_tfrecords.transforms.io.folder_walk import walk_early  # pylint: disable=import-outside-toplevel
+
+    walk_early(folder, "--follow_links_outside" in argv)
 
 
 if __name__ == "__main__":

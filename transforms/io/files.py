@@ -26,7 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 # GCS through this module (CLI, Beam workers, shard-writer helpers) connects to the
 # emulator anonymously at once, instead of 15-30 s of Beam credential retries.
 from beam_tfrecords.transforms.io import gcs as _gcs  # noqa: F401  pylint: disable=unused-import
-from beam_tfrecords.transforms.io.folder_walk import FolderFiles, walk_folder
+from beam_tfrecords.transforms.io.folder_walk import FolderFiles, take_early_walk, walk_folder
 
 __all__ = [
     "delete_files",
@@ -155,13 +155,16 @@ def folder_batches(pattern: str, skipped: list | None = None,
                    follow_outside: bool = False) -> Iterator[FolderFiles] | None:
     """``list_stamped`` of a whole local folder (``FOLDER/**``) as the files of one
     folder at a time (``folder_walk.walk_folder``): the same files, in the same
-    order, with the same notes in ``skipped``; ``None`` for any other pattern."""
+    order, with the same notes in ``skipped``; ``None`` for any other pattern.
+    The walk the launcher started early for that folder and ``follow_outside``
+    (``folder_walk.walk_early``), if any, gives them."""
     if not (is_local(pattern) and pattern.endswith("/**")) or _GLOB.search(pattern[:-3]):
         return None
     folder = os.path.dirname(pattern[:-2]) or "."
     if pattern != folder + "/**":
         return None
-    return walk_folder(folder, skipped, follow_outside)
+    early = take_early_walk(folder, follow_outside, skipped)
+    return early if early is not None else walk_folder(folder, skipped, follow_outside)
 
 
 def list_files(pattern: str, limit: int | None = None, skipped: list | None = None,

@@ -10,16 +10,19 @@ folder's descriptor, so the kernel does not walk the path again for each).
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import errno
+import marshal
 import os
+import signal
 import stat
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from beam_tfrecords.transforms.codec.image_inspection import IMAGE_EXTENSIONS
 
-__all__ = ["FolderFiles", "walk_folder"]
+__all__ = ["FolderFiles", "take_early_walk", "walk_early", "walk_folder"]
 
 _NOT_A_FILE = "a FIFO, socket or device, not a file; not read"
 _FORMAT = 0o170000  # stat.S_IFMT's mask: the kind of file of an st_mode.
@@ -274,3 +277,99 @@ def _note_image_named_folder(path: str, note) -> None:
     if os.path.splitext(path)[1].lower() in IMAGE_EXTENSIONS:
         note((path, "folder_named_like_an_image",
               "a folder, not an image file; what it holds is listed as usual"))
+
+
+# Walks started by ``walk_early``: ``(folder, follow_outside)``: ``(pid, read end)``,
+# in the process that started them (``_EARLY_OWNER``).
+_EARLY: dict[tuple[str, bool], tuple[int, int]] = {}
+_EARLY_OWNER: list[int] = []
+
+
+def walk_early(folder: str, follow_outside: bool) -> None:
+    """Starts ``walk_folder(folder, ..., follow_outside)`` in a forked process, for
+    ``take_early_walk`` to take its result later (the launcher's imports run
+    meanwhile on the other core; a walk is mostly ``lstat`` calls, which would
+    wait on the interpreter's lock in a thread while the imports hold it).
+
+    Called at the very start of the process, before any thread exists. A walk
+    not taken is stopped (killed and reaped) when the next walk is taken or the
+    process exits, so none outlives the process that started it.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # The child: walks, writes the result, ends without cleanup of the parent's state.
+        code = 1
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle.
+            os.close(read_end)
+            data = marshal.dumps(_walked(folder, follow_outside))
+            with open(write_end, "wb") as out:
+                out.write(data)
+            code = 0
+        finally:
+            os._exit(code)  # pylint: disable=protected-access
+    os.close(write_end)
+    if not _EARLY_OWNER:
+        _EARLY_OWNER.append(os.getpid())
+        atexit.register(_drop_early_walks)
+    _EARLY[(folder, follow_outside)] = (pid, read_end)
+
+
+def _walked(folder: str, follow_outside: bool) -> tuple[list, list, list]:
+    """What ``walk_folder`` gives as plain values (``marshal``-able): the batches as
+    tuples, the notes, and how many notes had been made when each batch was given."""
+    skipped: list = []
+    batches, noted = [], []
+    for batch in walk_folder(folder, skipped, follow_outside):
+        batches.append(tuple(batch))
+        noted.append(len(skipped))
+    return batches, skipped, noted
+
+
+def take_early_walk(folder: str, follow_outside: bool,
+                    skipped: list | None) -> Iterator[FolderFiles] | None:
+    """The result of ``walk_early(folder, follow_outside)`` as ``walk_folder`` would
+    give it now (the same batches, with the same notes added to ``skipped`` as they
+    are given), or ``None`` when no such walk was started or it failed (the caller
+    then walks itself). Any other early walk is stopped and its result dropped.
+    """
+    early = _EARLY.pop((folder, follow_outside), None)
+    _drop_early_walks()
+    if early is None:
+        return None
+    pid, read_end = early
+    try:
+        with open(read_end, "rb") as stream:
+            data = stream.read()
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            return None
+        batches, notes, noted = marshal.loads(data)
+    except (OSError, EOFError, ValueError, TypeError):
+        return None
+    return _replayed(batches, notes, noted, skipped)
+
+
+def _replayed(batches: list, notes: list, noted: list, skipped: list | None) -> Iterator[FolderFiles]:
+    done = 0
+    for batch, count in zip(batches, noted):
+        if skipped is not None:
+            skipped.extend(notes[done:count])
+        done = count
+        yield FolderFiles(*batch)
+    if skipped is not None:
+        skipped.extend(notes[done:])
+
+
+def _drop_early_walks() -> None:
+    """Stops the early walks not taken (killed, reaped, their pipes closed)."""
+    if _EARLY_OWNER[:1] != [os.getpid()]:  # A forked process's copy: not its walks.
+        return
+    while _EARLY:
+        _, (pid, read_end) = _EARLY.popitem()
+        os.close(read_end)
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
