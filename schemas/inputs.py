@@ -408,7 +408,7 @@ def complete_lines(data: bytes, digests: Mapping[str, str], excluded: Container[
 
 # ``_FILE_LINE`` on every line of a text at once (a match never holds a line end).
 _FILE_LINES = re.compile("^" + _FILE_LINE.pattern + "$", re.MULTILINE)
-_BULK_LINES = 65536
+_BULK_LINES = 8192  # Few enough that its per-line objects add little to what a piece holds.
 # Text that both JSON string encoders write as it is (printable ASCII but quote and backslash).
 _UNESCAPED = re.compile(r'[ !#-\[\]-~]*')
 

@@ -200,7 +200,7 @@ def table_lines(table, rows: np.ndarray | None = None) -> Iterator[str]:
 def write_inputs(path: str, roles: Sequence[InputFile], table, rows: np.ndarray | None = None) -> None:
     """Writes ``inputs.jsonl`` of the files with a role and a table's images as a stream:
     the bytes ``encode_inputs`` makes of their entries, without holding them (a local
-    listing's lines made a block of columns at a time, ``_local_blocks``).
+    listing's lines made a block of 8,192 rows' columns at a time, ``_local_blocks``).
 
     Raises:
       ValueError: when an entry of ``roles`` has no role.
@@ -220,7 +220,7 @@ def write_inputs(path: str, roles: Sequence[InputFile], table, rows: np.ndarray 
             stream.write(block)
 
 
-def _local_blocks(table, rows: np.ndarray, block: int = 1 << 16) -> Iterator[bytes]:
+def _local_blocks(table, rows: np.ndarray, block: int = 1 << 13) -> Iterator[bytes]:
     """``file_line`` of a local listing's ``rows``, a block of rows at a time, as UTF-8:
     each line one f-string of its columns (paths as JSON strings in one call each)."""
     view = memoryview(table.blob)
