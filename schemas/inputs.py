@@ -356,7 +356,12 @@ def complete_lines(data: bytes, digests: Mapping[str, str], excluded: Container[
     roles: list = []
     first = last = None
     in_order, files = True, 0
-    for number, line in enumerate(data.decode("utf-8").split("\n"), first_line):
+    given = data.decode("utf-8").split("\n")
+    start = _plain_start(given)
+    bulk = _bulk_plain(given[start:], digests, excluded) if start is not None else None
+    if bulk is not None:
+        given = given[:start]  # The lines before the plain ones (files with a role) go line by line.
+    for number, line in enumerate(given, first_line):
         if not line or line.isspace():
             continue
         done = _completed_plain(line, digests)
@@ -387,8 +392,92 @@ def complete_lines(data: bytes, digests: Mapping[str, str], excluded: Container[
             roles.append(list(token))
     chunks.append("".join(lines).encode("utf-8"))
     token_chunks.append("".join(tokens).encode("utf-8"))
+    if bulk is not None and bulk.files:
+        if last is not None and bulk.first_key < last:  # Not after the lines before them.
+            if sort:
+                return _sorted_lines(data, digests, excluded, source, first_line)
+            in_order = False
+        chunks.append(bulk.lines)
+        token_chunks.append(bulk.file_tokens)
+        files += bulk.files
+        first = bulk.first_key if first is None else first
+        last = bulk.last_key
     return CompletedLines(b"".join(chunks), b"".join(token_chunks), tuple(roles), files, first, last,
                           in_order)
+
+
+# ``_FILE_LINE`` on every line of a text at once (a match never holds a line end).
+_FILE_LINES = re.compile("^" + _FILE_LINE.pattern + "$", re.MULTILINE)
+_BULK_LINES = 8192  # Few enough that its per-line objects add little to what a piece holds.
+# Text that both JSON string encoders write as it is (printable ASCII but quote and backslash).
+_UNESCAPED = re.compile(r'[ !#-\[\]-~]*')
+
+
+def _plain_start(lines: list[str]) -> int | None:
+    """The index of the first of ``lines`` that ``_FILE_LINE`` matches, when only a few
+    lines (files with a role, first in ``encode_inputs``' order) come before it."""
+    for index, line in enumerate(lines[:64]):
+        if _FILE_LINE.fullmatch(line) is not None:
+            return index
+    return None
+
+
+def _bulk_plain(lines: list[str], digests: Mapping[str, str], excluded: Container[str]) -> CompletedLines | None:
+    """``complete_lines`` of lines that are all as ``file_line`` writes them for a local
+    file (``_FILE_LINE``), in path order, made a block of lines at a time with one
+    regular expression pass and list comprehensions (the same bytes as line by line);
+    ``None`` when any line is not such a line, is out of order or has a digest that
+    is not a string (the caller then goes line by line)."""
+    if lines and lines[-1] == "":
+        lines = lines[:-1]
+    chunks, token_chunks, files, first, last = [], [], 0, None, None
+    get = digests.get
+    for begin in range(0, len(lines), _BULK_LINES):
+        block = lines[begin:begin + _BULK_LINES]
+        found = _FILE_LINES.findall("\n".join(block))
+        if len(found) != len(block):  # A blank line or another kind of line among them.
+            return None
+        paths = [path for path, _, _ in found]
+        if paths != sorted(paths) or (last is not None and paths and paths[0] < last):
+            return None
+        if excluded and any(path in excluded for path in paths):
+            kept = [index for index, path in enumerate(paths) if path not in excluded]
+            block, found, paths = [block[i] for i in kept], [found[i] for i in kept], [paths[i] for i in kept]
+        shas = [get(path, "") for path in paths]
+        if any(type(sha) is not str for sha in shas):
+            return None
+        if _hex_and_ascii(shas, paths):  # Nothing to escape: the texts as f-strings.
+            chunks.append("".join([f'{line[:-1]}, "sha256": "{sha}"}}\n'
+                                   for line, sha in zip(block, shas)]).encode("utf-8"))
+            token_chunks.append("".join([f'["", "{path}", {size}, "sha256:{sha}"]\n'
+                                         for (path, size, _), sha in zip(found, shas)]).encode("utf-8"))
+        else:
+            _bulk_texts(block, found, shas, chunks, token_chunks)
+        files += len(paths)
+        if paths:
+            first = paths[0] if first is None else first
+            last = paths[-1]
+    if not files:
+        return CompletedLines(b"", b"", (), 0, None, None, True)
+    return CompletedLines(b"".join(chunks), b"".join(token_chunks), (), files, (True, "", first),
+                          (True, "", last), True)
+
+
+def _hex_and_ascii(shas: list[str], paths: list[str]) -> bool:
+    """Whether every digest is set and hex and every path ASCII (JSON then quotes them as they are)."""
+    return all(shas) and _UNESCAPED.fullmatch("".join(shas)) is not None and "".join(paths).isascii()
+
+
+def _bulk_texts(block: list[str], found: list, shas: list[str], chunks: list, token_chunks: list) -> None:
+    """``_bulk_plain``'s lines and tokens of a block, each text escaped as JSON needs."""
+    chunks.append("".join([line[:-1] + ', "sha256": ' + _encode_text(sha) + "}\n" if sha else line + "\n"
+                           for line, sha in zip(block, shas)]).encode("utf-8"))
+    token_chunks.append("".join([
+        ('["", "' + path + '", ' + size + ", " + _encode_ascii(
+            "sha256:" + sha if sha else f"mtime_ns:{mtime or 0}:generation:") + "]"
+         if path.isascii() else _token_text(("", path, size, "sha256:" + sha if sha
+                                             else f"mtime_ns:{mtime or 0}:generation:"))) + "\n"
+        for (path, size, mtime), sha in zip(found, shas)]).encode("utf-8"))
 
 
 def _sorted_lines(data: bytes, digests: Mapping[str, str], excluded: Container[str], source: str,

@@ -63,6 +63,7 @@ from beam_tfrecords.transforms.io.fingerprint import (
     published_root,
     root_identity,
 )
+from beam_tfrecords.transforms.io.helpers import retire_helper_pool
 from beam_tfrecords.transforms.io.ownership import (
     Claim,
     claim_output,
@@ -633,6 +634,7 @@ class _CommitFn(beam.DoFn):
         self._settings = settings
 
     def process(self, element) -> Iterator[RunReport]:
+        retire_helper_pool()  # Every step before this one ended: the helpers end while it commits.
         _, values = element
         results, summaries, parts = FoldedResults(), [], []
         for kind, value in values:  # A runner may hand a large group a page at a time.
@@ -669,8 +671,7 @@ class Commit(beam.PTransform):
     def __init__(self, settings: CommitSettings, summary, left_out=None):
         super().__init__()
         self._settings = settings
-        self._summary = summary
-        self._left_out = left_out
+        self._summary, self._left_out = summary, left_out
 
     def expand(self, results):
         # One group under one key, never a side input: Beam sizes a side input by

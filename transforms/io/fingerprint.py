@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import hashlib
+import json
 import os
 from collections.abc import Iterator, Sequence
 
@@ -19,6 +20,8 @@ from beam_tfrecords.transforms.io.gcs import crc32c_gcs_to_hex, is_gcs, storage_
 __all__ = ["file_entries", "hash_entries", "local_sha256", "published_entry", "published_input",
            "published_path", "published_root", "relative_path", "role_entry", "root_identity", "table_entries",
            "table_lines", "write_inputs"]
+
+_encode_text = json.encoder.encode_basestring  # What file_line quotes a path with.
 
 def relative_path(root: str, path: str) -> str:
     """``path`` relative to ``root`` ('/'-separated), or ``path`` itself outside it."""
@@ -196,10 +199,41 @@ def table_lines(table, rows: np.ndarray | None = None) -> Iterator[str]:
 
 def write_inputs(path: str, roles: Sequence[InputFile], table, rows: np.ndarray | None = None) -> None:
     """Writes ``inputs.jsonl`` of the files with a role and a table's images as a stream:
-    the bytes ``encode_inputs`` makes of their entries, without holding them."""
+    the bytes ``encode_inputs`` makes of their entries, without holding them (a local
+    listing's lines made a block of 8,192 rows' columns at a time, ``_local_blocks``).
+
+    Raises:
+      ValueError: when an entry of ``roles`` has no role.
+    """
+    kind = _stamp_columns(table)[0]
     with files.open_write(path) as stream:
-        for chunk in encode_inputs_chunks(roles, table_lines(table, rows)):
+        if kind != "mtime_ns":
+            for chunk in encode_inputs_chunks(roles, table_lines(table, rows)):
+                stream.write(chunk)
+            return
+        for chunk in encode_inputs_chunks(roles, iter(())):  # The check, then the role files' lines.
             stream.write(chunk)
+        order = table.path_order()
+        if rows is not None:
+            order = order[np.isin(order, rows)]
+        for block in _local_blocks(table, order):
+            stream.write(block)
+
+
+def _local_blocks(table, rows: np.ndarray, block: int = 1 << 13) -> Iterator[bytes]:
+    """``file_line`` of a local listing's ``rows``, a block of rows at a time, as UTF-8:
+    each line one f-string of its columns (paths as JSON strings in one call each)."""
+    view = memoryview(table.blob)
+    for start in range(0, len(rows), block):
+        part = rows[start:start + block]
+        marks = table.stamps[part]
+        if not marks.all():  # A time of 0 is left out of its line: line by line.
+            yield "".join(file_line(*row) for row in _rows(table, part)).encode("utf-8")
+            continue
+        names = [str(view[b:e], "utf-8") for b, e in zip(table.offsets[part].tolist(),
+                                                          table.offsets[part + 1].tolist())]
+        yield "".join([f'{{"path": {name}, "size": {size}, "mtime_ns": {mark}}}\n' for name, size, mark in
+                       zip(map(_encode_text, names), table.sizes[part].tolist(), marks.tolist())]).encode("utf-8")
 
 
 def role_entry(path: str, role: str) -> InputFile:

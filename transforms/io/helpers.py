@@ -37,6 +37,7 @@ __all__ = [
     "helpers_pay",
     "ordered_map",
     "ready_helper_pool",
+    "retire_helper_pool",
     "verify_range",
 ]
 
@@ -200,6 +201,19 @@ def ready_helper_pool(processes: int) -> concurrent.futures.ProcessPoolExecutor 
         pool.shutdown(wait=False, cancel_futures=True)
         return None
     return pool
+
+
+def retire_helper_pool() -> None:
+    """Tells the helper processes to end, without waiting for them, once a run needs
+    them no more (its commit): they exit while the commit and the summary go on,
+    not when the process ends (the executor's exit hook still joins them then, so
+    none outlives this process). A later ``helper_pool`` starts a new pool."""
+    global _pool  # pylint: disable=global-statement
+    with _pool_lock:
+        if _pool is not None:
+            _pool.shutdown(wait=False, cancel_futures=True)
+            _pool = None
+            _warmups.clear()
 
 
 @atexit.register
