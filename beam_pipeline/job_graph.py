@@ -119,9 +119,38 @@ def _local_runner(options: PipelineOptions):
     from apache_beam.runners.portability.fn_api_runner import fn_runner
     from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
+    _prompt_step_timers()
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
     return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
         beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+
+
+# Beam's per-step timer (a thread each bundle starts) sleeps up to 200 ms between
+# samples, and a bundle's end joins it: every step of a local run waited ~0.1 s on
+# average for it (0.09-0.18 s a 60k-file run, in the main process while the cores
+# idle). Sampled every 10 ms at most, it ends within 10 ms; the extra wake-ups take
+# no GIL and no measurable CPU. The step timings are sampled as before, only finer.
+_STEP_TIMER_PERIOD_MS = 10
+
+
+def _prompt_step_timers() -> None:
+    """Makes the bundles this process runs sample their step times every
+    ``_STEP_TIMER_PERIOD_MS`` at most (Beam 2.77's ``StateSampler``, which
+    ``bundle_processor`` makes per bundle with the default period)."""
+    # pylint: disable=import-outside-toplevel
+    from apache_beam.runners.worker import statesampler
+
+    if getattr(statesampler.StateSampler, "prompt", False):
+        return
+    base = statesampler.StateSampler
+
+    class PromptStateSampler(base):  # pylint: disable=too-few-public-methods
+        prompt = True
+
+        def __init__(self, prefix, counter_factory, sampling_period_ms=_STEP_TIMER_PERIOD_MS):
+            super().__init__(prefix, counter_factory, min(sampling_period_ms, _STEP_TIMER_PERIOD_MS))
+
+    statesampler.StateSampler = PromptStateSampler
 
 
 def _listed_bytes(plan: RunPlan) -> int | None:

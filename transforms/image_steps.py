@@ -297,6 +297,15 @@ def image_shards(images: ImageRefs, band: ShardBand, compression: str) -> Iterat
     progress.plan(shards=shards)
 
 
+def _largest_first(images: ImageRefs, band: ShardBand, compression: str) -> list[ShardSpec]:
+    """``image_shards``, the largest planned first (equal ones in plan order). A runner
+    that writes the shards one after another, as the local one does (the spread keeps
+    their order), then ends on a small one: the last shard's write, contents list
+    and verification, which no other shard's work overlaps, are the shortest (on
+    60k tiny PNGs: the 10k-image test split last, not the 50k-image train split)."""
+    return sorted(image_shards(images, band, compression), key=lambda spec: -spec.planned_bytes)
+
+
 def _ref_specs(refs: Sequence[ImageRef], band: ShardBand, compression: str) -> Iterator[ShardSpec]:
     """The specs of a list of references, split by split."""
     by_split: dict[str, list[ImageRef]] = {}
@@ -346,7 +355,7 @@ class PlanImageShards(beam.PTransform):
     def expand(self, refs):
         return (
             refs
-            | "CutSplits" >> beam.FlatMap(image_shards, self._band, self._compression)
+            | "CutSplits" >> beam.FlatMap(_largest_first, self._band, self._compression)
             # One element per shard: spread them so each worker writes some.
             | "Spread" >> beam.Reshuffle()
         )

@@ -14,6 +14,7 @@ import collections
 import concurrent.futures
 import concurrent.futures.process
 import contextlib
+import fcntl
 import gc
 import importlib
 import itertools
@@ -130,6 +131,27 @@ def _die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="watch-parent", daemon=True).start()
 
 
+# Linux's F_SETPIPE_SZ (fcntl.F_SETPIPE_SZ from Python 3.10 on).
+_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+# The pipe the helpers' results come back through: 1 MiB (an unprivileged process's
+# limit, /proc/sys/fs/pipe-max-size), not the 64 KiB default. A task's results (a
+# few hundred tiny images' records, ~0.6 MB) then pass in one or two reads, not ten,
+# each of which the reading thread must win the GIL back for.
+_RESULT_PIPE_BYTES = 1 << 20
+
+
+def _widen_result_pipe(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Widens the pipe of ``pool``'s results (``_RESULT_PIPE_BYTES``), where the
+    system allows; left as it is where not (no fcntl limit to raise, another OS)."""
+    reader = getattr(getattr(pool, "_result_queue", None), "_reader", None)
+    if reader is None:
+        return
+    try:
+        fcntl.fcntl(reader.fileno(), _SETPIPE_SZ, _RESULT_PIPE_BYTES)
+    except OSError as err:  # EPERM above the limit, EINVAL where pipes do not resize.
+        _log.debug("The helpers' result pipe keeps its size: %s", err)
+
+
 def helpers_pay(files: int, total_bytes: int) -> bool:
     """Whether helper processes pay off for ``files`` inputs of ``total_bytes`` in all:
     enough files, and small ones (``SMALL_FILE_BYTES`` on average; larger files are
@@ -178,6 +200,7 @@ def helper_pool(
                 initializer=_die_with_parent, initargs=(os.getpid(),),
             )
             _pool_size = processes
+            _widen_result_pipe(_pool)
             _warmups.clear()
             # Each submit spawns one process, now, with an empty stand-in main module.
             with _stand_in_main():
