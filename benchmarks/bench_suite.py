@@ -818,6 +818,9 @@ def main(argv=None):
                         help="a results_bench.json of an earlier run: prints ours' peak RSS "
                              "and wall time old -> new per set")
     parser.add_argument("--skip_naive", action="store_true", help="no naive Beam runs")
+    parser.add_argument("--runners", default=",".join(RUNNERS),
+                        help="comma-separated runners to run where a set has them (default: all; "
+                             "'ours' alone makes a quick baseline for --compare_to of an older tree)")
     parser.add_argument("--planning_timeout", type=int, default=900,
                         help="seconds before bench_planning.py is stopped (default 900)")
     parser.add_argument("--keep_outputs", action="store_true",
@@ -840,6 +843,9 @@ def main(argv=None):
     known = parser.get_default("sets").split(",")
     if not set(wanted) <= set(known):
         parser.error(f"unknown set in --sets {args.sets}; allowed: {','.join(known)}")
+    only = set(args.runners.split(","))
+    if not only <= set(RUNNERS):
+        parser.error(f"unknown runner in --runners {args.runners}; allowed: {','.join(RUNNERS)}")
     tag = "bench_quick" if args.quick else "bench"
     dirs = {"out": os.path.join(args.workdir, "out", tag),
             "logs": os.path.join(args.workdir, "logs", tag)}
@@ -848,6 +854,7 @@ def main(argv=None):
 
     print("building the data sets (reused when complete)", flush=True)
     sets, generate_s = build_sets(os.path.join(args.workdir, "data"), args.quick, wanted)
+    sets = [dataclasses.replace(s, runners=tuple(r for r in s.runners if r in only)) for s in sets]
     estimate = estimate_seconds(sets, args)
     print(f"data sets ready in {generate_s:.0f} s; estimated time of the runs: "
           f"{estimate / 60:.0f} min ({len(sets)} sets, repeat {args.repeat}, "
