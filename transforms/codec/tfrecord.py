@@ -558,7 +558,9 @@ def _scan_block(data: bytes, first_index: int, base_offset: int, final: bool,
             if not final and end - offset < 12:
                 break
             length, length_crc = unpack(data, offset)
-            if mask_crc(value(data[offset:offset + 8])) != length_crc:
+            # mask_crc, inline (a call a check was a quarter of the scan's time on small records).
+            crc = value(data[offset:offset + 8])
+            if (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32 != length_crc:
                 raise RecordError("length_crc", first_index + index, base_offset + offset,
                                   "length CRC mismatch (corrupt length field)")
             start = offset + 12
@@ -569,7 +571,8 @@ def _scan_block(data: bytes, first_index: int, base_offset: int, final: bool,
                                   f"stream ends inside the record: {length + 4} bytes of data "
                                   f"and CRC expected, {end - start} present")
             next_offset = start + length + 4
-            if mask_crc(value(data[start:next_offset - 4])) != footer(data, next_offset - 4)[0]:
+            crc = value(data[start:next_offset - 4])
+            if (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32 != footer(data, next_offset - 4)[0]:
                 raise RecordError("data_crc", first_index + index, start - 12 + base_offset,
                                   "data CRC mismatch (corrupt record data)")
             if offsets is not None:
