@@ -206,11 +206,12 @@ def build_graph(plan: RunPlan, options: PipelineOptions, attach: Callable | None
     if carried.progress_seconds is None:  # The job carries it to the processes running its steps.
         carried.progress_seconds = progress.interval()
     runner = _local_runner(options)
-    if runner is not None and _small_run(plan):
+    if runner is not None and (_small_run(plan) or not plan.is_table):
         # Beam infers each step's output type by tracing its code (~65 ms of a 9-image
-        # run's graph); our steps check their own elements, and this runner's coders
-        # need no inferred types. (A large run keeps them: the coders they choose hold
-        # ~10 MB less at peak on 60k files; a Dataflow job too: they shape its graph.)
+        # run's graph, and of a 60k-image run's, before its first image is read); our
+        # steps check their own elements, and this runner's coders need no inferred
+        # types. (A large table keeps them: the coders they choose hold its rows in less
+        # memory at peak; a Dataflow job too: they shape its graph.)
         options.view_as(TypeOptions).pipeline_type_check = False
     pipeline = beam.Pipeline(runner=runner, options=options)
     processes = helper_processes(plan, auto_helpers)

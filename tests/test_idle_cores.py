@@ -87,3 +87,41 @@ def test_the_local_runner_samples_step_times_every_10_ms():
     assert sampler.sampling_period_ms == 10
     assert statesampler.StateSampler.__mro__[2].__name__ == "StateSampler"
     assert statesampler.StateSampler("step", CounterFactory(), 500).sampling_period_ms == 10
+
+
+def _png_folder(root, count):
+    import io  # pylint: disable=import-outside-toplevel
+
+    from PIL import Image  # pylint: disable=import-outside-toplevel
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (2, 2), (1, 2, 3)).save(buffer, "PNG")
+    for index in range(count):
+        folder = root / ("cat" if index % 2 else "dog")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{index:05d}.png").write_bytes(buffer.getvalue())
+    return str(root)
+
+
+@pytest.mark.beam
+def test_local_image_runs_skip_type_inference_and_large_tables_keep_it(tmp_path):
+    """Beam's type inference traces every step's code before the first image is read;
+    a local image run of any size skips it, a large local table keeps it (its
+    coders)."""
+    from apache_beam.options.pipeline_options import TypeOptions  # pylint: disable=import-outside-toplevel
+
+    from beam_tfrecords import ConvertConfig, build_pipeline  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.io.helpers import HELPER_MIN_FILES, HELPER_MIN_TABLE_BYTES
+
+    images = _png_folder(tmp_path / "images", HELPER_MIN_FILES)
+    table = tmp_path / "rows.csv"
+    row = "1,some words to fill the row up to a size\n"
+    table.write_text("n,text\n" + row * (HELPER_MIN_TABLE_BYTES // len(row) + 1))
+    checked = {}
+    for name, config, flags in (
+            ("images", ConvertConfig(input=images, output=str(tmp_path / "a")), []),
+            ("table", ConvertConfig(input=str(table), output=str(tmp_path / "b")), [])):
+        options = PipelineOptions(flags)
+        build_pipeline(config, options)
+        checked[name] = options.view_as(TypeOptions).pipeline_type_check
+    assert checked == {"images": False, "table": True}
