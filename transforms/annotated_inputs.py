@@ -209,7 +209,11 @@ def _nested_voc(root: str) -> list[str]:
         return []
     for entry in folders:
         try:
-            if {"Annotations", "JPEGImages"} <= set(os.listdir(entry.path)):
+            # Two lookups first; the folder is listed (the names' exact case) only when both
+            # are there: an image folder of 50k files is not listed to find none.
+            if (os.path.lexists(os.path.join(entry.path, "Annotations"))
+                    and os.path.lexists(os.path.join(entry.path, "JPEGImages"))
+                    and {"Annotations", "JPEGImages"} <= set(os.listdir(entry.path))):
                 found.append(entry.name)
         except OSError:
             continue
