@@ -67,7 +67,7 @@ bench-quick: $(BENCH_STAMP)
 	$(PY) benchmarks/bench_suite.py --quick $(BENCH_ARGS)
 
 # Ours pinned to 1 core and to 2 (taskset) on cifar, photos and the 1M table, net of
-# start-up, medians of 3 (~4 min on 2 quiet cores); BENCH_ARGS=--quick: small sets, ~1 min.
+# start-up, medians of 3 (~2 min on 2 quiet cores); BENCH_ARGS=--quick: small sets, ~1 min.
 bench-scaling: $(STAMP)
 	$(COMPILE)
 	$(PY) benchmarks/bench_scaling.py $(BENCH_ARGS)
