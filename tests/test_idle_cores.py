@@ -4,11 +4,13 @@
   verification nothing else overlaps, is a small one.
 * The helpers' results come back through a 1 MiB pipe, not a 64 KiB one.
 * The local runner's per-step timers end within 10 ms of a bundle's end, not 200.
+* A helper's numpy starts no OpenBLAS threads (~0.1 s of CPU per helper).
 """
 
 from __future__ import annotations
 
 import fcntl
+import os
 
 import apache_beam as beam
 import pytest
@@ -75,6 +77,21 @@ def test_the_helpers_results_come_through_a_wide_pipe():
         assert pool.submit(sum, [1, 2]).result(timeout=120) == 3
     finally:
         helpers.retire_helper_pool()
+
+
+@pytest.mark.unit
+def test_a_helper_starts_no_openblas_threads(monkeypatch):
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")  # The parent's setting is not the helpers'.
+    helpers.retire_helper_pool()
+    pool = helpers.ready_helper_pool(1)  # Its helper has imported numpy (the image record builder).
+    try:
+        loaded = pool.submit(eval, "'numpy' in __import__('sys').modules").result(timeout=120)
+        setting = pool.submit(os.getenv, "OPENBLAS_NUM_THREADS").result(timeout=120)
+        threads = pool.submit(os.listdir, "/proc/self/task").result(timeout=120)
+    finally:
+        helpers.retire_helper_pool()
+    assert loaded and setting == "1"
+    assert len(threads) == 2, "a helper runs its tasks and the thread that watches its parent, nothing else"
 
 
 @pytest.mark.unit
