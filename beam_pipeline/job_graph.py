@@ -18,7 +18,7 @@ from collections.abc import Callable
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions, TypeOptions
 
-from beam_tfrecords.preflight import RunPlan, drift_gate
+from beam_tfrecords.preflight import RunPlan, drift_gate, in_process_direct_runner
 from beam_tfrecords.schemas.annotations import AnnotatedRun, LabelMap
 from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.features import parse_feature_names
@@ -33,12 +33,15 @@ from beam_tfrecords.transforms.image_steps import (
     SpoolImages,
     add_spool_dead_letters,
     joined_parts,
+    kept_refs,
     listing_size,
+    start_first_shard,
     write_listing,
 )
 from beam_tfrecords.transforms.io import files, progress
 from beam_tfrecords.transforms.io.annotated_output import CUSTOM_LAYOUT
 from beam_tfrecords.transforms.io.annotation_attach import AnnotationAttach, AnnotationOptions
+from beam_tfrecords.transforms.io.faults import announce_hooks
 from beam_tfrecords.transforms.io.helpers import HELPER_MIN_FILES, HELPER_MIN_TABLE_BYTES, helpers_pay
 from beam_tfrecords.transforms.listing_plan import PlanListingParts
 from beam_tfrecords.transforms.plan import handoff
@@ -192,6 +195,27 @@ def helpers_start_now(plan: RunPlan, auto: bool) -> bool:
         return True
     listed = _listed_bytes(plan) if plan.units is None and plan.listing else None
     return listed is not None and helpers_pay(listing_size(plan.listing), listed)
+
+
+def start_first_shard_early(plan: RunPlan, options: PipelineOptions, attach: Callable | None,
+                            auto: bool) -> int:
+    """Starts encoding the first shard's files on the helper processes now, before the
+    graph is built (``image_plans.start_first_shard``): the helpers would otherwise
+    wait the ~0.3 s the graph and the local runner take to start. Only for a listing
+    this process plans and writes (this runner, in this process, the steps
+    ``_image_steps`` gives ``PlanImageShards``), with helpers started now
+    (``helpers_start_now``), and no test hold point armed (a run held at ``listing``
+    has read no input). Returns the files started."""
+    config = plan.config
+    refs = kept_refs(plan.listing) if plan.listing else None
+    if (not refs or plan.is_table or plan.units is not None or plan.contents_on_workers or plan.listing_path
+            or config.reshape.active or len(refs) > handoff.PART_ROWS
+            or not in_process_direct_runner(options) or announce_hooks() is not None
+            or not helpers_start_now(plan, auto)):
+        return 0
+    attach, _ = annotated_attach(plan, attach)
+    source = _image_records(config, attach, helper_processes(plan, auto))
+    return start_first_shard(refs, config.band, config.compression, source)
 
 
 def build_graph(plan: RunPlan, options: PipelineOptions, attach: Callable | None = None, *,

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, TestOptions
 
-from beam_tfrecords.job_graph import build_graph, helpers_start_now
+from beam_tfrecords.job_graph import build_graph, helpers_start_now, start_first_shard_early
 from beam_tfrecords.preflight import (
     ConvertError,
     OutputBusy,
@@ -42,7 +42,7 @@ from beam_tfrecords.schemas.config import ConvertConfig
 from beam_tfrecords.schemas.manifest import MANIFEST_NAME, REPORT_NAME
 from beam_tfrecords.schemas.report import RunReport, Status
 from beam_tfrecords.schemas.shards import WORK_DIR
-from beam_tfrecords.transforms.image_steps import drop_listing
+from beam_tfrecords.transforms.image_steps import drop_listing, forget_first_shard
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.commit import LOCK_NAME, record_job, release_lock, remove_run_folder
 from beam_tfrecords.transforms.io.dataflow_jobs import (
@@ -125,8 +125,12 @@ def _start(plan: RunPlan, options: PipelineOptions, attach: Callable | None = No
                         preload=("beam_tfrecords.transforms.codec.table_batches",))
         else:
             helper_pool(plan.config.encode_processes)
-    pipeline = build_graph(plan, options, attach, auto_helpers=auto_helpers)
-    return pipeline.run()
+            start_first_shard_early(plan, options, attach, auto_helpers)
+    try:
+        pipeline = build_graph(plan, options, attach, auto_helpers=auto_helpers)
+        return pipeline.run()
+    finally:  # The local runner has run it by now (a remote one takes nothing started early).
+        forget_first_shard()
 
 
 _RAISED = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Interrupt)\b.*)$")

@@ -80,6 +80,7 @@ __all__ = [
     "RunPlan",
     "check_output",
     "drift_gate",
+    "in_process_direct_runner",
     "plan_run",
     "refuse_local_paths_on_dataflow",
     "resolve_config",
@@ -111,7 +112,9 @@ def _absolute(path: str | None) -> str | None:
     return os.path.abspath(path)
 
 
-def _in_process_direct_runner(options: PipelineOptions) -> bool:
+def in_process_direct_runner(options: PipelineOptions) -> bool:
+    """Whether ``options`` run the steps in this process (the DirectRunner, in memory
+    or on threads)."""
     runner = options.view_as(StandardOptions).runner
     direct = options.view_as(DirectOptions)
     return (runner is None or runner in ("DirectRunner", "direct")) and (
@@ -209,7 +212,7 @@ def resolve_config(config: ConvertConfig, options: PipelineOptions) -> ConvertCo
     the layout of a table set to ``table``, and a ``.tsv`` read with tabs."""
     processes = config.encode_processes
     if processes < 0:
-        processes = (os.cpu_count() or 1) if _in_process_direct_runner(options) else 0
+        processes = (os.cpu_count() or 1) if in_process_direct_runner(options) else 0
     config = dataclasses.replace(
         config, input=_absolute(config.input), output=_absolute(config.output),
         labels=_absolute(config.labels), schema=_absolute(config.schema),
@@ -355,7 +358,7 @@ def _plan_run(config: ConvertConfig, options: PipelineOptions | None = None,
     _check_images(config)
     if config.list_on_workers:
         return plan_on_workers(config, target, config.output)
-    return plan_images(config, target, dataset, root, hand_over=not _in_process_direct_runner(options))
+    return plan_images(config, target, dataset, root, hand_over=not in_process_direct_runner(options))
 
 
 def _checked_config(config: ConvertConfig, options: PipelineOptions) -> ConvertConfig:

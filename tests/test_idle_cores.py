@@ -5,12 +5,18 @@
 * The helpers' results come back through a 1 MiB pipe, not a 64 KiB one.
 * The local runner's per-step timers end within 10 ms of a bundle's end, not 200.
 * A helper's numpy starts no OpenBLAS threads (~0.1 s of CPU per helper).
+* The local runner's first shard is encoded on the helpers while the runner starts
+  (its tasks are taken by its writer, not run again; the bytes are the same).
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
+import subprocess
+import sys
+import textwrap
 
 import apache_beam as beam
 import pytest
@@ -19,7 +25,7 @@ from apache_beam.utils.counters import CounterFactory
 
 from beam_tfrecords import job_graph
 from beam_tfrecords.schemas.shards import ShardBand
-from beam_tfrecords.transforms import image_steps
+from beam_tfrecords.transforms import image_plans, image_steps
 from beam_tfrecords.transforms.image_steps import PlanImageShards, image_shards, pack_refs
 from beam_tfrecords.transforms.io import helpers
 from beam_tfrecords.transforms.plan.layouts import list_class_folders
@@ -48,7 +54,7 @@ def _see(spec):
 def test_shards_are_planned_largest_first():
     packed = _packed()
     planned = [_facts(s) for s in image_shards(packed, BAND, "none")]
-    ordered = [_facts(s) for s in image_steps._largest_first(packed, BAND, "none")]
+    ordered = [_facts(s) for s in image_steps.largest_first(packed, BAND, "none")]
     assert sorted(ordered) == sorted(planned) and len(planned) >= 4
     assert planned != ordered  # The plan itself goes split by split, val's small shard early.
     assert [f[2] for f in ordered] == sorted((f[2] for f in planned), reverse=True)
@@ -65,7 +71,7 @@ def test_the_local_runner_writes_them_in_that_order():
     with beam.Pipeline(runner=job_graph._local_runner(options), options=options) as pipeline:
         _ = (pipeline | beam.Create([packed]) | PlanImageShards(BAND)
              | beam.Map(_see))
-    assert _SEEN == [_facts(s) for s in image_steps._largest_first(packed, BAND, "none")]
+    assert _SEEN == [_facts(s) for s in image_steps.largest_first(packed, BAND, "none")]
 
 
 @pytest.mark.beam
@@ -142,3 +148,105 @@ def test_local_image_runs_skip_type_inference_and_large_tables_keep_it(tmp_path)
         build_pipeline(config, options)
         checked[name] = options.view_as(TypeOptions).pipeline_type_check
     assert checked == {"images": False, "table": True}
+
+
+def _square(value: int) -> int:
+    _CALLS.append(value)
+    return value * value
+
+
+_CALLS: list = []
+
+
+@pytest.mark.unit
+def test_tasks_started_early_are_taken_not_run_again():
+    import concurrent.futures  # pylint: disable=import-outside-toplevel
+
+    _CALLS.clear()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool, concurrent.futures.ThreadPoolExecutor(1) as other:
+        try:
+            assert helpers.submit_early(pool, _square, [1, 2, 3]) == 3
+            assert helpers.submit_early(pool, _square, [3]) == 0  # Started already.
+            assert helpers.submit_early(other, _square, [9]) == 1
+            for future in list(helpers._early.values()):  # pylint: disable=protected-access
+                future[1].result(timeout=60)
+            assert sorted(_CALLS) == [1, 2, 3, 9]
+            # The same tasks in a row are taken; from the first other one, all run.
+            assert list(helpers.ordered_map(pool, _square, [1, 2, 5, 3], 2)) == [1, 4, 25, 9]
+            assert sorted(_CALLS) == [1, 2, 3, 3, 5, 9]
+            # A task started on another pool is not taken from this one.
+            assert list(helpers.ordered_map(pool, _square, [9], 2)) == [81]
+            assert sorted(_CALLS) == [1, 2, 3, 3, 5, 9, 9]
+        finally:
+            helpers.retire_helper_pool()
+    assert not helpers._early  # pylint: disable=protected-access
+
+
+@pytest.mark.unit
+def test_the_plan_made_to_start_the_first_shard_is_the_one_the_step_takes():
+    packed = _packed()
+    refs = packed.unpack()
+    _NoStart.asked.clear()
+    started = image_steps.start_first_shard(refs, BAND, "none", _NoStart())
+    assert started == 0
+    taken = image_steps.largest_first(image_steps.listing_element(refs), BAND, "none")
+    assert [_facts(s) for s in taken] == [_facts(s) for s in image_steps.largest_first(packed, BAND, "none")]
+    assert image_plans._EARLY_PLANS == {}  # pylint: disable=protected-access
+    assert len(_NoStart.asked) == 1 and _NoStart.asked[0] is taken[0]  # Taken, not made again.
+
+
+class _NoStart:
+    asked: list = []
+
+    def start_early(self, spec, most_bytes):
+        assert most_bytes == image_plans.EARLY_BYTES
+        _NoStart.asked.append(spec)
+        return 0
+
+
+_EARLY_RUN = textwrap.dedent("""
+    import sys
+    from beam_tfrecords import ConvertConfig, convert
+    from beam_tfrecords.transforms import image_plans, image_steps
+    from beam_tfrecords.transforms.io import helpers
+    root, out = sys.argv[1], sys.argv[2]
+    counts = {"early": 0, "taken": 0}
+    submit, take = helpers.submit_early, helpers._take_early
+    def counted_submit(pool, fn, items):
+        n = submit(pool, fn, items)
+        counts["early"] += n
+        return n
+    def counted_take(pool, fn, item):
+        found = take(pool, fn, item)
+        counts["taken"] += found is not None
+        return found
+    image_steps.submit_early = counted_submit
+    helpers._take_early = counted_take
+    for name, processes in (("auto", -1), ("threads", 0)):
+        result = convert(ConvertConfig(input=root, output=out + "/" + name, encode_processes=processes))
+        print(name, result.ok, result.report.records, counts["early"], counts["taken"], len(helpers._early))
+""")
+
+
+@pytest.mark.e2e
+def test_the_first_shard_is_encoded_while_the_runner_starts_with_the_same_bytes(tmp_path):
+    from beam_tfrecords.transforms.io.helpers import HELPER_MIN_FILES  # pylint: disable=import-outside-toplevel
+
+    root = _png_folder(tmp_path / "in", HELPER_MIN_FILES)
+    out = str(tmp_path / "out")
+    done = subprocess.run([sys.executable, "-c", _EARLY_RUN, root, out], capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.split("\n")
+    auto = next(line for line in lines if line.startswith("auto ")).split()
+    # Every task started early was taken by the shard's writer; none is left.
+    assert auto[:3] == ["auto", "True", str(HELPER_MIN_FILES)] and int(auto[3]) > 0
+    assert auto[4] == auto[3] and auto[5] == "0", done.stdout
+    assert f"threads True {HELPER_MIN_FILES} {auto[3]} {auto[3]} 0" in lines, done.stdout  # Threads: none.
+
+    def shards(name):
+        folder = os.path.join(out, name)
+        return {n: hashlib.sha256(open(os.path.join(folder, n), "rb").read()).hexdigest()
+                for n in sorted(os.listdir(folder)) if n.endswith(".tfrecord")}
+
+    assert shards("auto") and shards("auto") == shards("threads")

@@ -118,7 +118,7 @@ def test_batches_hand_back_what_each_file_alone_gives(tmp_path, monkeypatch, wor
         labels.append(ref.label_text)
     assert [(d.source, d.stage) for d in expected_dead] == [("train/cat/040.png", "validate"),
                                                             ("train/cat/090.png", "read")]
-    monkeypatch.setattr("beam_tfrecords.transforms.image_steps._CHUNK_FILES", 16)
+    monkeypatch.setattr("beam_tfrecords.transforms.io.image_batches._CHUNK_FILES", 16)
     source = ImageRecords(read_threads=workers)
     source.setup()
     try:

@@ -5,7 +5,7 @@ The layer order is declared once, in ``docs/layers.md`` (its ``layers`` block, t
 to bottom): the public API, ``__main__`` and demo → cli → console, scratch, samples,
 inspect → pipeline → job_graph → preflight → its parts → updates → verify → the
 listing front ends (listing_plan, worker_listing, image_contents) → the converters
-(image_steps, tables, sequences; peers) → the image listing and the table readers
+(image_steps, tables, sequences; peers) → image_plans → the image listing and the table readers
 (image_listing, csv_segments, typed_tables; peers) → table_spooling → spools →
 shard_engine → shard_verification → commit_step → gather → ``transforms/io`` and
 ``transforms/plan`` (peers) → ``transforms/codec`` → ``transforms/quality`` →

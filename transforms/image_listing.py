@@ -65,24 +65,9 @@ from beam_tfrecords.transforms.quality.duplicates import keep_first
 from beam_tfrecords.transforms.quality.splits import split_of
 
 __all__ = [
-    "COMPACT_LISTING_REFS",
-    "HeldImages",
-    "LISTING_NAME",
-    "ListingIdentity",
-    "content_key",
-    "drop_listing",
-    "input_bytes",
-    "joined_parts",
-    "keep_listing",
-    "list_images",
-    "listing_for",
-    "listing_size",
-    "pack_refs",
-    "part_refs",
-    "path_text",
-    "read_labels_text",
-    "read_listing",
-    "write_listing",
+    "COMPACT_LISTING_REFS", "LISTING_NAME", "HeldImages", "ListingIdentity", "content_key", "drop_listing",
+    "input_bytes", "joined_parts", "keep_listing", "kept_refs", "list_images", "listing_for", "listing_size",
+    "pack_refs", "part_refs", "path_text", "read_labels_text", "read_listing", "write_listing"
 ]
 
 
@@ -619,11 +604,16 @@ def joined_parts(parts: Sequence[ListingPart]) -> ImageRefs:
 
 def listing_size(token: str | None) -> int:
     """The references a kept listing holds (0 when there is none)."""
+    return len(kept_refs(token) or ())
+
+
+def kept_refs(token: str | None) -> Sequence[ImageRef] | None:
+    """The references of a kept listing, which stays kept (``None`` when there is none)."""
     if not token:
-        return 0
+        return None
     with _kept_lock:
         kept = _kept_listings.get(token)
-    return len(kept[1].refs) if kept else 0
+    return kept[1].refs if kept else None
 
 
 def _take_listing(token: str | None, args: tuple) -> Listing | None:

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import itertools
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 
@@ -35,7 +33,6 @@ from beam_tfrecords.schemas.elements import (
     ImageSpool,
     InputSummary,
     ListingPart,
-    RefColumns,
     ShardSpec,
     SpoolSegments,
 )
@@ -50,6 +47,7 @@ from beam_tfrecords.transforms.image_listing import (
     input_bytes,
     joined_parts,
     keep_listing,
+    kept_refs,
     list_images,
     listing_for,
     listing_size,
@@ -60,17 +58,30 @@ from beam_tfrecords.transforms.image_listing import (
     read_listing,
     write_listing,
 )
+from beam_tfrecords.transforms.image_plans import (
+    forget_first_shard,
+    image_shards,
+    largest_first,
+    listing_element,
+    plan_image_shards,
+    start_first_shard,
+)
 from beam_tfrecords.transforms.io import files, progress
 from beam_tfrecords.transforms.io.annotated_output import image_bad_counts
 from beam_tfrecords.transforms.io.bounded_read import InputRefused, read_input
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
-from beam_tfrecords.transforms.io.helpers import SMALL_FILE_BYTES, helper_pool, ordered_map, ready_helper_pool
+from beam_tfrecords.transforms.io.helpers import (
+    SMALL_FILE_BYTES,
+    helper_pool,
+    ordered_map,
+    ready_helper_pool,
+    submit_early,
+)
 from beam_tfrecords.transforms.io.image_batches import (
     ImageBatchTask,
-    batch_bounds,
     chunk_fields,
-    planned_sizes,
+    shard_tasks,
 )
 from beam_tfrecords.transforms.io.image_records import (
     Attachment,
@@ -81,8 +92,7 @@ from beam_tfrecords.transforms.io.image_records import (
 )
 from beam_tfrecords.transforms.plan.handoff import graph_args, listing_parts
 from beam_tfrecords.transforms.plan.layouts import resolve_input
-from beam_tfrecords.transforms.plan.ref_table import RefTable, split_orders
-from beam_tfrecords.transforms.plan.shard_cuts import split_specs, stable_key
+from beam_tfrecords.transforms.plan.shard_cuts import stable_key
 from beam_tfrecords.transforms.shard_engine import Chunk, RecordSource
 from beam_tfrecords.transforms.spools import plan_table_shards
 
@@ -98,6 +108,7 @@ __all__ = [
     "add_spool_dead_letters",
     "plan_spooled_images",
     "estimated_record_size",
+    "forget_first_shard",
     "drop_listing",
     "content_key",
     "image_shards",
@@ -108,20 +119,20 @@ __all__ = [
     "part_refs",
     "path_text",
     "keep_listing",
+    "kept_refs",
     "list_images",
+    "listing_element",
     "read_labels_text",
     "record_overheads",
     "plan_image_shards",
     "read_listing",
+    "start_first_shard",
     "write_listing",
 ]
 
 SUMMARY_TAG = "summary"
 DEAD_LETTER_TAG = "dead_letter"
 _log = logging.getLogger(__name__)
-_CHUNK_FILES = 64
-_CHUNK_BYTES = 4 << 20
-_TASK_BATCHES = 4  # Chunks a helper's task makes at most: fewer hand-offs a file.
 class _ListImagesFn(beam.DoFn):
     """Impulse → one ``ImageRefs`` of all images, or with ``part_rows`` one
     ``ListingPart`` per part of at most that many (main); and one ``InputSummary``
@@ -198,12 +209,8 @@ class _ListImagesFn(beam.DoFn):
         elif self._part_rows:
             for number, refs in enumerate(listing_parts(listing.refs, self._part_rows)):
                 yield ListingPart(number, len(refs), refs=pack_refs(refs))
-        elif isinstance(listing.refs, RefTable):
-            yield pack_refs(listing.refs)
-        else:  # As a table, or else columns: no object per reference pickled, nor made to plan.
-            columns = RefColumns.of(listing.refs)
-            table = RefTable.from_columns(columns)
-            yield pack_refs(table) if table is not None else ImageRefs.pack_columns(columns)
+        else:
+            yield listing_element(listing.refs)
 
 
 class ListImages(beam.PTransform):
@@ -261,89 +268,6 @@ class ListImages(beam.PTransform):
 
 
 
-def plan_image_shards(images: ImageRefs, band: ShardBand, compression: str) -> list[ShardSpec]:
-    """Cuts each split, in key order, into shards of nearly equal bytes.
-
-    Args:
-      images: every image of every split.
-      band: the shard size band.
-      compression: ``none`` or ``gzip`` (names the files; sizes are planned on
-        uncompressed bytes, since encoded images barely compress).
-
-    Returns:
-      One spec per shard, split by split, in index order.
-    """
-    return list(image_shards(images, band, compression))
-
-
-def image_shards(images: ImageRefs, band: ShardBand, compression: str) -> Iterator[ShardSpec]:
-    """``plan_image_shards``, one spec at a time. The plan of a ``RefTable`` makes
-    no reference object: each spec's ``ImageRefs`` holds its rows as a table of
-    their own (its writer iterates them as references, in order)."""
-    refs = images.unpack()
-    start = time.monotonic()
-    count = shards = 0
-    if isinstance(refs, RefTable):
-        specs = _table_specs(refs, band, compression)
-    elif isinstance(refs, RefColumns):
-        specs = _column_specs(refs, band, compression)
-    else:
-        specs = _ref_specs(refs, band, compression)
-    for spec in specs:
-        yield spec
-        count += spec.records.count
-        shards += 1
-    _log.info("Planned %d shards for %d images in %.1f s", shards, count, time.monotonic() - start)
-    progress.plan(shards=shards)
-
-
-def _largest_first(images: ImageRefs, band: ShardBand, compression: str) -> list[ShardSpec]:
-    """``image_shards``, the largest planned first (equal ones in plan order). A runner
-    that writes the shards one after another, as the local one does (the spread keeps
-    their order), then ends on a small one: the last shard's write, contents list
-    and verification, which no other shard's work overlaps, are the shortest (on
-    60k tiny PNGs: the 10k-image test split last, not the 50k-image train split)."""
-    return sorted(image_shards(images, band, compression), key=lambda spec: -spec.planned_bytes)
-
-
-def _ref_specs(refs: Sequence[ImageRef], band: ShardBand, compression: str) -> Iterator[ShardSpec]:
-    """The specs of a list of references, split by split."""
-    by_split: dict[str, list[ImageRef]] = {}
-    for ref in refs:
-        by_split.setdefault(ref.split, []).append(ref)
-    for split in sorted(by_split):
-        items = sorted(by_split[split], key=lambda r: (r.key, r.filename))
-        yield from split_specs(split, [estimated_record_size(r) for r in items], band, compression,
-                               lambda a, b, items=items: ImageRefs.pack(items[a:b]))
-
-
-def _column_specs(refs: RefColumns, band: ShardBand, compression: str) -> Iterator[ShardSpec]:
-    """``_ref_specs`` of references held as columns, planned on the columns: each
-    spec's references are columns of their own (no ``ImageRef`` is made here)."""
-    if not len(refs):
-        return
-    splits = refs.column("split")
-    split_of = np.array(splits)
-    keys = np.array(refs.column("key"))
-    names = np.array(refs.column("filename"))
-    planned = np.array(planned_sizes(refs), dtype=np.int64)
-    for split in sorted(set(splits)):
-        members = np.flatnonzero(split_of == split)
-        # Key order, then name (as ``sorted(key=(key, filename))``: lexsort is stable).
-        order = members[np.lexsort((names[members], keys[members]))].tolist()
-        yield from split_specs(split, planned[order], band, compression,
-                               lambda a, b, order=order: ImageRefs.pack_columns(refs.take(order[a:b])))
-
-
-def _table_specs(table: RefTable, band: ShardBand, compression: str) -> Iterator[ShardSpec]:
-    """The specs of a table, split by split (each spec's rows a table of their own)."""
-    planned = (record_overheads(table.vocabulary)[table.labels] + table.sizes + table.name_lengths()
-                  + table.annotation_lengths())
-    for split, order in split_orders(table):
-        yield from split_specs(split, planned[order], band, compression,
-                               lambda a, b, order=order: pack_refs(table.gather(order[a:b])))
-
-
 class PlanImageShards(beam.PTransform):
     """``ImageRefs`` → one ``ShardSpec`` per shard, spread over workers."""
 
@@ -355,37 +279,10 @@ class PlanImageShards(beam.PTransform):
     def expand(self, refs):
         return (
             refs
-            | "CutSplits" >> beam.FlatMap(_largest_first, self._band, self._compression)
+            | "CutSplits" >> beam.FlatMap(largest_first, self._band, self._compression)
             # One element per shard: spread them so each worker writes some.
             | "Spread" >> beam.Reshuffle()
         )
-
-
-def _tasks(refs: Sequence[ImageRef], workers: int) -> list[tuple[Sequence[ImageRef], list[int]]]:
-    """A shard's references as tasks ``(refs, bounds)``: consecutive runs (batches,
-    one chunk each) of at most _CHUNK_FILES files and about _CHUNK_BYTES bytes, up
-    to _TASK_BATCHES of them a task (and no more than _CHUNK_BYTES bytes, so no more
-    is in flight than before) while that leaves each of ``workers`` several tasks. Each task's references are a table of its own for a ``RefTable``, else
-    columns of their own (no ``ImageRef`` pickled)."""
-    if isinstance(refs, RefTable):
-        sizes = refs.sizes.tolist()
-    else:
-        refs = refs if isinstance(refs, RefColumns) else RefColumns.of(refs)
-        sizes = refs.column("size")
-    cut = refs.span
-    bounds = batch_bounds(sizes, _CHUNK_FILES, _CHUNK_BYTES)
-    step = max(1, min(_TASK_BATCHES, (len(bounds) - 1) // (4 * max(1, workers))))
-    ends = [0, *itertools.accumulate(sizes)]
-    tasks, first = [], 0
-    while first < len(bounds) - 1:
-        last = first + 1  # Batches first..last-1; no more bytes a task than a batch may hold.
-        while (last < len(bounds) - 1 and last - first < step
-               and ends[bounds[last + 1]] - ends[bounds[first]] <= _CHUNK_BYTES):
-            last += 1
-        cuts = bounds[first:last + 1]
-        tasks.append((cut(cuts[0], cuts[-1]), [b - cuts[0] for b in cuts]))
-        first = last
-    return tasks
 
 
 class ImageRecords(RecordSource):
@@ -443,11 +340,31 @@ class ImageRecords(RecordSource):
                 return pool, self._processes
         return self._threads, self._read_threads
 
+    def start_early(self, spec: ShardSpec, most_bytes: int) -> int:
+        """Starts encoding the first ``most_bytes`` (about) of ``spec``'s files on the
+        helper processes now, when they are to write it (``helpers.submit_early``):
+        ``chunks`` takes those tasks' results. Returns the files started."""
+        count = spec.records.count
+        if not (self._processes > 0 and count and spec.planned_bytes < SMALL_FILE_BYTES * count):
+            return 0
+        pool = helper_pool(self._processes)
+        if pool is None:
+            return 0
+        most_files = max(1, most_bytes * count // max(1, spec.planned_bytes))
+        items, files = [], 0
+        for item in shard_tasks(spec.records.unpack(), self._processes):
+            if files >= most_files:
+                break
+            items.append(item)
+            files += item[1][-1]
+        submit_early(pool, ImageBatchTask(self._builder), items)
+        return files
+
     def chunks(self, spec: ShardSpec) -> Iterator[Chunk]:
         pool, workers = self._pool_for(spec)
         # Each batch is one task; what it hands back is the chunk's fields already.
         task = ImageBatchTask(self._builder)
-        for batches in ordered_map(pool, task, _tasks(spec.records.unpack(), workers), workers + 2):
+        for batches in ordered_map(pool, task, shard_tasks(spec.records.unpack(), workers), workers + 2):
             progress.add(inputs=sum(b.inputs for b in batches), input_bytes=sum(b.input_bytes for b in batches))
             for batch in batches:
                 yield Chunk(*chunk_fields(batch))

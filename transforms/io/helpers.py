@@ -16,11 +16,13 @@ import concurrent.futures.process
 import contextlib
 import fcntl
 import gc
+import hashlib
 import importlib
 import itertools
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -38,7 +40,9 @@ __all__ = [
     "helpers_pay",
     "ordered_map",
     "ready_helper_pool",
+    "drop_early",
     "retire_helper_pool",
+    "submit_early",
     "verify_range",
 ]
 
@@ -62,6 +66,10 @@ _pool: concurrent.futures.ProcessPoolExecutor | None = None
 _pool_size = 0
 _pool_broken = False
 _warmups: list[concurrent.futures.Future] = []
+# Tasks submitted before the step that needs them asks (``submit_early``), by the
+# digest of the task pickled: ``ordered_map`` takes their futures instead of running
+# them again.
+_early: dict[bytes, tuple[concurrent.futures.Executor, concurrent.futures.Future]] = {}
 
 
 def verify_range(path: str, start: int, end: int, first_index: int,
@@ -159,18 +167,74 @@ def helpers_pay(files: int, total_bytes: int) -> bool:
     return files >= HELPER_MIN_FILES and total_bytes < SMALL_FILE_BYTES * files
 
 
+def _task_key(fn: Callable, item) -> bytes:
+    """What ``submit_early`` files a task under: the SHA-256 of ``(fn, item)`` pickled
+    (equal tasks pickle to equal bytes; a task that differs in anything is another)."""
+    return hashlib.sha256(pickle.dumps((fn, item), protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+def submit_early(pool: concurrent.futures.Executor, fn: Callable, items: Iterable) -> int:
+    """Runs ``fn`` on each of ``items`` on ``pool`` now, before the step that needs
+    them asks: ``ordered_map(pool, fn, ...)`` then takes these futures for the same
+    ``(fn, item)`` instead of running them again (the local runner's first shard is
+    encoded while the runner starts). Returns how many were submitted. Results never
+    asked for are dropped with the pool (``retire_helper_pool``)."""
+    count = 0
+    for item in items:
+        key = _task_key(fn, item)
+        with _pool_lock:
+            if key not in _early:
+                _early[key] = (pool, pool.submit(fn, item))
+                count += 1
+    return count
+
+
+def drop_early() -> None:
+    """Forgets the tasks ``submit_early`` started that nothing took (a run that ended
+    before its writer asked): those not begun are cancelled, their results dropped."""
+    with _pool_lock:
+        for _, future in _early.values():
+            future.cancel()
+        _early.clear()
+
+
+def _take_early(pool: concurrent.futures.Executor, fn: Callable, item) -> concurrent.futures.Future | None:
+    """The future ``submit_early`` made for ``fn(item)`` on ``pool``, taken; else ``None``."""
+    key = _task_key(fn, item)
+    with _pool_lock:
+        found = _early.get(key)
+        if found is None or found[0] is not pool:
+            return None
+        del _early[key]
+    return found[1]
+
+
 def ordered_map(pool: concurrent.futures.Executor, fn: Callable, items: Iterable,
                 window: int) -> Iterator:
     """``map(fn, items)`` on a pool, in order, with at most ``window`` tasks in flight
-    (so a reader stays a few items ahead of its consumer, never the whole input)."""
+    (so a reader stays a few items ahead of its consumer, never the whole input).
+
+    Tasks ``submit_early`` already started are taken, not run again, while they come
+    in a row: from the first item that was not started early on, every item is
+    submitted (none is pickled a second time to look it up)."""
     pending: collections.deque = collections.deque()
     iterator = iter(items)
+    looking = [bool(_early)]
+
+    def submit(item) -> concurrent.futures.Future:
+        if looking[0]:
+            found = _take_early(pool, fn, item)
+            if found is not None:
+                return found
+            looking[0] = False
+        return pool.submit(fn, item)
+
     for item in itertools.islice(iterator, window):
-        pending.append(pool.submit(fn, item))
+        pending.append(submit(item))
     while pending:
         done = pending.popleft()
         for item in itertools.islice(iterator, 1):
-            pending.append(pool.submit(fn, item))
+            pending.append(submit(item))
         yield done.result()
 
 
@@ -195,6 +259,7 @@ def helper_pool(
         if _pool is None or _pool_size != processes:
             if _pool is not None:
                 _pool.shutdown(wait=False)
+                _early.clear()
             _pool = concurrent.futures.ProcessPoolExecutor(
                 processes, mp_context=multiprocessing.get_context("spawn"),
                 initializer=_die_with_parent, initargs=(os.getpid(),),
@@ -221,6 +286,7 @@ def ready_helper_pool(processes: int) -> concurrent.futures.ProcessPoolExecutor 
         _log.warning("Helper processes could not start (%s); encoding in threads instead", err)
         with _pool_lock:
             _pool_broken = True
+            _early.clear()
         pool.shutdown(wait=False, cancel_futures=True)
         return None
     return pool
@@ -237,6 +303,7 @@ def retire_helper_pool() -> None:
             _pool.shutdown(wait=False, cancel_futures=True)
             _pool = None
             _warmups.clear()
+        _early.clear()
 
 
 @atexit.register

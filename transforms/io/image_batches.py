@@ -16,6 +16,7 @@ image, its facts and dropped objects).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -23,7 +24,11 @@ from beam_tfrecords.schemas.elements import DeadLetter, ImageRef, RefColumns
 from beam_tfrecords.transforms.io.image_records import ImageRecordBuilder, estimated_record_size
 
 __all__ = ["EncodedBatch", "ImageBatchTask", "batch_bounds", "chunk_fields", "encode_batch", "encode_batches",
-           "planned_sizes"]
+           "planned_sizes", "shard_tasks"]
+
+_CHUNK_FILES = 64
+_CHUNK_BYTES = 4 << 20
+_TASK_BATCHES = 4  # Chunks a helper's task makes at most: fewer hand-offs a file.
 
 
 class EncodedBatch(NamedTuple):
@@ -148,6 +153,35 @@ def batch_bounds(sizes: Sequence[int], most_files: int, most_bytes: int) -> list
     if len(sizes):
         bounds.append(len(sizes))
     return bounds
+
+
+def shard_tasks(refs: Sequence[ImageRef], workers: int) -> list[tuple[Sequence[ImageRef], list[int]]]:
+    """A shard's references as tasks ``(refs, bounds)``: consecutive runs (batches,
+    one chunk each) of at most _CHUNK_FILES files and about _CHUNK_BYTES bytes, up
+    to _TASK_BATCHES of them a task (and no more than _CHUNK_BYTES bytes, so no more
+    is in flight than before) while that leaves each of ``workers`` several tasks.
+    Each task's references are a table of their own for a ``plan.ref_table.RefTable``
+    (which has ``sizes``), else columns of their own (no ``ImageRef`` pickled)."""
+    table_sizes = getattr(refs, "sizes", None)
+    if table_sizes is not None:
+        sizes = table_sizes.tolist()
+    else:
+        refs = refs if isinstance(refs, RefColumns) else RefColumns.of(refs)
+        sizes = refs.column("size")
+    cut = refs.span
+    bounds = batch_bounds(sizes, _CHUNK_FILES, _CHUNK_BYTES)
+    step = max(1, min(_TASK_BATCHES, (len(bounds) - 1) // (4 * max(1, workers))))
+    ends = [0, *itertools.accumulate(sizes)]
+    tasks, first = [], 0
+    while first < len(bounds) - 1:
+        last = first + 1  # Batches first..last-1; no more bytes a task than a batch may hold.
+        while (last < len(bounds) - 1 and last - first < step
+               and ends[bounds[last + 1]] - ends[bounds[first]] <= _CHUNK_BYTES):
+            last += 1
+        cuts = bounds[first:last + 1]
+        tasks.append((cut(cuts[0], cuts[-1]), [b - cuts[0] for b in cuts]))
+        first = last
+    return tasks
 
 
 def planned_sizes(refs: RefColumns) -> list[int]:
