@@ -51,7 +51,7 @@ __all__ = [
 # which threads do in parallel without the GIL.
 SMALL_FILE_BYTES = 64 << 10
 
-# A helper costs ~0.25 s of CPU to spawn and import its codecs; threads encode a
+# A helper costs ~0.15 s of CPU to spawn and import its codecs; threads encode a
 # small file for ~0.1 ms. Below this many files a run's helpers never pay back
 # their start (a 9-image run spent 0.55 s of CPU and 0.35 s of wall on them).
 HELPER_MIN_FILES = 2048
