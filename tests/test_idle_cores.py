@@ -6,13 +6,15 @@
 * The local runner's per-step timers end within 10 ms of a bundle's end, not 200.
 * A helper's numpy starts no OpenBLAS threads (~0.1 s of CPU per helper).
 * The local runner's first shard is encoded on the helpers while the runner starts
-  (its tasks are taken by its writer, not run again; the bytes are the same).
+  (its tasks are taken by its writer, not run again; the bytes are the same), and
+  ``inputs.jsonl``'s pieces are completed on them (the same file and fingerprint).
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -207,10 +209,16 @@ class _NoStart:
 _EARLY_RUN = textwrap.dedent("""
     import sys
     from beam_tfrecords import ConvertConfig, convert
-    from beam_tfrecords.transforms import image_plans, image_steps
+    from beam_tfrecords.transforms import gather, image_steps
     from beam_tfrecords.transforms.io import helpers
     root, out = sys.argv[1], sys.argv[2]
-    counts = {"early": 0, "taken": 0}
+    counts = {"early": 0, "taken": 0, "pieces": 0}
+    live = gather.live_helper_pool
+    def counted_live():
+        pool = live()
+        counts["pieces"] += pool is not None
+        return pool
+    gather.live_helper_pool = counted_live
     submit, take = helpers.submit_early, helpers._take_early
     def counted_submit(pool, fn, items):
         n = submit(pool, fn, items)
@@ -224,7 +232,8 @@ _EARLY_RUN = textwrap.dedent("""
     helpers._take_early = counted_take
     for name, processes in (("auto", -1), ("threads", 0)):
         result = convert(ConvertConfig(input=root, output=out + "/" + name, encode_processes=processes))
-        print(name, result.ok, result.report.records, counts["early"], counts["taken"], len(helpers._early))
+        print(name, result.ok, result.report.records, counts["early"], counts["taken"], len(helpers._early),
+              counts["pieces"])
 """)
 
 
@@ -242,11 +251,15 @@ def test_the_first_shard_is_encoded_while_the_runner_starts_with_the_same_bytes(
     # Every task started early was taken by the shard's writer; none is left.
     assert auto[:3] == ["auto", "True", str(HELPER_MIN_FILES)] and int(auto[3]) > 0
     assert auto[4] == auto[3] and auto[5] == "0", done.stdout
-    assert f"threads True {HELPER_MIN_FILES} {auto[3]} {auto[3]} 0" in lines, done.stdout  # Threads: none.
+    # inputs.jsonl's piece was completed on a helper, then none with threads only.
+    assert auto[6] == "1" and f"threads True {HELPER_MIN_FILES} {auto[3]} {auto[3]} 0 1" in lines, done.stdout
 
-    def shards(name):
+    def published(name):
         folder = os.path.join(out, name)
+        with open(os.path.join(folder, "manifest.json"), encoding="utf-8") as f:
+            manifest = json.load(f)
         return {n: hashlib.sha256(open(os.path.join(folder, n), "rb").read()).hexdigest()
-                for n in sorted(os.listdir(folder)) if n.endswith(".tfrecord")}
+                for n in sorted(os.listdir(folder)) if n.endswith(".tfrecord") or n == "inputs.jsonl"}, \
+            manifest["input"]
 
-    assert shards("auto") and shards("auto") == shards("threads")
+    assert published("auto")[0] and published("auto") == published("threads")

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.transforms.window import GlobalWindows
 
 from beam_tfrecords.schemas.elements import CompletedInputs, ShardResult
 from beam_tfrecords.schemas.inputs import (
@@ -45,11 +46,12 @@ from beam_tfrecords.schemas.inputs import (
     UNIT_INPUTS_DIR,
     InputsFingerprint,
     complete_inputs,
-    complete_lines,
     unit_inputs_name,
 )
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.contents import paused_gc, shard_contents
+from beam_tfrecords.transforms.io.helpers import live_helper_pool
+from beam_tfrecords.transforms.io.piece_completion import complete_local_piece, complete_piece
 from beam_tfrecords.transforms.quality.duplicates import DuplicateTally, content_groups, duplicate_report
 
 __all__ = ["COMPLETED_INPUTS", "GatherContents", "Gathered", "gather_in_process", "input_pieces", "join_gathered"]
@@ -59,8 +61,12 @@ _log = logging.getLogger(__name__)
 # own file there is never overwritten: a retried piece reads it again).
 COMPLETED_INPUTS = "inputs.completed.jsonl"
 _PIECES_DIR = "inputs-completed"
-# inputs.jsonl is completed in pieces of about this many bytes (~250,000 lines).
+# inputs.jsonl is completed in pieces of about this many bytes (~250,000 lines), and
+# in at least _SOME_PIECES of them once it holds _SOME_PIECES MiB (~10,000 lines a
+# MiB): pieces the helper processes of a local run complete side by side.
 PIECE_BYTES = 32 << 20
+_SOME_PIECES = 4
+_PIECE_BYTES_AT_LEAST = 1 << 20
 # Duplicates are found in this many content-hash buckets (a bucket holds 1/64 of the
 # records: ~160,000 at 10M, ~30 MB).
 BUCKETS = 64
@@ -179,7 +185,9 @@ def input_pieces(temp_dir: str, input_units: int, piece_bytes: int = PIECE_BYTES
     listing, and a few short reads per piece)."""
     groups: list[list[tuple[str, int, int]]] = [[]]
     held = 0
-    for source, size in _sources(temp_dir, input_units):
+    sources = _sources(temp_dir, input_units)
+    piece_bytes = min(piece_bytes, max(_PIECE_BYTES_AT_LEAST, sum(size for _, size in sources) // _SOME_PIECES))
+    for source, size in sources:
         for start, end in _line_ranges(source, size, piece_bytes):
             if groups[-1] and held + end - start > piece_bytes:
                 groups.append([])
@@ -300,10 +308,19 @@ class _RouteNamesFn(beam.DoFn):
 class _GatherFn(beam.DoFn):
     """A content-hash bucket → ``(None, ("tally", DuplicateTally))`` of its groups of
     copies; an ``inputs.jsonl`` piece with its files' hashes → ``(None, ("piece",
-    _DonePiece))``, its lines completed (sorted) and written."""
+    _DonePiece))``, its lines completed (sorted) and written.
+
+    A run whose temporary folder is local and whose helper processes still run (the
+    local runner's) has its pieces completed there (``io.piece_completion``), side by
+    side, while this process tallies the buckets; they are handed on at the bundle's
+    end."""
 
     def __init__(self, temp_dir: str):
         self._temp_dir = temp_dir
+        self._pending: list = []
+
+    def start_bundle(self) -> None:
+        self._pending = []
 
     def process(self, element) -> Iterator:
         (kind, index), values = element
@@ -311,6 +328,11 @@ class _GatherFn(beam.DoFn):
             done = self._bucket(values) if kind == "bucket" else self._piece(index, values)
         if done is not None:
             yield None, done
+
+    def finish_bundle(self) -> Iterator:
+        pending, self._pending = self._pending, []
+        for index, future in pending:
+            yield GlobalWindows.windowed_value((None, ("piece", self._done(index, future.result()))))
 
     @staticmethod
     def _bucket(values) -> tuple:
@@ -321,40 +343,34 @@ class _GatherFn(beam.DoFn):
         return "tally", tally
 
     def _piece(self, index: int, values) -> tuple | None:
-        found, digests, excluded = [], {}, set()
+        found, names, excluded = [], [], set()
         for what, value in values:
             if what == "piece":
                 found.append(value)
             elif what == "names":
-                digests.update(marshal.loads(value))
+                names.append(value)
             else:
                 excluded.update(value)
-        return ("piece", self._complete(index, found[0], digests, excluded)) if found else None
+        if not found:
+            return None
+        ranges, path = found[0].ranges, self._piece_path(index)
+        pool = live_helper_pool() if files.is_local(self._temp_dir) else None
+        if pool is not None:
+            self._pending.append((index, pool.submit(complete_local_piece, ranges, names, excluded, path)))
+            return None
+        digests: dict = {}
+        for blob in names:
+            digests.update(marshal.loads(blob))
+        return "piece", self._done(index, complete_piece(ranges, digests, excluded, path, files.open_read,
+                                                         files.write_bytes))
 
-    def _complete(self, index: int, piece: _Piece, digests: dict, excluded: set) -> _DonePiece:
-        data = _piece_bytes(piece)
-        source, start, _ = piece.ranges[0]
-        where = f"{source.rsplit('/', 1)[-1]} (a piece from byte {start:,})"
-        part = complete_lines(data, digests, excluded, source=where, sort=True)
-        del data
-        path = files.join(self._temp_dir, _PIECES_DIR, f"piece-{index:06d}")
-        files.write_bytes(path, part.lines + part.file_tokens)
-        return _DonePiece(index, path, len(part.lines), len(part.lines) + len(part.file_tokens),
-                          part.role_tokens, part.files, part.first_key, part.last_key)
+    def _piece_path(self, index: int) -> str:
+        return files.join(self._temp_dir, _PIECES_DIR, f"piece-{index:06d}")
 
-
-def _piece_bytes(piece: _Piece) -> bytes:
-    """A piece's lines, read range by range (a source that does not end its last line
-    has one added, so that two sources never run into one line)."""
-    parts = []
-    for source, start, end in piece.ranges:
-        if start == end:
-            continue
-        with files.open_read(source) as stream:
-            stream.seek(start)
-            data = stream.read(end - start)
-        parts.append(data if data.endswith(b"\n") else data + b"\n")
-    return b"".join(parts)
+    def _done(self, index: int, made: tuple) -> _DonePiece:
+        lines_size, size, role_tokens, count, first_key, last_key = made
+        return _DonePiece(index, self._piece_path(index), lines_size, size, role_tokens, count, first_key,
+                          last_key)
 
 
 def _ordered(done: Sequence[_DonePiece]) -> bool:

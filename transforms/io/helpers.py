@@ -38,6 +38,7 @@ __all__ = [
     "SMALL_FILE_BYTES",
     "helper_pool",
     "helpers_pay",
+    "live_helper_pool",
     "ordered_map",
     "ready_helper_pool",
     "drop_early",
@@ -271,6 +272,13 @@ def helper_pool(
             with _stand_in_main():
                 _warmups.extend(_pool.submit(_preload, preload) for _ in range(processes))
         return _pool
+
+
+def live_helper_pool() -> concurrent.futures.ProcessPoolExecutor | None:
+    """The process's helper pool while it runs (before ``retire_helper_pool``); ``None``
+    when there is none. Never starts one."""
+    with _pool_lock:
+        return None if _pool_broken else _pool
 
 
 def ready_helper_pool(processes: int) -> concurrent.futures.ProcessPoolExecutor | None:
