@@ -221,8 +221,14 @@ def _router(pieces: Sequence[_Piece]):
     if not keyed:
         return lambda _: -1
 
+    # Lines of files without a role only (the usual run): routed by path alone, with no
+    # key tuple made per name.
+    paths = [key[2] for key in keys] if all(key[0] is True and key[1] == "" for key in keys) else None
+
     def route(filename: str) -> int:
-        return keyed[max(0, bisect.bisect_right(keys, (True, "", filename)) - 1)][1]
+        at = bisect.bisect_right(paths, filename) if paths is not None else bisect.bisect_right(
+            keys, (True, "", filename))
+        return keyed[max(0, at - 1)][1]
 
     if len(keyed) == 1:
         route.only = keyed[0][1]
