@@ -33,13 +33,25 @@ import hashlib
 import io
 import os
 import stat
-import struct
 from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
 import google_crc32c
 
 from beam_tfrecords.schemas.shards import check_compression
+from beam_tfrecords.transforms.codec.record_scan import (
+    CRC_FIELD,
+    HEADER_FIELDS,
+    LENGTH_FIELD,
+    RECORD_OVERHEAD,
+    RECORD_PIECE,
+    RecordError,
+    ends_inside,
+    mask_crc,
+    read_exact,
+    scan_range,
+    scan_records,
+)
 
 __all__ = [
     "CHECKPOINT_BYTES",
@@ -56,12 +68,12 @@ __all__ = [
     "mask_crc",
     "masked_crc32c",
     "digest_stream",
+    "scan_range",
     "scan_records",
     "scan_stream",
     "stream_size",
 ]
 
-RECORD_OVERHEAD = 16  # 8-byte length + 4-byte length CRC + 4-byte data CRC.
 # A shard's record boundaries are reported about this often (``checkpoints``), so
 # that its verification can check the pieces between them in parallel; every
 # planner and writer uses this one spacing.
@@ -69,14 +81,8 @@ CHECKPOINT_BYTES = 16 << 20
 
 _MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
-_LENGTH = struct.Struct("<Q")
-_HEADER = struct.Struct("<QI")
-_FOOTER = struct.Struct("<I")
+_LENGTH, _HEADER, _FOOTER = LENGTH_FIELD, HEADER_FIELDS, CRC_FIELD
 _READ_CHUNK = 1 << 20
-_SCAN_BLOCK = 1 << 20
-# A record longer than this is read in pieces of this size, its CRC computed piece by
-# piece: no read is sized by a length field alone.
-RECORD_PIECE = 1 << 20
 # What scan_stream holds for one file, whatever its length fields say: a block, a
 # record carried into the next block (under two blocks), the two joined, a piece
 # of a long record (twice, inside gzip's reader), and gzip's own buffers.
@@ -90,11 +96,6 @@ _crc32c = google_crc32c.value
 _HEADS: dict[int, bytes] = {}
 _HEADS_KEPT = 1 << 16
 _crc32c_extend = google_crc32c.extend
-
-
-def mask_crc(crc: int) -> int:
-    """TFRecord's mask of a CRC-32C: ``((crc >> 15) | (crc << 17)) + 0xa282ead8`` mod 2**32."""
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32
 
 
 def masked_crc32c(data: bytes | memoryview) -> int:
@@ -326,27 +327,6 @@ class TFRecordWriter:
         return FileDigest(records=self._records, bytes=self._hashing.bytes, crc32c=crc, sha256=sha)
 
 
-class RecordError(ValueError):
-    """A fault in a TFRecord stream.
-
-    Attributes:
-      kind: ``'truncated'``, ``'length_crc'``, ``'data_crc'`` or ``'too_large'``
-        (a record longer than a reader's ``max_record``).
-      index: 0-based index of the faulty record.
-      offset: byte offset of the record's start in the (uncompressed) stream.
-    """
-
-    def __init__(self, kind: str, index: int, offset: int, detail: str):
-        self.kind = kind
-        self.index = index
-        self.offset = offset
-        self.detail = detail
-        super().__init__(f"record {index} at byte offset {offset}: {detail}")
-
-    def __reduce__(self):  # Crosses process boundaries whole (parallel verification).
-        return RecordError, (self.kind, self.index, self.offset, self.detail)
-
-
 class ObservingReader(io.RawIOBase):
     """A read-only stream that passes ``source`` through and shows ``observe`` every
     piece of bytes read, in order (to hash or count what a parser consumes)."""
@@ -427,7 +407,7 @@ def iter_records(stream: BinaryIO, check_crc: bool = True, size: int | None = No
         if check_crc and masked_crc32c(header[:8]) != length_crc:
             raise RecordError("length_crc", index, offset, "length CRC mismatch (corrupt length field)")
         if size is not None and length + 4 > size - offset - 12:
-            raise _ends_inside(index, offset, length, max(0, size - offset - 12))
+            raise ends_inside(index, offset, length, max(0, size - offset - 12))
         if max_record is not None and length > max_record:
             raise RecordError("too_large", index, offset,
                               f"the record claims {length:,} bytes, more than the {max_record:,} "
@@ -435,7 +415,7 @@ def iter_records(stream: BinaryIO, check_crc: bool = True, size: int | None = No
         if length + 4 <= RECORD_PIECE:
             body = read(length + 4)
             if len(body) < length + 4:
-                raise _ends_inside(index, offset, length, len(body))
+                raise ends_inside(index, offset, length, len(body))
             data = body[:length]
             crc = _FOOTER.unpack_from(body, length)[0]
             if check_crc and masked_crc32c(data) != crc:
@@ -449,25 +429,6 @@ def iter_records(stream: BinaryIO, check_crc: bool = True, size: int | None = No
         offset += length + RECORD_OVERHEAD
 
 
-def _ends_inside(index: int, offset: int, length: int, present: int) -> RecordError:
-    return RecordError("truncated", index, offset,
-                       f"stream ends inside the record: {length + 4} bytes of data and CRC "
-                       f"expected, {present} present")
-
-
-def _read_exact(read, n: int) -> bytes:
-    """Up to ``n`` bytes: fewer only at the end of the stream."""
-    data = read(n)
-    if len(data) == n or not data:
-        return data
-    parts = [data]
-    got = len(data)
-    while got < n and (more := read(n - got)):
-        parts.append(more)
-        got += len(more)
-    return b"".join(parts)
-
-
 def _read_long(read, index: int, offset: int, length: int) -> tuple[bytes, int, int]:
     """A long record's data (read in pieces of ``RECORD_PIECE``), its stored CRC
     and the CRC-32C computed over the pieces."""
@@ -475,13 +436,13 @@ def _read_long(read, index: int, offset: int, length: int) -> tuple[bytes, int, 
     while got < length:
         piece = read(min(RECORD_PIECE, length - got))
         if not piece:
-            raise _ends_inside(index, offset, length, got)
+            raise ends_inside(index, offset, length, got)
         crc = _crc32c_extend(crc, piece)
         pieces.append(piece)
         got += len(piece)
-    footer = _read_exact(read, 4)
+    footer = read_exact(read, 4)
     if len(footer) < 4:
-        raise _ends_inside(index, offset, length, got + len(footer))
+        raise ends_inside(index, offset, length, got + len(footer))
     return b"".join(pieces), _FOOTER.unpack(footer)[0], crc
 
 
@@ -514,75 +475,10 @@ def scan_stream(source: BinaryIO, compression: str = "none",
     hashing = _HashingReader(source)
     buffered = io.BufferedReader(hashing, buffer_size=_READ_CHUNK)
     with gzip.GzipFile(fileobj=buffered, mode="rb") as stream:
-        records = _scan_blocks(stream.read, None, None)
+        records = scan_range(stream.read, None)
     hashing.drain()
     crc, sha = hashing.digests()
     return FileDigest(records=records, bytes=hashing.bytes, crc32c=crc, sha256=sha)
-
-
-def scan_records(data: bytes, first_index: int = 0, base_offset: int = 0,
-                 offsets: list[int] | None = None) -> int:
-    """Checks every record of a block that starts and ends at record boundaries.
-
-    The same checks as ``iter_records`` over bytes already in memory, without
-    copying records out; a shard can be checked in pieces, in parallel, when its
-    record boundaries at a few offsets are known.
-
-    Args:
-      data: whole records, back to back.
-      first_index, base_offset: the first record's index and byte offset in its
-        file, for error messages.
-      offsets: where each record checked starts in ``data`` is appended to it (for
-        an index of the block: ``codec.record_index.index_lines``).
-
-    Returns:
-      The number of records.
-
-    Raises:
-      RecordError: naming the index and file offset of the first faulty record;
-        a block that ends inside a record is ``truncated``.
-    """
-    return _scan_block(data, first_index, base_offset, final=True, offsets=offsets)[0]
-
-
-def _scan_block(data: bytes, first_index: int, base_offset: int, final: bool,
-                offsets: list[int] | None = None) -> tuple[int, int]:
-    """``scan_records``; unless ``final``, a record the block ends inside is left
-    for the next block (once its length field is proved). Returns ``(records,
-    bytes checked)``."""
-    unpack, value, end = _HEADER.unpack_from, google_crc32c.value, len(data)
-    footer = _FOOTER.unpack_from
-    offset = index = 0
-    try:
-        while offset < end:
-            if not final and end - offset < 12:
-                break
-            length, length_crc = unpack(data, offset)
-            # mask_crc, inline (a call a check was a quarter of the scan's time on small records).
-            crc = value(data[offset:offset + 8])
-            if (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32 != length_crc:
-                raise RecordError("length_crc", first_index + index, base_offset + offset,
-                                  "length CRC mismatch (corrupt length field)")
-            start = offset + 12
-            if start + length + 4 > end:
-                if not final:
-                    break
-                raise RecordError("truncated", first_index + index, start - 12 + base_offset,
-                                  f"stream ends inside the record: {length + 4} bytes of data "
-                                  f"and CRC expected, {end - start} present")
-            next_offset = start + length + 4
-            crc = value(data[start:next_offset - 4])
-            if (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32 != footer(data, next_offset - 4)[0]:
-                raise RecordError("data_crc", first_index + index, start - 12 + base_offset,
-                                  "data CRC mismatch (corrupt record data)")
-            if offsets is not None:
-                offsets.append(offset)
-            offset = next_offset
-            index += 1
-    except struct.error:  # Fewer than 12 bytes left for a header.
-        raise RecordError("truncated", first_index + index, base_offset + offset,
-                          f"stream ends inside the 12-byte header ({end - offset} bytes)") from None
-    return index, offset
 
 
 def stream_size(source: BinaryIO) -> int | None:
@@ -614,73 +510,9 @@ def _scan_plain(source: BinaryIO, observe: Callable[[bytes], None] | None = None
         def both(data: bytes) -> None:
             digests.update(data)
             observe(data)
-    records = _scan_blocks(source.read, stream_size(source), both)
+    records = scan_range(source.read, stream_size(source), observe=both)
     crc, sha = digests.digests()
     return FileDigest(records=records, bytes=digests.bytes, crc32c=crc, sha256=sha)
-
-
-def _scan_blocks(read, size: int | None, observe) -> int:
-    """Checks every record of an uncompressed stream in one linear pass; returns
-    their count.
-
-    Each block is checked in place (``_scan_block``); a record that spans blocks
-    is carried into the next block when it ends there, and otherwise streamed
-    through the CRC piece by piece (``_stream_record``), so no byte is copied
-    more than a few times and no read is sized by a length field alone.
-
-    Args:
-      read: the stream's ``read``.
-      size: the stream's length when known: a record claiming more than is left
-        fails at once.
-      observe: called with every piece of bytes read, in order (or ``None``).
-    """
-    records = 0
-    carried = b""
-    offset = 0  # Stream offset of carried[0].
-    while block := read(_SCAN_BLOCK):
-        if observe:
-            observe(block)
-        data = carried + block if carried else block
-        count, used = _scan_block(data, records, offset, final=False)
-        records += count
-        offset += used
-        left = len(data) - used
-        if left >= 12:  # The next record's length field is whole and proved.
-            length = _LENGTH.unpack_from(data, used)[0]
-            if size is not None and length + 4 > size - offset - 12:
-                raise _ends_inside(records, offset, length, size - offset - 12)
-            if length + 16 - left > _SCAN_BLOCK:  # It does not end in the next block.
-                _stream_record(read, observe, data[used + 12:], length, records, offset)
-                records += 1
-                offset += length + RECORD_OVERHEAD
-                carried = b""
-                continue
-        carried = data[used:] if left else b""
-    if carried:
-        _scan_block(carried, records, offset, final=True)  # Raises: the file ends inside a record.
-    return records
-
-
-def _stream_record(read, observe, head: bytes, length: int, index: int, offset: int) -> None:
-    """Checks a long record's data CRC without holding it: ``head`` is what of its
-    data was read already (less than ``length``); the rest is read in pieces."""
-    crc = _crc32c_extend(0, head)
-    got = len(head)
-    while got < length:
-        piece = read(min(RECORD_PIECE, length - got))
-        if not piece:
-            raise _ends_inside(index, offset, length, got)
-        if observe:
-            observe(piece)
-        crc = _crc32c_extend(crc, piece)
-        got += len(piece)
-    footer = _read_exact(read, 4)
-    if observe and footer:
-        observe(footer)
-    if len(footer) < 4:
-        raise _ends_inside(index, offset, length, got + len(footer))
-    if mask_crc(crc) != _FOOTER.unpack(footer)[0]:
-        raise RecordError("data_crc", index, offset, "data CRC mismatch (corrupt record data)")
 
 
 def digest_stream(source: BinaryIO) -> tuple[int, str, str]:
