@@ -23,13 +23,18 @@ def run() -> int:
     numpy's OpenBLAS starts no threads (unless ``OPENBLAS_NUM_THREADS`` says
     otherwise): nothing here does linear algebra, and its thread per core cost
     ~0.05 s of CPU to start on every run (the helper processes set the same).
+
+    This process is the CLI's own, its threads known: a run that starts helper
+    processes before its runner forks them (``helpers.allow_forked_helpers``).
     """
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     gc.disable()
     _walk_input_early(sys.argv[1:])
     with _connectors_left_out():
         from beam_tfrecords.cli import main  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms.io.helpers import allow_forked_helpers  # pylint: disable=import-outside-toplevel
 
+    allow_forked_helpers()
     gc.freeze()
     gc.enable()
     return main()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import shutil
 import sys
 import threading
@@ -57,6 +58,27 @@ _BAR_SECONDS = 0.25  # Redraws of the terminal line: at most 4 a second.
 _RATE_WINDOW = 5.0  # Seconds over which the rate is measured.
 _log = logging.getLogger("beam_tfrecords.progress")
 _active: Reporter | None = None
+# The progress line's lock while this process forks (``_hold_line``).
+_held_for_fork: list = []
+
+
+def _hold_line() -> None:
+    """Before a fork (helper processes, ``transforms.io.helpers``): the progress
+    line's lock is taken, so that the child does not start with it held by a thread
+    it does not have (a log line the child writes would wait for it forever)."""
+    reporter = _active
+    if reporter is not None:
+        reporter._lock.acquire()  # pylint: disable=protected-access
+        _held_for_fork.append(reporter._lock)  # pylint: disable=protected-access
+
+
+def _release_line() -> None:
+    """After a fork, in the parent and in the child: the lock ``_hold_line`` took."""
+    while _held_for_fork:
+        _held_for_fork.pop().release()
+
+
+os.register_at_fork(before=_hold_line, after_in_parent=_release_line, after_in_child=_release_line)
 
 
 def printable(text: str, keep: str = "\n") -> str:

@@ -122,9 +122,9 @@ def _start(plan: RunPlan, options: PipelineOptions, attach: Callable | None = No
         # Start them, and their imports, now, while the graph is built and the runner starts.
         if plan.is_table:
             helper_pool(plan.config.encode_processes,
-                        preload=("beam_tfrecords.transforms.codec.table_batches",))
+                        preload=("beam_tfrecords.transforms.codec.table_batches",), fork=True)
         else:
-            helper_pool(plan.config.encode_processes)
+            helper_pool(plan.config.encode_processes, fork=True)
             start_first_shard_early(plan, options, attach, auto_helpers)
     try:
         pipeline = build_graph(plan, options, attach, auto_helpers=auto_helpers)

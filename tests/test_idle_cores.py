@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import fcntl
+import gc
 import hashlib
 import json
 import os
@@ -88,7 +89,7 @@ def test_the_helpers_results_come_through_a_wide_pipe():
 
 
 @pytest.mark.unit
-def test_a_helper_starts_no_openblas_threads(monkeypatch):
+def test_a_helper_starts_no_openblas_threads_and_collects_rarely(monkeypatch):
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")  # The parent's setting is not the helpers'.
     helpers.retire_helper_pool()
     pool = helpers.ready_helper_pool(1)  # Its helper has imported numpy (the image record builder).
@@ -96,9 +97,11 @@ def test_a_helper_starts_no_openblas_threads(monkeypatch):
         loaded = pool.submit(eval, "'numpy' in __import__('sys').modules").result(timeout=120)
         setting = pool.submit(os.getenv, "OPENBLAS_NUM_THREADS").result(timeout=120)
         threads = pool.submit(os.listdir, "/proc/self/task").result(timeout=120)
+        collector = pool.submit(gc.get_threshold).result(timeout=120)
     finally:
         helpers.retire_helper_pool()
     assert loaded and setting == "1"
+    assert collector[0] >= 10_000, "a helper's collector does not walk each task's objects again and again"
     assert len(threads) == 2, "a helper runs its tasks and the thread that watches its parent, nothing else"
 
 
