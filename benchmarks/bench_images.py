@@ -10,9 +10,12 @@ is read once to warm the page cache, then ours
 each into an emptied ``WORKDIR/out/<set>/<run>``. For every run we measure:
 
 * wall time, from start to reaping the process;
-* peak RSS of the process tree: every 0.2 s the VmRSS of the process and all
-  its descendants (found by scanning ``/proc``) is summed, and the maximum kept;
-  pages shared between processes count once per process;
+* peak memory of the process tree: every 0.2 s the RSS and the PSS of the process
+  and all its descendants (found by scanning ``/proc``) are summed, and the maxima
+  kept. In the RSS sum a page shared between processes counts once per process
+  (forked helpers share most of theirs with the launcher); in the PSS sum
+  (``/proc/<pid>/smaps_rollup``: each shared page split among its sharers) it counts
+  once: the tree's memory;
 * ``ru_maxrss`` of the main process, from ``os.wait4``;
 * records written (by walking the TFRecord framing of every ``*.tfrecord*``
   file) and bytes written.
@@ -117,31 +120,54 @@ def _parents():
     return parents
 
 
-def tree_rss_bytes(root_pid):
-    """Sums VmRSS over a process and all its descendants.
+def tree_memory_bytes(root_pid):
+    """Sums RSS and PSS over a process and all its descendants.
 
     Args:
         root_pid: Pid at the top of the tree.
 
     Returns:
-        Total resident set size in bytes (0 once the tree is gone).
+        ``(rss, pss)`` in bytes (0 once the tree is gone); PSS is ``None`` where
+        ``/proc/<pid>/smaps_rollup`` is missing (Linux before 4.14).
     """
     children = {}
     for pid, ppid in _parents().items():
         children.setdefault(ppid, []).append(pid)
-    total, todo = 0, [root_pid]
+    rss, pss, todo = 0, 0, [root_pid]
     while todo:
         pid = todo.pop()
         todo += children.get(pid, [])
         try:
-            with open(f"/proc/{pid}/status") as f:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
                 for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
                         break
+        except FileNotFoundError:
+            if not os.path.exists("/proc/self/smaps_rollup"):
+                pss = None
+                rss += _status_rss(pid)
         except OSError:
             pass  # Exited meanwhile.
-    return total
+    return rss, pss
+
+
+def _status_rss(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def tree_rss_bytes(root_pid):
+    """The RSS of a process and all its descendants, summed (``tree_memory_bytes``)."""
+    return tree_memory_bytes(root_pid)[0]
 
 
 def run_measured(cmd, log_prefix):
@@ -155,13 +181,15 @@ def run_measured(cmd, log_prefix):
         A dict with exit code, wall time, peak tree RSS, main-process
         ``ru_maxrss`` and CPU time, the log paths and the load before the start.
     """
-    peak = 0
+    peak = peak_pss = 0
     done = threading.Event()
 
     def sample(pid):
-        nonlocal peak
+        nonlocal peak, peak_pss
         while not done.is_set():
-            peak = max(peak, tree_rss_bytes(pid))
+            rss, pss = tree_memory_bytes(pid)
+            peak = max(peak, rss)
+            peak_pss = None if pss is None or peak_pss is None else max(peak_pss, pss)
             done.wait(POLL_SECONDS)
 
     load = os.getloadavg()[0]
@@ -180,6 +208,7 @@ def run_measured(cmd, log_prefix):
         "exit_code": proc.returncode,
         "wall_s": wall,
         "peak_rss_tree_bytes": peak,
+        "peak_pss_tree_bytes": peak_pss,
         "ru_maxrss_main_bytes": usage.ru_maxrss * 1024,  # Linux reports KiB.
         "cpu_main_s": usage.ru_utime + usage.ru_stime,
         "loadavg_1min_before": load,

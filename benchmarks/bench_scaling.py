@@ -6,7 +6,7 @@
 
 Every run is ``python -m beam_tfrecords convert`` (DirectRunner, default mode)
 under ``taskset -c 0`` (1 core) or ``taskset -c 0,1`` (2 cores), measured by
-``bench_images.run_measured``: wall time, peak RSS of the process tree (sampled
+``bench_images.run_measured``: wall time, peak PSS and RSS of the process tree (sampled
 every 0.2 s), CPU (user + sys of the process and of every helper process it
 reaped: ``wait4``'s usage). After every run the records are counted by walking
 the TFRecord framing of the output and checked against the input count
@@ -26,7 +26,7 @@ in the machine's load spreads over both. Every figure is the median of
 ``--repeat`` runs (3). Printed per set: wall on 1 and 2 cores, the speed-up net
 of start-up ``(t1 - s1) / (t2 - s2)`` (``s`` the start-up run on the same
 cores), CPU on 2 cores, CPU per input net of start-up ``(cpu - cpu_s) / (n - n_s)``
-in microseconds, peak RSS; then PASS/FAIL lines for ">= 1.8x on each set"
+in microseconds, peak PSS and RSS; then PASS/FAIL lines for ">= 1.8x on each set"
 and "<= 60 us of CPU per tiny PNG". Results go to ``WORKDIR/results_scaling.json``
 (``results_scaling_quick.json`` with ``--quick``); logs of every run under
 ``WORKDIR/logs/scaling[_quick]/``.
@@ -111,6 +111,8 @@ def summarise(runs):
             "walls_s": [r["wall_s"] for r in runs],
             "cpus_s": [r["cpu_main_s"] for r in runs],
             "peak_rss_tree_bytes": max(r["peak_rss_tree_bytes"] for r in runs),
+            "peak_pss_tree_bytes": (None if any(r.get("peak_pss_tree_bytes") is None for r in runs)
+                                    else max(r["peak_pss_tree_bytes"] for r in runs)),
             "records": runs[-1].get("records")}
 
 
@@ -122,6 +124,8 @@ def figures(result, startup):
            "cpu_1_s": c1["cpu_median_s"], "cpu_2_s": c2["cpu_median_s"],
            "startup_1_s": s1["wall_median_s"], "startup_2_s": s2["wall_median_s"],
            "peak_rss_bytes": max(c1["peak_rss_tree_bytes"], c2["peak_rss_tree_bytes"]),
+           "peak_pss_bytes": (None if None in (c1["peak_pss_tree_bytes"], c2["peak_pss_tree_bytes"])
+                              else max(c1["peak_pss_tree_bytes"], c2["peak_pss_tree_bytes"])),
            "items": result["input"]["items"], "speedup_net": None, "cpu_per_item_net_us": None}
     walls = (c1["wall_median_s"], c2["wall_median_s"], s1["wall_median_s"], s2["wall_median_s"])
     if None not in walls and walls[1] > walls[3]:
@@ -146,16 +150,19 @@ def report(results, plan, quick):
             c = results[s.name]["cores"]
             print(f"start-up {s.name} ({s.items} inputs): 1 core {_fmt(c['1']['wall_median_s'], '.2f')} s, "
                   f"2 cores {_fmt(c['2']['wall_median_s'], '.2f')} s, CPU "
-                  f"{_fmt(c['2']['cpu_median_s'], '.2f')} s, peak RSS "
-                  f"{c['2']['peak_rss_tree_bytes'] / MB:.0f} MB")
+                  f"{_fmt(c['2']['cpu_median_s'], '.2f')} s, peak PSS "
+                  f"{_fmt(c['2']['peak_pss_tree_bytes'] and c['2']['peak_pss_tree_bytes'] / MB, '.0f')} MB "
+                  f"(RSS summed {c['2']['peak_rss_tree_bytes'] / MB:.0f} MB)")
     print(f"{'set':<10}{'inputs':>10}{'1 core s':>10}{'2 cores s':>10}{'speed-up':>9}"
-          f"{'CPU s':>8}{'CPU/input':>11}{'RSS MB':>8}")
+          f"{'CPU s':>8}{'CPU/input':>11}{'PSS MB':>8}{'RSS MB':>8}")
     for name, f in table.items():
         print(f"{name:<10}{f['items']:>10,}{_fmt(f['wall_1_s'], '10.2f')}{_fmt(f['wall_2_s'], '10.2f')}"
               f"{_fmt(f['speedup_net'], '.2f') + 'x':>9}{_fmt(f['cpu_2_s'], '8.2f')}"
-              f"{_fmt(f['cpu_per_item_net_us'], '.1f') + ' us':>11}{f['peak_rss_bytes'] / MB:8.0f}")
+              f"{_fmt(f['cpu_per_item_net_us'], '.1f') + ' us':>11}"
+              f"{_fmt(f['peak_pss_bytes'] and f['peak_pss_bytes'] / MB, '8.0f')}{f['peak_rss_bytes'] / MB:8.0f}")
     print("(speed-up = (t1 - s1) / (t2 - s2), s the start-up run on the same cores; CPU is user+sys "
-          "of the process tree on 2 cores; CPU/input is net of the start-up run's CPU)")
+          "of the process tree on 2 cores; CPU/input is net of the start-up run's CPU; PSS and RSS are "
+          "the process tree's peak, PSS counting a page its processes share once)")
     checks = []
     for name, f in table.items():
         x = f["speedup_net"]
