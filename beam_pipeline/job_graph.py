@@ -52,7 +52,7 @@ from beam_tfrecords.transforms.tables import EncodeTables, PlanTableShards, tabl
 from beam_tfrecords.transforms.worker_listing import ListAndPlanOnWorkers
 from beam_tfrecords.updates import config_fingerprint
 
-__all__ = ["annotated_attach", "build_graph", "helper_processes", "helpers_start_now"]
+__all__ = ["annotated_attach", "build_graph", "helper_processes", "helpers_may_fork", "helpers_start_now"]
 
 
 def annotated_attach(plan: RunPlan, attach: Callable | None) -> tuple[Callable | None, AnnotatedRun | None]:
@@ -195,6 +195,14 @@ def helpers_start_now(plan: RunPlan, auto: bool) -> bool:
         return True
     listed = _listed_bytes(plan) if plan.units is None and plan.listing else None
     return listed is not None and helpers_pay(listing_size(plan.listing), listed)
+
+
+def helpers_may_fork(plan: RunPlan) -> bool:
+    """Whether helpers started before the runner may be forked (where the process
+    allows it, ``helpers.allow_forked_helpers``): only when they read and check local
+    files. A fork would give them this process's storage clients, whose connections'
+    sockets this process goes on using; on ``gs://`` they are spawned and make their own."""
+    return "://" not in plan.config.input and "://" not in plan.config.output
 
 
 def start_first_shard_early(plan: RunPlan, options: PipelineOptions, attach: Callable | None,

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, TestOptions
 
-from beam_tfrecords.job_graph import build_graph, helpers_start_now, start_first_shard_early
+from beam_tfrecords.job_graph import build_graph, helpers_may_fork, helpers_start_now, start_first_shard_early
 from beam_tfrecords.preflight import (
     ConvertError,
     OutputBusy,
@@ -120,11 +120,12 @@ def _start(plan: RunPlan, options: PipelineOptions, attach: Callable | None = No
     ``job_graph.helper_processes``)."""
     if helpers_start_now(plan, auto_helpers):
         # Start them, and their imports, now, while the graph is built and the runner starts.
+        fork = helpers_may_fork(plan)
         if plan.is_table:
             helper_pool(plan.config.encode_processes,
-                        preload=("beam_tfrecords.transforms.codec.table_batches",), fork=True)
+                        preload=("beam_tfrecords.transforms.codec.table_batches",), fork=fork)
         else:
-            helper_pool(plan.config.encode_processes, fork=True)
+            helper_pool(plan.config.encode_processes, fork=fork)
             start_first_shard_early(plan, options, attach, auto_helpers)
     try:
         pipeline = build_graph(plan, options, attach, auto_helpers=auto_helpers)

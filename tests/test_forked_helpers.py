@@ -130,3 +130,35 @@ def test_a_fork_never_leaves_the_progress_lines_lock_held_in_the_child():
                           check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["child", "0"]
+
+
+@pytest.mark.unit
+def test_helpers_that_read_or_check_gcs_objects_are_not_forked():
+    from beam_tfrecords.job_graph import helpers_may_fork  # pylint: disable=import-outside-toplevel
+
+    def plan(source, output):
+        return type("Plan", (), {"config": type("Config", (), {"input": source, "output": output})()})()
+
+    assert helpers_may_fork(plan("/data/images", "/data/out"))
+    assert not helpers_may_fork(plan("gs://b/images", "/data/out"))
+    assert not helpers_may_fork(plan("/data/images", "gs://b/out"))
+
+
+_CLIENT = textwrap.dedent("""
+    import os
+    from beam_tfrecords.transforms.io import gcs
+
+    gcs._gcsio = object()  # The parent's client, its connections open.
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if gcs._gcsio is None and not gcs._lock.locked() else 3)
+    print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), gcs._gcsio is not None)
+""")
+
+
+@pytest.mark.unit
+def test_a_forked_child_makes_its_own_storage_client():
+    done = subprocess.run([sys.executable, "-c", _CLIENT], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["child", "0", "True"]

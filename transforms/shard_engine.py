@@ -19,6 +19,7 @@ grow with the dataset.
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
@@ -51,6 +52,7 @@ from beam_tfrecords.transforms.codec.tfrecord import (
     CHECKPOINT_BYTES,
     RECORD_OVERHEAD,
     FileDigest,
+    RecordError,
     TFRecordWriter,
     frame_record,
 )
@@ -60,6 +62,7 @@ from beam_tfrecords.transforms.io.annotated_output import OBJECT_STAGE, fold_fac
 from beam_tfrecords.transforms.io.contents import write_contents
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.faults import hold_point
+from beam_tfrecords.transforms.io.helpers import index_local_ranges, live_helper_pool
 from beam_tfrecords.transforms.io.retry import ATTEMPTS, retried
 from beam_tfrecords.transforms.io.storage_errors import STORAGE_ERRORS
 from beam_tfrecords.transforms.plan.shard_cuts import cut_shards, shard_spec
@@ -140,6 +143,12 @@ class RecordSource:
         """The shard's records, in order."""
         raise NotImplementedError
 
+    def index_job(self, spec: ShardSpec) -> concurrent.futures.Future | None:
+        """The shard's index lines, made elsewhere while it is written (a future of
+        ``helpers.index_local_ranges``' result), or ``None``: the writer makes them
+        from the bytes as they pass."""
+        return None
+
 
 class FramedRecords(RecordSource):
     """``spec.records`` is a sequence of serialized records: frame them in order."""
@@ -161,9 +170,19 @@ class FramedRecords(RecordSource):
 
 
 class SpoolCopy(RecordSource):
-    """``spec.records`` is ``SpoolSegments``: copy those byte ranges of framed records."""
+    """``spec.records`` is ``SpoolSegments``: copy those byte ranges of framed records.
+
+    With local spools and the helper processes of a local run still up, a helper
+    makes the shard's index from the spools' bytes while this process copies them
+    (one record at a time, the index is most of a copy's work for small records:
+    0.12 s of the 0.2 s a 1M-row table's shard took)."""
 
     aligned = False
+
+    def index_job(self, spec: ShardSpec) -> concurrent.futures.Future | None:
+        ranges = [(spool, begin, end) for spool, begin, end, _ in spec.records.segments]
+        pool = live_helper_pool() if all(files.is_local(path) for path, _, _ in ranges) else None
+        return pool.submit(index_local_ranges, ranges) if pool is not None and ranges else None
 
     def chunks(self, spec: ShardSpec) -> Iterator[Chunk]:
         segments: SpoolSegments = spec.records
@@ -245,7 +264,9 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
         sink = stack.enter_context(_opened(temp))
         # The index file, beside the shard, written from the same bytes as they pass.
         index = RecordIndex(stack.enter_context(_opened(temp + INDEX_SUFFIX))) if compression == "none" else None
-        writer = TFRecordWriter(sink, compression, index.feed if index is not None else None, background=True)
+        made = source.index_job(spec) if index is not None else None
+        writer = TFRecordWriter(sink, compression, index.feed if index is not None and made is None else None,
+                                background=True)
         stack.callback(writer.stop)  # Runs first: nothing is written to the sink once it closes.
         for number, chunk in enumerate(source.chunks(spec)):
             dead.extend(chunk.dead)
@@ -265,6 +286,8 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
                 hold_point("mid_write")
             run_progress.writing(chunk.records, len(chunk.framed))
         digest = writer.close()
+        if made is not None:
+            _add_index(index, made, spec, digest)
         index_digest = index.finish() if index is not None else None
     if checkpoints and checkpoints[-1] == (digest.bytes, digest.records):
         checkpoints.pop()  # The end of the file is not a boundary to check between.
@@ -277,6 +300,27 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
               digest.bytes / 1e6, time.monotonic() - progress.start)
     return _Written(digest, labels, dead, tuple(checkpoints), notes, contents, images, annotations,
                     index_digest)
+
+
+def _add_index(index: RecordIndex, made: concurrent.futures.Future, spec: ShardSpec, digest: FileDigest) -> None:
+    """Adds to ``index`` the lines a helper made of the spools' bytes (made again here
+    if the helper could not); they must index as many records and bytes as were written.
+
+    Raises:
+      RecordError: the spools' bytes do not end at a record boundary.
+      ValueError: the lines index other records than the shard's.
+    """
+    try:
+        lines, records, size = made.result()
+    except RecordError:
+        raise
+    except Exception as err:  # pylint: disable=broad-exception-caught  # A helper gone: made here.
+        _log.debug("Indexing %s in this process (%s)", spec.name, err)
+        lines, records, size = index_local_ranges([(p, b, e) for p, b, e, _ in spec.records.segments])
+    if (records, size) != (digest.records, digest.bytes):
+        raise ValueError(f"the index made of {spec.name}'s spools holds {records} records of {size} bytes; "
+                         f"{digest.records} of {digest.bytes} were written")
+    index.add_lines(lines, records, size)
 
 
 def _count_names(counter: Counter, names: Sequence) -> None:

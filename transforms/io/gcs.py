@@ -68,6 +68,16 @@ _PROBE_SECONDS = 60.0
 
 _lock = threading.Lock()
 _gcsio = None
+
+
+def _forget_client() -> None:
+    """After a fork, in the child: the parent's client is not the child's (its
+    connections' sockets are the parent's too); the child makes its own on first use."""
+    global _gcsio, _lock  # pylint: disable=global-statement
+    _gcsio, _lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_client)
 # Requests at a time in a batch of object operations (``parallel``): Beam's own file
 # sink renames with up to 64 threads; the client's connection pool is widened to it.
 THREADS = 32

@@ -24,6 +24,7 @@ import fcntl
 import gc
 import hashlib
 import importlib
+import io
 import itertools
 import logging
 import multiprocessing
@@ -33,10 +34,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from beam_tfrecords.transforms.codec.record_index import index_lines
-from beam_tfrecords.transforms.codec.tfrecord import scan_range, scan_records
+from beam_tfrecords.transforms.codec.record_index import RecordIndex, index_lines
+from beam_tfrecords.transforms.codec.tfrecord import RecordError, scan_range, scan_records
 
 __all__ = [
     "HELPER_MIN_FILES",
@@ -44,6 +45,7 @@ __all__ = [
     "SMALL_FILE_BYTES",
     "helper_pool",
     "helpers_pay",
+    "index_local_ranges",
     "live_helper_pool",
     "ordered_map",
     "ready_helper_pool",
@@ -70,6 +72,7 @@ _START_TIMEOUT_SECONDS = 120
 # A helper's collector runs once this many more objects live than at its last pass
 # (``_start_helper``); Python's default is 700.
 _HELPER_GC_OBJECTS = 100_000
+_INDEX_BLOCK = 1 << 20  # Bytes read at a time by ``index_local_ranges``.
 # Whether this process may fork its helpers (``allow_forked_helpers``).
 _fork_allowed = False
 _log = logging.getLogger(__name__)
@@ -120,6 +123,34 @@ def verify_range(path: str, start: int, end: int, first_index: int,
     if offsets is None:
         return count
     return count, index_lines(offsets, end - start, start).encode("ascii")
+
+
+def index_local_ranges(ranges: Sequence[tuple[str, int, int]]) -> tuple[bytes, int, int]:
+    """The index lines (``codec.record_index``) of the records in the byte ranges
+    ``(path, begin, end)`` of local files, taken in order as one stream: ``(lines,
+    records, bytes)``. A shard copied from spools has its index made here, in a
+    helper, from the spools' bytes, while the writer copies them.
+
+    Raises:
+      RecordError: the ranges do not end at a record boundary.
+      OSError: a file cannot be read.
+    """
+    sink = io.BytesIO()
+    index = RecordIndex(sink)
+    for path, begin, end in ranges:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            at = begin
+            while at < end:
+                block = os.pread(fd, min(_INDEX_BLOCK, end - at), at)
+                if not block:
+                    raise RecordError("truncated", index.records, at, f"{path} ends at byte {at}, before {end}")
+                index.feed(block)
+                at += len(block)
+        finally:
+            os.close(fd)
+    digest = index.finish()
+    return sink.getvalue(), digest.records, sum(end - begin for _, begin, end in ranges)
 
 
 @contextlib.contextmanager
