@@ -124,12 +124,17 @@ _LINE_LOCK = textwrap.dedent("""
 """)
 
 
-@pytest.mark.unit
-def test_a_fork_never_leaves_the_progress_lines_lock_held_in_the_child():
-    done = subprocess.run([sys.executable, "-c", _LINE_LOCK], capture_output=True, text=True, timeout=60,
+def _printed(script: str) -> list[str]:
+    """What a script run in a Python of its own prints (it must exit 0)."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["child", "0"]
+    return done.stdout.split()
+
+
+@pytest.mark.unit
+def test_a_fork_never_leaves_the_progress_lines_lock_held_in_the_child():
+    assert _printed(_LINE_LOCK) == ["child", "0"]
 
 
 @pytest.mark.unit
@@ -158,7 +163,39 @@ _CLIENT = textwrap.dedent("""
 
 @pytest.mark.unit
 def test_a_forked_child_makes_its_own_storage_client():
-    done = subprocess.run([sys.executable, "-c", _CLIENT], capture_output=True, text=True, timeout=60,
-                          check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["child", "0", "True"]
+    assert _printed(_CLIENT) == ["child", "0", "True"]
+
+
+_STDERR = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    from beam_tfrecords.transforms.io import helpers  # Its at-fork hook, as in the CLI.
+
+    end, start = os.pipe()
+    os.dup2(start, 2)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+
+    def flood():  # Blocks writing to the full pipe, holding the stream's lock.
+        sys.stderr.write("x" * (1 << 20))
+        sys.stderr.flush()
+
+    threading.Thread(target=flood, daemon=True).start()
+    time.sleep(0.5)
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(10)  # Without fresh streams: blocked on the lock for good.
+        sys.stderr.write("the child's warning\\n")
+        os._exit(0)
+    read = []
+    def drain():
+        while chunk := os.read(end, 1 << 16):
+            read.append(chunk)
+    threading.Thread(target=drain, daemon=True).start()
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    time.sleep(0.3)
+    print("child", code, b"the child's warning" in b"".join(read))
+""")
+
+
+@pytest.mark.unit
+def test_a_forked_child_writes_to_stderr_that_a_parents_thread_held_at_the_fork():
+    assert _printed(_STDERR) == ["child", "0", "True"]

@@ -355,12 +355,33 @@ def helper_pool(
 def _renew_in_child() -> None:
     """After a fork, in the child: this process's pool is its parent's, not its own
     (a helper starts none), and the pool's lock may have been held by the forking
-    thread."""
+    thread; the standard streams are made anew (``_fresh_streams``)."""
     global _pool, _pool_lock, _pool_size  # pylint: disable=global-statement
     _pool_lock = threading.Lock()
     _pool, _pool_size = None, 0
     _warmups.clear()
     _early.clear()
+    _fresh_streams()
+
+
+def _fresh_streams() -> None:
+    """``sys.stdout`` and ``sys.stderr`` opened anew on their descriptors, and the log
+    handlers that wrote to them switched to the new ones: a thread of the parent may
+    have been writing to one at the fork, holding its lock, and the child does not
+    have that thread (a warning the child logged would wait for the lock forever).
+    A stream that is not a file (a caller's capture) is left as it is."""
+    for name in ("stdout", "stderr"):
+        old = getattr(sys, name)
+        try:
+            fd = old.fileno()
+            new = open(fd, "w", buffering=1, encoding=old.encoding, errors=old.errors,  # noqa: SIM115  # pylint: disable=consider-using-with
+                       closefd=False)
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            continue
+        setattr(sys, name, new)
+        for handler in logging.getLogger().handlers:
+            if getattr(handler, "stream", None) is old:
+                handler.stream = new  # Not setStream: it would flush the old stream.
 
 
 os.register_at_fork(after_in_child=_renew_in_child)
