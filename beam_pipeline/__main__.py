@@ -65,7 +65,8 @@ def _connectors_left_out():
 
 def _walk_input_early(argv: list[str]) -> None:
     """Starts the walk of ``convert --input FOLDER`` (a local folder, by the flags as
-    written) before the CLI and Beam are imported (``folder_walk.walk_early``).
+    written) before the CLI and Beam are imported (``folder_walk.walk_early``); for
+    ``--input FILE``, the file's content hash (``early_hash.hash_early``).
 
     The preflight's listing takes the walk's result only when it walks the same
     folder with the same ``--follow_links_outside`` (the flags parsed for real);
@@ -82,6 +83,13 @@ def _walk_input_early(argv: list[str]) -> None:
                 value = argv[i + 1] if i + 1 < len(argv) else ""
             given[name] = value
     folder = given.get("--input", "")
+    if folder and "://" not in folder and os.path.isfile(folder):
+        # A table (or a CSV manifest of images): its content hash, which the preflight
+        # records, is made now, beside the imports.
+        from beam_tfrecords.transforms.io.early_hash import hash_early  # pylint: disable=import-outside-toplevel
+
+        hash_early(folder)
+        return
     if (not folder or given.get("--layout", "auto") not in _WALKED_LAYOUTS
             or any(char in folder for char in "*?[{}") or folder.lower().endswith(".csv")
             or "://" in folder or not os.path.isdir(folder)):

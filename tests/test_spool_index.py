@@ -14,7 +14,6 @@ import io
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
@@ -23,6 +22,7 @@ from beam_tfrecords.transforms import shard_engine
 from beam_tfrecords.transforms.codec.record_index import RecordIndex
 from beam_tfrecords.transforms.codec.tfrecord import FileDigest, RecordError, frame_record
 from beam_tfrecords.transforms.io.helpers import HELPER_MIN_TABLE_BYTES, index_local_ranges
+from tests.harness.cli_probe import run_noted
 
 
 def _index_of(data: bytes) -> bytes:
@@ -83,24 +83,6 @@ def test_a_helper_that_cannot_index_leaves_it_to_the_writer_and_a_wrong_index_fa
         shard_engine._add_index(RecordIndex(), done, spec, written)  # pylint: disable=protected-access
 
 
-_CLI = textwrap.dedent("""
-    import sys
-    from beam_tfrecords import __main__ as entry
-    from beam_tfrecords.transforms import shard_engine
-
-    made = []
-    real = shard_engine._add_index
-    def noted(index, job, spec, digest):
-        made.append(spec.name)
-        return real(index, job, spec, digest)
-    shard_engine._add_index = noted
-    sys.argv = ["beam-tfrecords", "convert", *sys.argv[1:]]
-    code = entry.run()
-    print("made", *made)
-    sys.exit(code)
-""")
-
-
 @pytest.mark.e2e
 def test_a_tables_shard_index_is_made_by_a_helper_and_indexes_the_shard(tmp_path):
     rows, size = ["id,n,text"], 0
@@ -110,11 +92,11 @@ def test_a_tables_shard_index_is_made_by_a_helper_and_indexes_the_shard(tmp_path
     table = tmp_path / "rows.csv"
     table.write_text("\n".join(rows) + "\n", encoding="utf-8")
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-c", _CLI, "--input", str(table), "--output", str(out)],
-                          capture_output=True, text=True, timeout=600, check=False)
+    done, made = run_noted("beam_tfrecords.transforms.shard_engine", "_add_index", "2.name",
+                           "convert", "--input", str(table), "--output", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     shards = sorted(name for name in os.listdir(out) if name.endswith(".tfrecord"))
-    assert shards and done.stdout.splitlines()[-1].split()[1:] == shards
+    assert shards and made == shards  # Each shard's index made by a helper.
     for name in shards:
         assert (out / (name + ".idx")).read_bytes() == _index_of((out / name).read_bytes())
     verify = subprocess.run([sys.executable, "-m", "beam_tfrecords", "verify", str(out)], capture_output=True,

@@ -15,6 +15,7 @@ import numpy as np
 from beam_tfrecords.schemas.inputs import InputFile, encode_inputs_chunks, file_line
 from beam_tfrecords.transforms.io import files
 from beam_tfrecords.transforms.io.bounded_read import InputRefused, sha256_input
+from beam_tfrecords.transforms.io.early_hash import take_early_hash
 from beam_tfrecords.transforms.io.gcs import crc32c_gcs_to_hex, is_gcs, storage_client
 
 __all__ = ["file_entries", "hash_entries", "local_sha256", "published_entry", "published_input",
@@ -139,14 +140,16 @@ def file_entries(root: str, paths: Sequence[tuple[str, int]], names: Sequence[st
 
 
 def hash_entries(entries: Sequence[InputFile], paths: Sequence[str], threads: int = 8) -> list[InputFile]:
-    """The entries with the SHA-256 of each local file (read with ``threads``)."""
+    """The entries with the SHA-256 of each local file (read with ``threads``; one the
+    CLI hashed at its start, unchanged since, is not read again: ``io.early_hash``)."""
     def one(item):
         entry, path = item
         if entry.sha256 or not files.is_local(path):
             return entry
+        early = "" if entry.role else take_early_hash(path, entry.size, entry.mtime_ns)
         try:
             return InputFile(entry.path, entry.size, entry.mtime_ns,
-                             local_sha256(path, None if entry.role else entry.size), role=entry.role)
+                             early or local_sha256(path, None if entry.role else entry.size), role=entry.role)
         except OSError:
             return entry
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="hash-input") as pool:
