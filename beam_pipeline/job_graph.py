@@ -305,7 +305,7 @@ def _table_steps(pipeline: beam.Pipeline, plan: RunPlan, verify: VerifyShards, p
             config.band, config.compression, config.input, schema)
     results = (
         specs
-        | "WriteShards" >> WriteShards(target, SpoolCopy())
+        | "WriteShards" >> WriteShards(target, SpoolCopy(check_ahead=processes > 0))
         | "VerifyShards" >> verify
     )
     return _Steps(results, summary)
@@ -356,7 +356,7 @@ def _image_steps(pipeline: beam.Pipeline, plan: RunPlan, options: PipelineOption
         summary = add_spool_dead_letters(summary, spools)
         results = (
             specs
-            | "WriteShards" >> WriteShards(target, SpoolCopy())
+            | "WriteShards" >> WriteShards(target, SpoolCopy(check_ahead=processes > 0))
             | "VerifyShards" >> verify
         )
     else:

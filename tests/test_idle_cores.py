@@ -222,7 +222,7 @@ _EARLY_RUN = textwrap.dedent("""
         counts["pieces"] += pool is not None
         return pool
     gather.live_helper_pool = counted_live
-    submit, take = helpers.submit_early, helpers._take_early
+    submit, take = helpers.submit_early, helpers.take_early
     def counted_submit(pool, fn, items):
         n = submit(pool, fn, items)
         counts["early"] += n
@@ -232,7 +232,7 @@ _EARLY_RUN = textwrap.dedent("""
         counts["taken"] += found is not None
         return found
     image_steps.submit_early = counted_submit
-    helpers._take_early = counted_take
+    helpers.take_early = counted_take
     for name, processes in (("auto", -1), ("threads", 0)):
         result = convert(ConvertConfig(input=root, output=out + "/" + name, encode_processes=processes))
         print(name, result.ok, result.report.records, counts["early"], counts["taken"], len(helpers._early),

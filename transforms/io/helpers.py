@@ -52,6 +52,8 @@ __all__ = [
     "drop_early",
     "retire_helper_pool",
     "submit_early",
+    "take_early",
+    "verify_piece",
     "verify_range",
 ]
 
@@ -123,6 +125,12 @@ def verify_range(path: str, start: int, end: int, first_index: int,
     if offsets is None:
         return count
     return count, index_lines(offsets, end - start, start).encode("ascii")
+
+
+def verify_piece(task: tuple[str, int, int, int, bool]) -> int | tuple[int, bytes]:
+    """``verify_range(*task)``: one piece of a shard as a single item (what
+    ``submit_early`` and ``take_early`` file a task under)."""
+    return verify_range(*task)
 
 
 def index_local_ranges(ranges: Sequence[tuple[str, int, int]]) -> tuple[bytes, int, int]:
@@ -261,8 +269,10 @@ def drop_early() -> None:
         _early.clear()
 
 
-def _take_early(pool: concurrent.futures.Executor, fn: Callable, item) -> concurrent.futures.Future | None:
-    """The future ``submit_early`` made for ``fn(item)`` on ``pool``, taken; else ``None``."""
+def take_early(pool: concurrent.futures.Executor, fn: Callable, item) -> concurrent.futures.Future | None:
+    """The future ``submit_early`` made for ``fn(item)`` on ``pool``, taken (once); else ``None``."""
+    if not _early:
+        return None
     key = _task_key(fn, item)
     with _pool_lock:
         found = _early.get(key)
@@ -286,7 +296,7 @@ def ordered_map(pool: concurrent.futures.Executor, fn: Callable, items: Iterable
 
     def submit(item) -> concurrent.futures.Future:
         if looking[0]:
-            found = _take_early(pool, fn, item)
+            found = take_early(pool, fn, item)
             if found is not None:
                 return found
             looking[0] = False
