@@ -1,6 +1,6 @@
 """Ours on one core and on two (``taskset``), net of start-up: the issue-23 scaling check.
 
-    .venv/bin/python benchmarks/bench_scaling.py [--quick] [--repeat 3]
+    .venv/bin/python benchmarks/bench_scaling.py [--quick] [--repeat 5]
                                                  [--sets cifar,photo_x1,table]
                                                  [--workdir DIR] [--cores1 0] [--cores2 0,1]
 
@@ -21,13 +21,16 @@ start-up runs: 9 PNGs laid out as the cifar set (``WORKDIR/data/startup_png9``)
 for the image sets, a 10-row table for the table.
 
 Per set, after the input is read once to warm the page cache, the runs go in
-rounds: each round runs 1 core then 2 cores, the next 2 then 1, so that drift
-in the machine's load spreads over both. Every figure is the median of
-``--repeat`` runs (3). Printed per set: wall on 1 and 2 cores, the speed-up net
-of start-up ``(t1 - s1) / (t2 - s2)`` (``s`` the start-up run on the same
-cores), CPU on 2 cores, CPU per input net of start-up ``(cpu - cpu_s) / (n - n_s)``
-in microseconds, peak PSS and RSS; then PASS/FAIL lines for ">= 1.8x on each set"
-and "<= 60 us of CPU per tiny PNG". Results go to ``WORKDIR/results_scaling.json``
+rounds: each round runs the start-up run then the set on 1 core, then both on 2
+cores, the next round 2 cores first, so that drift in the machine's load (this
+VM has slow and fast phases of ~15%) spreads over both core counts, and each
+set's start-up figure is measured beside it, not minutes before. Every figure
+is the median of ``--repeat`` rounds (5). Printed per set: its start-up runs,
+wall on 1 and 2 cores, the speed-up net of start-up ``(t1 - s1) / (t2 - s2)``
+(``s`` the start-up run on the same cores) with the lowest and highest of the
+rounds' own speed-ups, CPU on 2 cores, CPU per input net of start-up
+``(cpu - cpu_s) / (n - n_s)`` in microseconds, peak PSS and RSS; then PASS/FAIL
+lines for ">= 1.8x on each set" and "<= 60 us of CPU per tiny PNG". Results go to ``WORKDIR/results_scaling.json``
 (``results_scaling_quick.json`` with ``--quick``); logs of every run under
 ``WORKDIR/logs/scaling[_quick]/``.
 """
@@ -62,44 +65,52 @@ def _startup_sets(data_dir, wanted):
 
 
 def build(data_dir, quick, wanted):
-    """The sets to measure, start-up sets first: ``[(BenchSet, startup_name)]``."""
+    """The sets to measure, each with its start-up set: ``[(BenchSet, startup BenchSet)]``."""
     sets, _ = bench_suite.build_sets(data_dir, quick, wanted)
     by_name = {s.name: s for s in sets}
     startup = _startup_sets(data_dir, wanted)
     if "startup_table" in by_name:
         startup["table"] = by_name["startup_table"]
-    plan = [(s, None) for s in startup.values()]
-    plan += [(by_name[name], startup[by_name[name].kind].name) for name in wanted]
-    return plan
+    return [(by_name[name], startup[by_name[name].kind]) for name in wanted]
 
 
-def run_set(bench_set, args, dirs):
-    """Runs ours on one set ``--repeat`` times on each core count, in alternating rounds."""
+def _input(bench_set):
+    """The input's description, its files read once to warm the page cache."""
     s = bench_set
     print(f"\n{s.name}: warming the page cache ({s.path})", flush=True)
-    warm = bench_images.warm_up(s.path)
-    inp = {"path": s.path, "kind": s.kind, "items": s.items, **warm}
+    return {"path": s.path, "kind": s.kind, "items": s.items, **bench_images.warm_up(s.path)}
+
+
+def _measure(bench_set, inp, cores, round_, args, dirs):
+    """One run of ours on ``cores`` ("1" or "2"), printed as it ends."""
+    s = bench_set
+    cpus = args.cores1 if cores == "1" else args.cores2
+    out_dir = os.path.join(dirs["out"], s.name, f"cores{cores}")
+    prefix = os.path.join(dirs["logs"], f"{s.name}-cores{cores}-{round_ + 1}")
+    r = bench_suite.measure("ours", s, inp, out_dir, prefix, False, False, wrap=("taskset", "-c", cpus))
+    check = r.get("check")
+    note = f"{check['written']:,}/{check['expected']:,} {check['unit']}" if check else r.get("output_error", "")
+    print(f"  {s.name:<14} {cores} core{'s' if cores == '2' else ' '} run {round_ + 1}/{args.repeat}: "
+          f"{r['status']:<11} {r['wall_s']:7.2f} s  CPU {r['cpu_main_s']:6.2f} s  "
+          f"{r['peak_rss_tree_bytes'] / MB:6.0f} MB  {note}", flush=True)
+    if r["status"] == "failed":
+        print("".join(f"    | {line}\n" for line in r["stderr_tail"].rstrip().splitlines()), end="", flush=True)
+    return r
+
+
+def run_set(bench_set, startup_set, args, dirs):
+    """Runs ours on one set and on its start-up set ``--repeat`` times on each core
+    count, in alternating rounds (the start-up run just before the set's, on the same cores)."""
+    inp, startup_inp = _input(bench_set), _input(startup_set)
     runs = {"1": [], "2": []}
+    startup_runs = {"1": [], "2": []}
     for round_ in range(args.repeat):
-        order = ("1", "2") if round_ % 2 == 0 else ("2", "1")
-        for cores in order:
-            cpus = args.cores1 if cores == "1" else args.cores2
-            out_dir = os.path.join(dirs["out"], s.name, f"cores{cores}")
-            prefix = os.path.join(dirs["logs"], f"{s.name}-cores{cores}-{round_ + 1}")
-            r = bench_suite.measure("ours", s, inp, out_dir, prefix, False, False,
-                                    wrap=("taskset", "-c", cpus))
-            runs[cores].append(r)
-            check = r.get("check")
-            note = (f"{check['written']:,}/{check['expected']:,} {check['unit']}"
-                    if check else r.get("output_error", ""))
-            print(f"  {cores} core{'s' if cores == '2' else ' '} run {round_ + 1}/{args.repeat}: "
-                  f"{r['status']:<11} {r['wall_s']:7.2f} s  CPU {r['cpu_main_s']:6.2f} s  "
-                  f"{r['peak_rss_tree_bytes'] / MB:6.0f} MB  {note}", flush=True)
-            if r["status"] == "failed":
-                print("".join(f"    | {line}\n" for line in
-                              r["stderr_tail"].rstrip().splitlines()), end="", flush=True)
-    return {"input": inp, "runs": runs,
-            "cores": {c: summarise(rs) for c, rs in runs.items()}}
+        for cores in ("1", "2") if round_ % 2 == 0 else ("2", "1"):
+            startup_runs[cores].append(_measure(startup_set, startup_inp, cores, round_, args, dirs))
+            runs[cores].append(_measure(bench_set, inp, cores, round_, args, dirs))
+    return {"input": inp, "runs": runs, "cores": {c: summarise(rs) for c, rs in runs.items()},
+            "startup": {"name": startup_set.name, "input": startup_inp, "runs": startup_runs,
+                        "cores": {c: summarise(rs) for c, rs in startup_runs.items()}}}
 
 
 def summarise(runs):
@@ -116,8 +127,19 @@ def summarise(runs):
             "records": runs[-1].get("records")}
 
 
-def figures(result, startup):
+def _round_speedups(result):
+    """Each round's own speed-up net of its start-up runs (``[]`` when a run was not ok)."""
+    runs, startup = result["runs"], result["startup"]["runs"]
+    out = []
+    for t1, t2, s1, s2 in zip(runs["1"], runs["2"], startup["1"], startup["2"]):
+        if all(r["status"] == "ok" for r in (t1, t2, s1, s2)) and t2["wall_s"] > s2["wall_s"]:
+            out.append((t1["wall_s"] - s1["wall_s"]) / (t2["wall_s"] - s2["wall_s"]))
+    return out
+
+
+def figures(result):
     """Speed-up net of start-up and CPU per input net of start-up for one set."""
+    startup = result["startup"]
     c1, c2 = result["cores"]["1"], result["cores"]["2"]
     s1, s2 = startup["cores"]["1"], startup["cores"]["2"]
     out = {"wall_1_s": c1["wall_median_s"], "wall_2_s": c2["wall_median_s"],
@@ -126,7 +148,8 @@ def figures(result, startup):
            "peak_rss_bytes": max(c1["peak_rss_tree_bytes"], c2["peak_rss_tree_bytes"]),
            "peak_pss_bytes": (None if None in (c1["peak_pss_tree_bytes"], c2["peak_pss_tree_bytes"])
                               else max(c1["peak_pss_tree_bytes"], c2["peak_pss_tree_bytes"])),
-           "items": result["input"]["items"], "speedup_net": None, "cpu_per_item_net_us": None}
+           "items": result["input"]["items"], "speedup_net": None, "cpu_per_item_net_us": None,
+           "round_speedups": _round_speedups(result)}
     walls = (c1["wall_median_s"], c2["wall_median_s"], s1["wall_median_s"], s2["wall_median_s"])
     if None not in walls and walls[1] > walls[3]:
         out["speedup_net"] = (walls[0] - walls[2]) / (walls[1] - walls[3])
@@ -142,27 +165,28 @@ def _fmt(value, spec):
 
 def report(results, plan, quick):
     """Prints the table and the verdicts; returns ``(table, checks)`` for the JSON."""
-    table = {s.name: figures(results[s.name], results[startup])
-             for s, startup in plan if startup is not None}
+    table = {s.name: figures(results[s.name]) for s, _ in plan}
     print("\n" + "=" * 30 + " SCALING " + "=" * 30)
     for s, startup in plan:
-        if startup is None:
-            c = results[s.name]["cores"]
-            print(f"start-up {s.name} ({s.items} inputs): 1 core {_fmt(c['1']['wall_median_s'], '.2f')} s, "
-                  f"2 cores {_fmt(c['2']['wall_median_s'], '.2f')} s, CPU "
-                  f"{_fmt(c['2']['cpu_median_s'], '.2f')} s, peak PSS "
-                  f"{_fmt(c['2']['peak_pss_tree_bytes'] and c['2']['peak_pss_tree_bytes'] / MB, '.0f')} MB "
-                  f"(RSS summed {c['2']['peak_rss_tree_bytes'] / MB:.0f} MB)")
-    print(f"{'set':<10}{'inputs':>10}{'1 core s':>10}{'2 cores s':>10}{'speed-up':>9}"
+        c = results[s.name]["startup"]["cores"]
+        print(f"{s.name}'s start-up runs, {startup.name} ({startup.items} inputs): 1 core "
+              f"{_fmt(c['1']['wall_median_s'], '.2f')} s, 2 cores {_fmt(c['2']['wall_median_s'], '.2f')} s, "
+              f"CPU {_fmt(c['2']['cpu_median_s'], '.2f')} s, peak PSS "
+              f"{_fmt(c['2']['peak_pss_tree_bytes'] and c['2']['peak_pss_tree_bytes'] / MB, '.0f')} MB "
+              f"(RSS summed {c['2']['peak_rss_tree_bytes'] / MB:.0f} MB)")
+    print(f"{'set':<10}{'inputs':>10}{'1 core s':>10}{'2 cores s':>10}{'speed-up':>9}{'rounds':>12}"
           f"{'CPU s':>8}{'CPU/input':>11}{'PSS MB':>8}{'RSS MB':>8}")
     for name, f in table.items():
+        spread = f["round_speedups"]
+        rounds = f"{min(spread):.2f}..{max(spread):.2f}" if spread else "-"
         print(f"{name:<10}{f['items']:>10,}{_fmt(f['wall_1_s'], '10.2f')}{_fmt(f['wall_2_s'], '10.2f')}"
-              f"{_fmt(f['speedup_net'], '.2f') + 'x':>9}{_fmt(f['cpu_2_s'], '8.2f')}"
+              f"{_fmt(f['speedup_net'], '.2f') + 'x':>9}{rounds:>12}{_fmt(f['cpu_2_s'], '8.2f')}"
               f"{_fmt(f['cpu_per_item_net_us'], '.1f') + ' us':>11}"
               f"{_fmt(f['peak_pss_bytes'] and f['peak_pss_bytes'] / MB, '8.0f')}{f['peak_rss_bytes'] / MB:8.0f}")
-    print("(speed-up = (t1 - s1) / (t2 - s2), s the start-up run on the same cores; CPU is user+sys "
-          "of the process tree on 2 cores; CPU/input is net of the start-up run's CPU; PSS and RSS are "
-          "the process tree's peak, PSS counting a page its processes share once)")
+    print("(speed-up = (t1 - s1) / (t2 - s2) of the medians, s the set's start-up runs on the same cores; "
+          "rounds: the lowest and highest of the rounds' own speed-ups; CPU is user+sys of the process "
+          "tree on 2 cores; CPU/input is net of the start-up runs' CPU; PSS and RSS are the process "
+          "tree's peak, PSS counting a page its processes share once)")
     checks = []
     for name, f in table.items():
         x = f["speedup_net"]
@@ -189,12 +213,12 @@ def main(argv=None):
                         help="small sets (600 PNGs, 6 MB of photos, 10k rows), one run each: "
                              "checks the script, not speed")
     parser.add_argument("--sets", default=",".join(SETS), help="comma-separated subset of the default")
-    parser.add_argument("--repeat", type=int, help="runs per set and core count (3; 1 with --quick)")
+    parser.add_argument("--repeat", type=int, help="rounds per set and core count (5; 1 with --quick)")
     parser.add_argument("--cores1", default="0", help="taskset CPU list of the 1-core runs (0)")
     parser.add_argument("--cores2", default="0,1", help="taskset CPU list of the 2-core runs (0,1)")
     args = parser.parse_args(argv)
     if args.repeat is None:
-        args.repeat = 1 if args.quick else 3
+        args.repeat = 1 if args.quick else 5
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
     wanted = args.sets.split(",")
@@ -214,8 +238,8 @@ def main(argv=None):
     print("building the data sets (reused when complete)", flush=True)
     plan = build(os.path.join(args.workdir, "data"), args.quick, wanted)
     results = {}
-    for s, _ in plan:
-        results[s.name] = run_set(s, args, dirs)
+    for s, startup in plan:
+        results[s.name] = run_set(s, startup, args, dirs)
     shutil.rmtree(dirs["out"], ignore_errors=True)
     table, checks = report(results, plan, args.quick)
     runs_s = time.perf_counter() - started
