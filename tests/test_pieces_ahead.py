@@ -158,3 +158,79 @@ def test_a_tables_shard_has_every_piece_checked_ahead_and_the_same_bytes(tmp_pat
     assert shards and shards == sorted(name for name in os.listdir(threads) if name.endswith((".tfrecord", ".idx")))
     for name in shards:
         assert (out / name).read_bytes() == (threads / name).read_bytes()
+
+
+@pytest.mark.unit
+def test_a_pool_shut_down_or_a_file_gone_mid_write_sends_nothing_more_and_raises_nothing(tmp_path):
+    framed = _records(3000)
+    data = b"".join(framed)
+    boundaries = _boundaries(framed, 500)
+    path = tmp_path / "shard.tfrecord"
+    path.write_bytes(data)
+    # Another run in this process ended the helpers (its commit): the writer goes on, and
+    # verification checks every piece itself, on a pool of its own.
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    ahead = shard_verification.PiecesAhead(str(path), boundaries, pool)
+    pool.shutdown()
+    ahead.written(len(data))
+    digest = FileDigest(len(framed), len(data), *digest_stream(open(path, "rb"))[1:])
+    ahead.closed(digest)
+    assert not helpers._early  # pylint: disable=protected-access
+    with concurrent.futures.ThreadPoolExecutor(2) as fresh:
+        assert shard_verification.verify_shard(str(path), "none", digest, boundaries, fresh,
+                                               _index_digest(data)) == (digest, "")
+    # The file gone mid-write: nothing goes ahead, and the checks sent before are dropped.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        ahead = shard_verification.PiecesAhead(str(path), boundaries, pool)
+        ahead.written(boundaries[1][0])
+        assert len(helpers._early) == 2  # pylint: disable=protected-access
+        path.unlink()
+        ahead.written(len(data))
+        ahead.closed(digest)
+        assert not helpers._early  # pylint: disable=protected-access
+
+
+@pytest.mark.unit
+def test_only_the_bytes_the_writer_wrote_go_ahead_and_a_failed_write_drops_its_checks(tmp_path, pool):
+    framed = _records(3000)
+    data = b"".join(framed)
+    boundaries = _boundaries(framed, 500)
+    path = tmp_path / "shard.tfrecord"
+    # Someone made the file longer than the writer's bytes: no piece past them goes.
+    path.write_bytes(data[:boundaries[0][0]] + b"\0" * len(data))
+    ahead = shard_verification.PiecesAhead(str(path), boundaries, pool)
+    ahead.written(boundaries[0][0] + 10)
+    assert len(helpers._early) == 1  # pylint: disable=protected-access
+    ahead.forget()  # The write failed: a retry writes another file.
+    assert not helpers._early  # pylint: disable=protected-access
+    ahead.written(len(data))
+    assert not helpers._early  # pylint: disable=protected-access
+
+
+@pytest.mark.unit
+def test_a_failed_write_of_a_table_shard_drops_the_checks_it_sent(tmp_path, monkeypatch):
+    from beam_tfrecords.schemas.elements import ShardSpec, SpoolSegments  # pylint: disable=import-outside-toplevel
+    from beam_tfrecords.transforms import shard_engine  # pylint: disable=import-outside-toplevel
+
+    framed = [frame_record(b"row %d " % i + b"x" * 200) for i in range(60_000)]  # ~13 MB.
+    data = b"".join(framed)
+    spool = tmp_path / "a.spool"
+    spool.write_bytes(data)
+    boundaries = tuple(_boundaries(framed, 8000))
+    spec = ShardSpec("train", 0, 1, "train-00000-of-00001.tfrecord", len(data),
+                     SpoolSegments(((str(spool), 0, len(data), len(framed)),)), boundaries)
+    sent = []
+
+    def failing_writes(self, framed_bytes, records=1):
+        if helpers._early:  # pylint: disable=protected-access  # A piece went ahead: the disk fills.
+            sent.append(len(helpers._early))  # pylint: disable=protected-access
+            raise OSError("the disk is full")
+        return real(self, framed_bytes, records)
+
+    real = shard_engine.TFRecordWriter.write_framed
+    monkeypatch.setattr(shard_engine.TFRecordWriter, "write_framed", failing_writes)
+    with helpers_started():
+        with pytest.raises(OSError, match="disk is full"):
+            shard_engine._write_once(spec, str(tmp_path / "shard.tmp"), "none",  # pylint: disable=protected-access
+                                     shard_engine.SpoolCopy(check_ahead=True))
+        assert sent and not helpers._early  # pylint: disable=protected-access

@@ -279,6 +279,8 @@ def _write_once(spec: ShardSpec, temp: str, compression: str, source: RecordSour
         made = source.index_job(spec) if index is not None else None
         ahead = (PiecesAhead.ahead(temp, spec.checkpoints, source.count(spec), spec.planned_bytes)
                  if source.check_ahead and index is not None else None)
+        if ahead is not None:  # A write that fails drops the checks it sent.
+            stack.push(lambda failed, *_: ahead.forget() if failed is not None else None)
         writer = TFRecordWriter(sink, compression, index.feed if index is not None and made is None else None,
                                 background=True)
         stack.callback(writer.stop)  # Runs first: nothing is written to the sink once it closes.

@@ -121,21 +121,26 @@ class PiecesAhead:
     checked fails the shard. A table's one shard of 1M rows: its ~0.4 s of
     checks, on two cores, began after the ~0.25 s copy, in which a core was idle.
 
-    ``ahead(path, boundaries)`` is ``None`` without a live helper pool.
+    Nothing is sent once the file cannot be looked at or the pool stopped taking
+    tasks (another run in this process ended its helpers): verification then
+    checks those pieces itself, as before. A write that fails drops the checks it
+    sent (``forget``); a retry writes, and sends, under another name.
     """
 
     def __init__(self, path: str, boundaries: Sequence[tuple[int, int]],
                  pool: concurrent.futures.Executor):
         self._path = path
         self._boundaries = tuple(boundaries)
-        self._pool = pool
-        self._sent = 0  # Pieces submitted.
+        self._tasks = _piece_tasks(path, boundaries, None, True)  # Between boundaries; not the last.
+        self._pool: concurrent.futures.Executor | None = pool
+        self._sent: list[tuple] = []
 
     @classmethod
     def ahead(cls, path: str, boundaries: Sequence[tuple[int, int]], records: int,
               size: int) -> PiecesAhead | None:
         """For a shard of ``records`` records in ``size`` bytes, as ``VerifyShards``
-        will check it: ``None`` where it checks no pieces with the helpers."""
+        will check it: ``None`` where it checks no pieces with the helpers (or there
+        is no live helper pool)."""
         if not (boundaries and _many_small(records, size) and files.is_local(path)):
             return None
         pool = live_helper_pool()
@@ -143,18 +148,38 @@ class PiecesAhead:
 
     def written(self, written: int) -> None:
         """``written`` bytes were handed to the writer: the pieces the file holds go."""
-        if self._sent < len(self._boundaries) and written >= self._boundaries[self._sent][0]:
-            # What the file holds now (the writer writes in the background and only appends).
-            self._send(_piece_tasks(self._path, self._boundaries, None, True), os.stat(self._path).st_size)
+        if self._pool is None or len(self._sent) >= len(self._tasks) or written < self._tasks[len(self._sent)][2]:
+            return
+        try:
+            on_disk = os.stat(self._path).st_size
+        except OSError:  # Gone or unreadable: verification says so; nothing more goes ahead.
+            self.forget()
+            return
+        # What the file holds of this writer's bytes (it writes them in the background and
+        # only appends; a file made longer by anyone else holds no more of them).
+        self._send(self._tasks, min(on_disk, written))
 
     def closed(self, digest: FileDigest) -> None:
         """The writer closed the file: every piece left goes, the last to its end."""
-        self._send(_piece_tasks(self._path, self._boundaries, (digest.bytes, digest.records), True), digest.bytes)
+        if self._pool is not None:
+            self._send(_piece_tasks(self._path, self._boundaries, (digest.bytes, digest.records), True),
+                       digest.bytes)
+
+    def forget(self) -> None:
+        """Drops the checks sent and sends no more (the write failed, or cannot be followed)."""
+        pool, self._pool = self._pool, None
+        for task in self._sent:
+            found = take_early(pool, verify_piece, task)
+            if found is not None:
+                found.cancel()
 
     def _send(self, tasks: list, held: int) -> None:
-        ready = [task for task in tasks[self._sent:] if task[2] <= held]
-        self._sent += len(ready)
-        submit_early(self._pool, verify_piece, ready)
+        ready = [task for task in tasks[len(self._sent):] if task[2] <= held]
+        self._sent += ready
+        try:
+            submit_early(self._pool, verify_piece, ready)
+        except RuntimeError:  # The pool was shut down (BrokenProcessPool is one too).
+            self.forget()
 
 
 def _scan_in_pieces(
