@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -38,6 +39,15 @@ def _boundaries(framed: list[bytes], every: int) -> list[tuple[int, int]]:
             out.append((offset, index))
         offset += len(record)
     return out
+
+
+def _shard(tmp_path, count: int, every: int) -> tuple[bytes, list[tuple[int, int]], object, FileDigest]:
+    """A shard of ``count`` records with a boundary every ``every`` records: its bytes,
+    boundaries, path (not written yet) and digest."""
+    framed = _records(count)
+    data = b"".join(framed)
+    digest = FileDigest(len(framed), len(data), *digest_stream(io.BytesIO(data))[1:])
+    return data, _boundaries(framed, every), tmp_path / "shard.tfrecord", digest
 
 
 def _index_digest(data: bytes) -> FileDigest:
@@ -92,12 +102,8 @@ def test_a_piece_goes_only_once_the_file_holds_it_and_verification_takes_each_on
 
 @pytest.mark.unit
 def test_a_byte_changed_after_its_piece_was_checked_still_fails_the_shard(tmp_path, pool):
-    framed = _records(2000)
-    data = b"".join(framed)
-    boundaries = _boundaries(framed, 400)
-    path = tmp_path / "shard.tfrecord"
+    data, boundaries, path, digest = _shard(tmp_path, 2000, 400)
     path.write_bytes(data)
-    digest = FileDigest(len(framed), len(data), *digest_stream(open(path, "rb"))[1:])
     ahead = shard_verification.PiecesAhead(str(path), boundaries, pool)
     ahead.closed(digest)
     for _, future in list(helpers._early.values()):  # pylint: disable=protected-access
@@ -162,10 +168,7 @@ def test_a_tables_shard_has_every_piece_checked_ahead_and_the_same_bytes(tmp_pat
 
 @pytest.mark.unit
 def test_a_pool_shut_down_or_a_file_gone_mid_write_sends_nothing_more_and_raises_nothing(tmp_path):
-    framed = _records(3000)
-    data = b"".join(framed)
-    boundaries = _boundaries(framed, 500)
-    path = tmp_path / "shard.tfrecord"
+    data, boundaries, path, digest = _shard(tmp_path, 3000, 500)
     path.write_bytes(data)
     # Another run in this process ended the helpers (its commit): the writer goes on, and
     # verification checks every piece itself, on a pool of its own.
@@ -173,7 +176,6 @@ def test_a_pool_shut_down_or_a_file_gone_mid_write_sends_nothing_more_and_raises
     ahead = shard_verification.PiecesAhead(str(path), boundaries, pool)
     pool.shutdown()
     ahead.written(len(data))
-    digest = FileDigest(len(framed), len(data), *digest_stream(open(path, "rb"))[1:])
     ahead.closed(digest)
     assert not helpers._early  # pylint: disable=protected-access
     with concurrent.futures.ThreadPoolExecutor(2) as fresh:
@@ -192,10 +194,7 @@ def test_a_pool_shut_down_or_a_file_gone_mid_write_sends_nothing_more_and_raises
 
 @pytest.mark.unit
 def test_only_the_bytes_the_writer_wrote_go_ahead_and_a_failed_write_drops_its_checks(tmp_path, pool):
-    framed = _records(3000)
-    data = b"".join(framed)
-    boundaries = _boundaries(framed, 500)
-    path = tmp_path / "shard.tfrecord"
+    data, boundaries, path, _ = _shard(tmp_path, 3000, 500)
     # Someone made the file longer than the writer's bytes: no piece past them goes.
     path.write_bytes(data[:boundaries[0][0]] + b"\0" * len(data))
     ahead = shard_verification.PiecesAhead(str(path), boundaries, pool)
