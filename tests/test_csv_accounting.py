@@ -201,3 +201,32 @@ def test_the_csv_reader_reads_at_most_a_few_blocks_ahead(tmp_path, monkeypatch):
         assert _shards(held) == _shards(free)
         assert _dead(held) == _dead(free)
         assert _ids(held) == _ids(free)
+
+
+def test_a_shard_that_cannot_be_written_fails_the_run_as_such_not_as_lost_rows(tmp_path):
+    # Two files whose spools fit under the process's file size limit and whose one shard
+    # does not: its rows are in no count, and the run says the shard failed (it said
+    # "accounting_failed" and "check the file's line endings and quoting").
+    import resource  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    for name in ("a", "b"):
+        with open(tmp_path / f"{name}.csv", "w", encoding="utf-8") as f:
+            f.write("id,text\n" + "".join(f"{i},{name} {'x' * 60}\n" for i in range(30_000)))
+    out = tmp_path / "out"
+    limit = 5 << 20  # Each spool ~3.3 MB, the shard ~6.6 MB.
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    done = subprocess.run([sys.executable, "-m", "beam_tfrecords", "convert", "--input", str(tmp_path / "*.csv"),
+                           "--output", str(out), "--progress", "off", "--encode_processes", "0"],
+                          capture_output=True, text=True, timeout=300, check=False, preexec_fn=limited)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    report = _report(out)
+    assert report["status"] == "verification_failed" and report["manifest"] is None
+    assert report["rows"]["in"] == 60_000 and report["rows"]["written"] == 0
+    assert "ACCOUNTING FAILED" not in done.stdout
+    assert "VERIFICATION FAILED" in done.stdout and "File too large" in done.stdout
+    assert not [n for n in os.listdir(out) if ".tfrecord" in n]

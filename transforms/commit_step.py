@@ -185,12 +185,11 @@ def _rows(summary: InputSummary, written: int, dead: int) -> dict:
     else:
         rows["written"] = written
         accounted = summary.rows_in == written + dead
-    lines_closed = summary.lines_in == summary.lines_accounted
     rows.update(dead_lettered=dead, blank_skipped=summary.blank_rows,
                 lines={"in": summary.lines_in, "accounted_for": summary.lines_accounted},
                 multiline_rows={"rows": summary.multiline[0], "largest_span": summary.multiline[1],
                                 "first": list(summary.multiline[2])},
-                accounted=accounted and lines_closed)
+                accounted=accounted and summary.lines_in == summary.lines_accounted)
     return rows
 
 
@@ -282,7 +281,7 @@ class StatusFacts:
     Attributes:
       split_name_clash: split names differ only in case.
       rows_accounted: a table's rows and lines are all accounted for (``True``
-        for other inputs).
+        for other inputs; with a shard that failed, its lines alone: its rows are in no count).
       verification_failed: a shard did not write or verify.
       records: the records written.
       budget_exceeded: the error budget was exceeded.
@@ -303,7 +302,7 @@ def decide_status(facts: StatusFacts, output_taken: Callable[[], bool] = lambda:
     """The commit's status: the first of these that holds, in this order, else ``ok``.
 
     ``split_name_clash``, ``accounting_failed`` (rows or lines went missing between
-    the file and the records), ``verification_failed``, ``no_records`` (an empty
+    the file and the records, no shard failing), ``verification_failed``, ``no_records`` (an empty
     dataset must not look like a finished one), ``error_budget_exceeded``,
     ``leakage_found``, ``drift_found`` (the old dataset stays as it is), then
     ``output_exists``: ``output_taken()`` (asked last: it reads the output), a
@@ -395,7 +394,8 @@ def summarize_run(settings: CommitSettings, results: Sequence[ShardResult], summ
         annotations=_annotations_report(settings, results))
     facts = StatusFacts(
         split_name_clash=bool(clashing_split_names(report.splits)),
-        rows_accounted=rows is None or rows["accounted"], verification_failed=bool(failures),
+        verification_failed=bool(failures), rows_accounted=rows is None or rows["accounted"] or (
+            bool(failures) and rows["lines"]["in"] == rows["lines"]["accounted_for"]),
         records=written, budget_exceeded=budget.exceeded,
         leakage=bool(settings.fail_on_leakage and duplicates and duplicates["across_splits"]["groups"]),
         drift_failed=bool(drift) and drift["status"] == "failed")
