@@ -85,12 +85,8 @@ def test_a_helper_that_cannot_index_leaves_it_to_the_writer_and_a_wrong_index_fa
 
 @pytest.mark.e2e
 def test_a_tables_shard_index_is_made_by_a_helper_and_indexes_the_shard(tmp_path):
-    rows, size = ["id,n,text"], 0
-    while size < HELPER_MIN_TABLE_BYTES + (1 << 20):
-        rows.append(f"{len(rows)},{len(rows) * 7 % 1000},row {len(rows)} {'x' * (len(rows) % 40)}")
-        size += len(rows[-1]) + 1
     table = tmp_path / "rows.csv"
-    table.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    _table_of_rows(table)
     out = tmp_path / "out"
     done, made = run_noted("beam_tfrecords.transforms.shard_engine", "_add_index", "2.name",
                            "convert", "--input", str(table), "--output", str(out))
@@ -102,3 +98,41 @@ def test_a_tables_shard_index_is_made_by_a_helper_and_indexes_the_shard(tmp_path
     verify = subprocess.run([sys.executable, "-m", "beam_tfrecords", "verify", str(out)], capture_output=True,
                             text=True, timeout=300, check=False)
     assert verify.returncode == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
+
+
+@pytest.mark.unit
+def test_an_index_started_when_the_shards_are_planned_is_taken_by_their_writer(tmp_path):
+    from beam_tfrecords.transforms.io import helpers  # pylint: disable=import-outside-toplevel
+
+    ranges, data = _spools(tmp_path)
+    first, second = _spec(ranges), _spec(ranges[1:])
+    assert helpers.ready_helper_pool(1) is not None
+    try:
+        shard_engine.SpoolCopy.index_early([first], most=2)
+        started = dict(helpers._early)  # pylint: disable=protected-access
+        assert len(started) == 1
+        made = shard_engine.SpoolCopy().index_job(first)
+        assert made is next(iter(started.values()))[1] and not helpers._early  # pylint: disable=protected-access
+        assert made.result()[0] == _index_of(data)
+        other = shard_engine.SpoolCopy().index_job(second)  # Not started early: made now.
+        assert other.result()[0] == _index_of(data[len(data) - (ranges[1][2] - ranges[1][1]):])
+    finally:
+        helpers.retire_helper_pool()
+
+
+def _table_of_rows(path) -> None:
+    rows, size = ["id,n,text"], 0
+    while size < HELPER_MIN_TABLE_BYTES + (1 << 20):
+        rows.append(f"{len(rows)},{len(rows) * 7 % 1000},row {len(rows)} {'x' * (len(rows) % 40)}")
+        size += len(rows[-1]) + 1
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+@pytest.mark.e2e
+def test_a_tables_shard_index_begins_when_it_is_planned(tmp_path):
+    table = tmp_path / "rows.csv"
+    _table_of_rows(table)
+    done, taken = run_noted("beam_tfrecords.transforms.shard_engine", "take_early", "result",
+                            "convert", "--input", str(table), "--output", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert taken and "None" not in taken  # The writer took the index the plan started.

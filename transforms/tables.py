@@ -46,6 +46,7 @@ from beam_tfrecords.transforms.io.csv_stream import csv_header
 from beam_tfrecords.transforms.io.dead_letters import write_dead_letters
 from beam_tfrecords.transforms.io.table_readers import table_format
 from beam_tfrecords.transforms.quality.statistics import merge_table_statistics
+from beam_tfrecords.transforms.shard_engine import SpoolCopy
 from beam_tfrecords.transforms.spools import SpoolInfo, plan_table_shards
 from beam_tfrecords.transforms.table_spooling import (
     MULTILINE_SAMPLES,
@@ -220,6 +221,15 @@ def _first_seen(infos: Sequence[SpoolInfo]) -> tuple[tuple[str, str], ...]:
     return tuple(seen.items())
 
 
+def _cut(infos: Sequence[SpoolInfo], band: ShardBand, compression: str) -> list:
+    """``plan_table_shards``; an uncompressed table's first shards have their index made on
+    the live helpers at once (``SpoolCopy.index_early``)."""
+    specs = plan_table_shards(infos, band, compression)
+    if compression == "none":
+        SpoolCopy.index_early(specs)
+    return specs
+
+
 class PlanTableShards(beam.PTransform):
     """``SpoolInfo``s → ``ShardSpec`` per shard (main) and one ``InputSummary``.
 
@@ -241,7 +251,7 @@ class PlanTableShards(beam.PTransform):
         collected = infos | "Collect" >> beam.combiners.ToList()
         specs = (
             collected
-            | "Cut" >> beam.FlatMap(plan_table_shards, self._band, self._compression)
+            | "Cut" >> beam.FlatMap(_cut, self._band, self._compression)
             | "Spread" >> beam.Reshuffle()
         )
         summary = collected | "Summarize" >> beam.Map(table_summary, self._root, self._schema)
